@@ -1,0 +1,83 @@
+"""The rollout-engine contract: prompts in, sampled responses with their log-probs out.
+
+An engine turns ``B`` Samples into ``B * G`` responses (G per prompt, group-contiguous: rows
+``g*G .. g*G+G-1`` belong to prompt ``g``). The result, ``RolloutBatch``, carries everything the trainer
+needs for a teacher-forced forward of prompt + response without running the processor again.
+
+Sequence layout (the one every stage relies on):
+    input_ids = [left-padded prompt (P tokens)] + [response (L tokens), right-padded]
+    logits predicting response token j sit at position P - 1 + j of the model output,
+    i.e. ``logits[:, P-1 : P-1+L]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from mmrlvr.types import Completion, Sample
+
+
+@dataclass
+class SamplingParams:
+    """Sampling settings shared by every engine."""
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    greedy: bool = False
+
+
+@dataclass
+class RolloutBatch:
+    """G responses for each of B prompts, ready for teacher forcing. N = B*G rows.
+
+    samples:         list of N Samples (prompt g repeated G times, group-contiguous)
+    group_index:     [N] long, prompt index g in 0..B-1
+    sample_index:    [N] long, index within the group 0..G-1
+    input_ids:       [N, P+L] long, prompt left-padded then response right-padded with pad id
+    attention_mask:  [N, P+L] long, 1 on real prompt and response tokens
+    response_ids:    [N, L] long (pad id after the end)
+    response_mask:   [N, L] float, 1.0 on response tokens that count (the sampled EOS included)
+    old_logprobs:    [N, L] float, log pi_old(token) under the sampling policy (0 where masked);
+                     computed with the same temperature as sampling
+    vision:          extra model inputs for the N rows (pixel_values, image_grid_thw, ...)
+                     already expanded to N rows in the processor's own layout
+    prompt_length:   P
+    completions:     N Completions (decoded text, finish_reason "stop" | "length", token ids)
+    """
+
+    samples: list[Sample]
+    group_index: torch.Tensor
+    sample_index: torch.Tensor
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    old_logprobs: torch.Tensor
+    vision: dict[str, Any]
+    prompt_length: int
+    completions: list[Completion]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def model_inputs(self) -> dict[str, Any]:
+        """Keyword arguments for ``model(**inputs)`` (teacher forcing of prompt + response)."""
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, **self.vision}
+
+
+class RolloutEngine(Protocol):
+    """Anything that samples G responses per Sample with per-(seed, step, prompt, sample) determinism."""
+
+    def generate(self, samples: list[Sample], group_size: int, params: SamplingParams, *,
+                 seed: int, step: int) -> RolloutBatch: ...
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Bring the engine's copy of the policy up to date (no-op when it shares the trainer's model)."""
+        ...
