@@ -1,0 +1,409 @@
+"""Typed run configuration: YAML file + dotted ``key=value`` overrides, validated on load.
+
+Every field has a one-line help string (``field(metadata={"help": ...})``); ``describe()`` prints them.
+Loading checks types and cross-field rules and raises ``UserError`` naming the file and the dotted key
+(``configs/x.yaml: algo.eps_high: expected a number, got 'abc'``). Unknown keys are errors that list the
+known ones, so a typo never silently falls back to a default.
+
+Deliberately not here: anything that imports torch or transformers (configs load in milliseconds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mmrlvr.errors import UserError
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    """A dataclass field with a help string (mutable defaults through default_factory)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: json.loads(json.dumps(d)), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = _f(False, "train a LoRA adapter (peft) instead of all weights")
+    r: int = _f(16, "LoRA rank")
+    alpha: int = _f(32, "LoRA alpha (scale = alpha / r)")
+    dropout: float = _f(0.0, "LoRA dropout")
+    target_modules: list[str] = _f(["q_proj", "k_proj", "v_proj", "o_proj"], "module names to adapt")
+    init: str = _f("default", "adapter initialisation: default | pissa | olora")
+
+
+@dataclass
+class ModelConfig:
+    path: str = _f("", "local model folder (a Hugging Face checkpoint or `mmrlvr tiny build` output)")
+    dtype: str = _f("float32", "weights dtype: float32 | bfloat16 | float16")
+    attn_implementation: str | None = _f(None, "attention kernel: eager | sdpa | flash_attention_2 (None = default)")
+    freeze_vision: bool = _f(True, "freeze the vision tower (and reuse its features across passes)")
+    lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA settings"})
+
+
+@dataclass
+class DataConfig:
+    train: str = _f("", "training data: a dataset dir, Parquet/JSON(L) file, or `synth:TASK` (generated in memory)")
+    eval: str | None = _f(None, "held-out data (same forms as train); None = no eval")
+    preset: str | None = _f(None, "column preset: easyr1 | virl | grounding | choice | mmrlvr (None = auto)")
+    columns: dict[str, str] = _f({}, "map of our fields (problem, answer, images, options, rubric, id) to columns")
+    template: str = _f("r1", "prompt template: r1 (<think>/<answer>) | boxed (\\boxed{})")
+    train_size: int = _f(2000, "rows generated for `synth:` training data")
+    eval_size: int = _f(200, "rows generated for `synth:` eval data")
+    image_size: int = _f(112, "image side for `synth:` data")
+    min_pixels: int = _f(28 * 28, "smallest image area after resizing (qwen-vl-utils semantics)")
+    max_pixels: int = _f(448 * 448, "largest image area after resizing")
+    on_error: str = _f("raise", "bad rows: raise (error naming row and field) | skip (skip and count)")
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = _f("hf", "rollout engine: hf (transformers generate) | vllm (GPU only)")
+    group_size: int = _f(8, "G: responses sampled per prompt")
+    prompts_per_step: int = _f(16, "B: prompts per optimisation step (global, across processes)")
+    max_new_tokens: int = _f(32, "response length limit")
+    temperature: float = _f(1.0, "sampling temperature (log-probs use the same temperature)")
+    top_p: float = _f(1.0, "nucleus sampling")
+    top_k: int = _f(0, "top-k sampling (0 = off)")
+    vllm_gpu_memory_utilization: float = _f(0.35, "vLLM: share of GPU memory for the colocated engine")
+
+
+@dataclass
+class AlgoConfig:
+    preset: str | None = _f(None, "grpo | dapo | dr_grpo | gspo | cispo: fills the fields below unless set explicitly")
+    advantage: str = _f("grpo", "advantage estimator: grpo | dr_grpo | rloo | reinforce_pp")
+    loss: str = _f("ppo_clip", "policy loss: ppo_clip | gspo | cispo | nsr")
+    eps_low: float = _f(0.2, "lower clip range (ratio >= 1 - eps_low)")
+    eps_high: float = _f(0.2, "upper clip range (DAPO clip-higher: 0.28)")
+    dual_clip: float | None = _f(None, "dual-clip constant c for A < 0 (e.g. 3.0); None = off")
+    agg: str = _f("token-mean", "loss aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm")
+    kl_coef: float = _f(0.0, "beta: weight of the KL penalty to the reference policy (0 = no reference pass)")
+    kl_estimator: str = _f("k3", "KL estimator: k1 | k2 | k3")
+    epochs: int = _f(1, "gradient passes over each rollout batch (>1 = off-policy steps with importance ratios)")
+    micro_batch_size: int = _f(64, "rows per forward/backward (gradient accumulation over the rest)")
+    dynamic_sampling: bool = _f(False, "DAPO: drop groups whose rewards are all equal")
+    mask_truncated: bool = _f(False, "DAPO: drop responses that hit max_new_tokens from the loss")
+    overlong_cache: int = _f(0, "DAPO overlong shaping: penalise linearly in the last N tokens (0 = off)")
+    overlong_penalty: float = _f(1.0, "DAPO overlong shaping: penalty at max length")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = _f(1e-4, "learning rate (AdamW)")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    betas: list[float] = _f([0.9, 0.999], "AdamW betas")
+    grad_clip: float = _f(1.0, "clip the global gradient norm (0 = off)")
+    schedule: str = _f("constant", "lr schedule: constant | linear | cosine")
+    warmup_steps: int = _f(0, "linear warm-up steps")
+
+
+@dataclass
+class CreditConfig:
+    scheme: str = _f("none", "token credit: none | entropy_topk | vepo | vppo | papo | rsi")
+    params: dict[str, Any] = _f({}, "scheme parameters (see docs/credit.md), e.g. {alpha: 0.7, top_ratio: 0.2}")
+    perturbation: str = _f("gaussian", "perturbed image for the counterfactual pass: gaussian | zero | patch_blackout | blur")
+    perturbation_params: dict[str, Any] = _f({}, "perturbation parameters, e.g. {std: 1.0}")
+    chunk_size: int = _f(256, "tokens per chunk for full-vocabulary signals (memory bound)")
+
+
+@dataclass
+class RewardSpecConfig:
+    name: str = _f("", "registered reward name (format, accuracy, auto_accuracy, choice, numeric, grounding, consistency, rubric, ...)")
+    weight: float = _f(1.0, "weight in the total reward")
+    params: dict[str, Any] = _f({}, "reward parameters")
+
+
+@dataclass
+class ConsistencyConfig:
+    split_advantage: bool = _f(False, "CORA-style: normalise task and consistency rewards separately, A = alpha*A_task + beta*A_cons")
+    alpha: float = _f(1.0, "weight of the task advantage when splitting")
+    beta: float = _f(0.5, "peak weight of the consistency advantage when splitting")
+    beta_warmup_steps: int = _f(0, "steps to ramp beta up from 0")
+    beta_decay_steps: int = _f(0, "steps over which beta decays to beta_min after warm-up (0 = no decay)")
+    beta_min: float = _f(0.0, "beta after decay")
+    component: str = _f("consistency", "reward component used as the consistency reward when splitting")
+
+
+@dataclass
+class RubricConfig:
+    judge: str = _f("none", "judge for non-programmatic criteria: none | local | openai")
+    judge_params: dict[str, Any] = _f({}, "judge settings (model path, base_url, model, votes, timeout_s, ...)")
+
+
+@dataclass
+class EvalConfig:
+    every: int = _f(0, "evaluate every N steps (0 = only before and after training)")
+    k: int = _f(8, "samples per prompt for avg@k / pass@k")
+    temperature: float = _f(1.0, "sampling temperature for avg@k")
+    limit: int | None = _f(None, "evaluate on the first N eval samples (None = all)")
+    at_start: bool = _f(True, "evaluate before the first step")
+    at_end: bool = _f(True, "evaluate after the last step")
+
+
+@dataclass
+class RunConfig:
+    output_dir: str = _f("runs/run", "run directory: config.yaml, metrics.jsonl, rollouts/, checkpoints/")
+    seed: int = _f(0, "seed for data order, sampling and perturbations")
+    max_steps: int = _f(100, "optimisation steps")
+    save_every: int = _f(25, "checkpoint every N steps (0 = only at the end)")
+    keep_checkpoints: int = _f(2, "checkpoints kept on disk (oldest removed)")
+    log_rollouts: bool = _f(True, "write RolloutRecords (Parquet per step) for the inspector")
+    max_bad_steps: int = _f(3, "stop after this many consecutive steps with a NaN/inf loss (each is skipped)")
+    tensorboard: bool = _f(True, "also write TensorBoard events")
+    progress: bool = _f(True, "show a progress bar")
+    model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "policy model"})
+    data: DataConfig = field(default_factory=DataConfig, metadata={"help": "datasets"})
+    rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata={"help": "sampling"})
+    algo: AlgoConfig = field(default_factory=AlgoConfig, metadata={"help": "RL algorithm"})
+    optim: OptimConfig = field(default_factory=OptimConfig, metadata={"help": "optimiser"})
+    credit: CreditConfig = field(default_factory=CreditConfig, metadata={"help": "token credit"})
+    rewards: list[RewardSpecConfig] = field(
+        default_factory=lambda: [RewardSpecConfig("format", 0.2), RewardSpecConfig("auto_accuracy", 1.0)],
+        metadata={"help": "reward components: list of {name, weight, params}"},
+    )
+    consistency: ConsistencyConfig = field(default_factory=ConsistencyConfig, metadata={"help": "consistency training"})
+    rubric: RubricConfig = field(default_factory=RubricConfig, metadata={"help": "rubric judging"})
+    eval: EvalConfig = field(default_factory=EvalConfig, metadata={"help": "evaluation"})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def hash(self) -> str:
+        """Short stable hash of the config (stored in every RolloutRecord)."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Validation of values against type hints
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "null"
+    if origin is not None:
+        return getattr(origin, "__name__", str(origin))
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, file: str, key: str) -> Any:
+    """Check ``value`` against type ``tp`` (ints accepted for floats); raise UserError naming file and key."""
+
+    def bad(expected: str) -> UserError:
+        return UserError(f"{file}: {key}: expected {expected}, got {value!r}")
+
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, file, key)
+            except UserError:
+                continue
+        raise bad(_type_name(tp))
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise bad(f"a mapping of {tp.__name__} fields")
+        return _build(tp, value, file, key)
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise bad("a list")
+        (item_tp,) = typing.get_args(tp) or (Any,)
+        return [_coerce(v, item_tp, file, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise bad("a mapping")
+        return dict(value)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise bad("true/false")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise bad("an integer")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise bad("a number")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise bad("a string")
+    return value
+
+
+def _build(cls: type, data: dict[str, Any], file: str, prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for k in data:
+        if k not in names:
+            raise UserError(f"{file}: {prefix + '.' if prefix else ''}{k}: unknown key; "
+                            f"known keys here: {', '.join(sorted(names))}")
+    kwargs = {k: _coerce(v, hints[k], file, f"{prefix}.{k}" if prefix else k) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def _parse_scalar(text: str) -> Any:
+    """Parse an override value with YAML rules (``3`` -> int, ``1e-4`` -> float, ``[a,b]`` -> list)."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, str):
+        # YAML 1.1 reads "1e-4" as a string; accept it as a number
+        try:
+            return float(value) if any(c in value for c in "eE.") else int(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _list_item(node: list, part: str, key: str) -> Any:
+    if not part.isdigit() or int(part) >= len(node):
+        raise UserError(f"override {key!r}: {part!r} is not an index of a list of {len(node)} item(s) "
+                        "(write the whole list in the YAML file to change its length)")
+    return node[int(part)]
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides to a nested dict (lists of mappings are indexed: ``rewards.1.weight=2``)."""
+    for item in overrides:
+        if "=" not in item:
+            raise UserError(f"override {item!r}: expected key=value (e.g. algo.loss=gspo)")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        node: Any = data
+        for i, part in enumerate(parts[:-1]):
+            nxt = parts[i + 1]
+            if isinstance(node, list):
+                node = _list_item(node, part, key)
+                continue
+            if part not in node or node[part] is None:
+                node[part] = [] if nxt.isdigit() else {}
+            node = node[part]
+        last = parts[-1]
+        if isinstance(node, list):
+            _list_item(node, last, key)
+            node[int(last)] = _parse_scalar(raw)
+        else:
+            node[last] = _parse_scalar(raw)
+    return data
+
+
+def _merge_preset(data: dict[str, Any]) -> dict[str, Any]:
+    """Fill algo fields from ``algo.preset`` (explicit keys win)."""
+    algo = data.get("algo") or {}
+    name = algo.get("preset")
+    if not name:
+        return data
+    from mmrlvr.algos.presets import PRESETS  # light module: plain dicts
+
+    if name not in PRESETS:
+        raise UserError(f"algo.preset: unknown preset {name!r}; known: {', '.join(sorted(PRESETS))}")
+    merged = {k: v for k, v in PRESETS[name].items() if k in {f.name for f in dataclasses.fields(AlgoConfig)}}
+    merged.update(algo)
+    data["algo"] = merged
+    return data
+
+
+def validate(cfg: RunConfig, where: str = "config") -> RunConfig:
+    """Cross-field checks that a single field's type cannot express."""
+
+    def bad(key: str, msg: str) -> UserError:
+        return UserError(f"{where}: {key}: {msg}")
+
+    if cfg.max_steps < 0:
+        raise bad("max_steps", "must be >= 0")
+    if cfg.rollout.group_size < 2:
+        raise bad("rollout.group_size", "must be >= 2 (group-relative advantages need a group)")
+    if cfg.rollout.prompts_per_step < 1:
+        raise bad("rollout.prompts_per_step", "must be >= 1")
+    if cfg.rollout.temperature <= 0:
+        raise bad("rollout.temperature", "must be > 0")
+    if cfg.rollout.engine not in ("hf", "vllm"):
+        raise bad("rollout.engine", f"unknown engine {cfg.rollout.engine!r}; known: hf, vllm")
+    if not 0 <= cfg.algo.eps_low < 1 or cfg.algo.eps_high < 0:
+        raise bad("algo.eps_low/eps_high", "need 0 <= eps_low < 1 and eps_high >= 0")
+    if cfg.algo.dual_clip is not None and cfg.algo.dual_clip <= 1:
+        raise bad("algo.dual_clip", "must be > 1 (e.g. 3.0) or null")
+    if cfg.algo.epochs < 1 or cfg.algo.micro_batch_size < 1:
+        raise bad("algo.epochs/micro_batch_size", "must be >= 1")
+    if cfg.optim.lr < 0:
+        raise bad("optim.lr", "must be >= 0")
+    if cfg.optim.schedule not in ("constant", "linear", "cosine"):
+        raise bad("optim.schedule", "constant | linear | cosine")
+    if cfg.data.template not in ("r1", "boxed"):
+        raise bad("data.template", "r1 | boxed")
+    if cfg.data.on_error not in ("raise", "skip"):
+        raise bad("data.on_error", "raise | skip")
+    if not cfg.rewards:
+        raise bad("rewards", "at least one reward component is needed")
+    for i, spec in enumerate(cfg.rewards):
+        if not spec.name:
+            raise bad(f"rewards[{i}].name", "missing")
+    names = [s.name for s in cfg.rewards]
+    if cfg.consistency.split_advantage and cfg.consistency.component not in names:
+        raise bad("consistency.split_advantage", f"needs a reward named {cfg.consistency.component!r} in rewards")
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                data: dict[str, Any] | None = None) -> RunConfig:
+    """Load a YAML config (or a dict), apply overrides, validate. Errors name the file and the key."""
+    where = str(path) if path is not None else "config"
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(f"{p}: config file not found")
+        try:
+            raw = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise UserError(f"{p}: not valid YAML: {exc}") from None
+        if not isinstance(raw, dict):
+            raise UserError(f"{p}: the top level must be a mapping of keys")
+    if data:
+        raw = {**raw, **json.loads(json.dumps(data))}
+    raw = apply_overrides(raw, list(overrides or []))
+    raw = _merge_preset(raw)
+    cfg = _build(RunConfig, raw, where)
+    return validate(cfg, where)
+
+
+def describe(cls: type = RunConfig, prefix: str = "") -> list[str]:
+    """One line per config key with its default and help (``mmrlvr train --help-config``)."""
+    lines = []
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        tp = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            lines.append(f"{key}: {f.metadata.get('help', '')}")
+            lines.extend(describe(tp, key + "."))
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        if dataclasses.is_dataclass(default) or (isinstance(default, list) and default and dataclasses.is_dataclass(default[0])):
+            default = json.loads(json.dumps(default, default=lambda o: dataclasses.asdict(o)))
+        lines.append(f"{key} = {default!r}  # {f.metadata.get('help', '')}")
+    return lines
