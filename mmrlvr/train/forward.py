@@ -1,0 +1,145 @@
+"""Teacher-forced passes over (prompt + response): log-probs and entropies of the response tokens.
+
+Layout (mmrlvr.rollout.base): response token j is predicted by the logits at position P-1+j. We ask the
+model for only the last L+1 positions (``logits_to_keep``) so a long image prompt never materialises
+[N, P+L, V] logits, then drop the final position.
+
+``VisionFeatureCache`` runs the vision tower once per distinct prompt per step and hands the features to
+every later pass (reference, policy, perturbed-free passes) through transformers' ``mm_encoder_outputs``
+— valid only while the vision tower is frozen (it gets no gradient, so reuse is exact).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+from mmrlvr.algos import entropy_from_logits, logprobs_from_logits
+
+
+def response_logits(model: torch.nn.Module, inputs: dict[str, Any], response_length: int) -> torch.Tensor:
+    """Logits predicting each response token. Returns [N, L, V] (float, as the model computes it)."""
+    out = model(**inputs, logits_to_keep=response_length + 1, use_cache=False)
+    return out.logits[:, :-1, :]
+
+
+def token_logprobs(model: torch.nn.Module, inputs: dict[str, Any], response_ids: torch.Tensor,
+                   temperature: float = 1.0, with_entropy: bool = False,
+                   chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(o_t) [N, L] (and entropy H_t [N, L], detached) at the sampling temperature."""
+    logits = response_logits(model, inputs, response_ids.shape[1])
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = logprobs_from_logits(logits, response_ids, chunk_size=chunk_size)
+    ent = None
+    if with_entropy:
+        with torch.no_grad():
+            ent = entropy_from_logits(logits.detach())
+    return logp, ent
+
+
+def _find_vlm_core(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The inner module that owns ``get_image_features`` (works through peft / DDP wrappers)."""
+    for module in model.modules():
+        if hasattr(module, "get_image_features") and hasattr(module, "visual"):
+            return module
+    return None
+
+
+def supports_precomputed_vision(model: torch.nn.Module) -> bool:
+    core = _find_vlm_core(model)
+    if core is None:
+        return False
+    return "mm_encoder_outputs" in inspect.signature(core.forward).parameters
+
+
+class VisionFeatureCache:
+    """Vision-tower outputs computed once for the distinct prompts of a step, expanded to N rows.
+
+    ``rows_per_prompt`` = G (rows are group-contiguous and every row of a group carries the same images).
+    Images of row r are the next ``images_per_row[r]`` entries of ``image_grid_thw``.
+    ``ok`` is False when the model cannot take precomputed features; callers then pass pixel_values.
+    """
+
+    def __init__(self, model: torch.nn.Module, vision: dict[str, Any], images_per_row: list[int],
+                 rows_per_prompt: int) -> None:
+        self.ok = False
+        self.images_per_row = images_per_row
+        core = _find_vlm_core(model)
+        if (core is None or not supports_precomputed_vision(model) or "pixel_values" not in vision
+                or "image_grid_thw" not in vision):
+            return
+        grid = vision["image_grid_thw"]  # [n_images, 3]
+        if sum(images_per_row) != grid.shape[0]:
+            return
+        offsets = [0]
+        for p in grid.prod(-1).tolist():
+            offsets.append(offsets[-1] + p)
+        first_image = [0]
+        for k in images_per_row:
+            first_image.append(first_image[-1] + k)
+        # distinct images: those of the first row of every group
+        keep = [i for r in range(0, len(images_per_row), rows_per_prompt)
+                for i in range(first_image[r], first_image[r + 1])]
+        if not keep:
+            return
+        pixels = torch.cat([vision["pixel_values"][offsets[i]:offsets[i + 1]] for i in keep], dim=0)
+        with torch.no_grad():
+            distinct = list(core.get_image_features(pixels, grid[keep], return_dict=True).pooler_output)
+        expanded: list[torch.Tensor] = []
+        cursor = 0
+        for r, k in enumerate(images_per_row):
+            if r % rows_per_prompt == 0:
+                group = distinct[cursor:cursor + k]
+                cursor += k
+            expanded.extend(group)
+        self.features = expanded
+        self.first_image = first_image
+        self.extra = {k: v for k, v in vision.items() if k != "pixel_values"}
+        self.ok = True
+
+    def inputs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: slice) -> dict[str, Any]:
+        """Model kwargs for ``rows`` that reuse the cached features instead of ``pixel_values``."""
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        i0, i1 = self.first_image[rows.start], self.first_image[rows.stop]
+        n = input_ids.shape[0]
+        extra: dict[str, Any] = {}
+        for k, v in self.extra.items():
+            if k == "image_grid_thw":
+                extra[k] = v[i0:i1]
+            elif torch.is_tensor(v) and v.dim() > 0 and v.shape[0] == n:
+                extra[k] = v[rows]
+            else:
+                extra[k] = v
+        feats = BaseModelOutputWithPooling(pooler_output=tuple(self.features[i0:i1]))
+        return {"input_ids": input_ids[rows], "attention_mask": attention_mask[rows],
+                "mm_encoder_outputs": {"image": feats}, **extra}
+
+
+def slice_inputs(inputs: dict[str, Any], rows: slice, images_per_row: list[int]) -> dict[str, Any]:
+    """Rows ``rows`` of a batch of model inputs, slicing the flat per-image tensors consistently.
+
+    Qwen processors give ``pixel_values`` as concatenated patches of all images and ``image_grid_thw``
+    as one row per image; a micro-batch must take exactly its rows' images.
+    """
+    n = inputs["input_ids"].shape[0]
+    first_img = sum(images_per_row[:rows.start])
+    last_img = sum(images_per_row[:rows.stop])
+    out: dict[str, Any] = {}
+    grid = inputs.get("image_grid_thw")
+    for k, v in inputs.items():
+        if k == "pixel_values" and grid is not None:
+            patches = grid.prod(-1)
+            p0 = int(patches[:first_img].sum())
+            p1 = int(patches[:last_img].sum())
+            out[k] = v[p0:p1]
+        elif k == "image_grid_thw":
+            out[k] = v[first_img:last_img]
+        elif torch.is_tensor(v) and v.dim() > 0 and v.shape[0] == n:
+            out[k] = v[rows]
+        else:
+            out[k] = v
+    return out

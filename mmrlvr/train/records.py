@@ -1,0 +1,132 @@
+"""Turn one step's StepData into RolloutRecords for the store (and so for the inspector).
+
+Per-token arrays come from what the step already computed (old log-probs, credit signals and weights,
+the broadcast advantage); nothing here runs the model. Images are stored once per run by content hash;
+the ImageStore keeps a cache of what it has written so repeated prompts cost a hash, not a PNG encode.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from functools import lru_cache
+from typing import Any
+
+from mmrlvr.store.images import ImageStore
+from mmrlvr.store.record import RolloutRecord
+
+
+@lru_cache(maxsize=1)
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() if out.returncode == 0 else ""
+    except Exception:
+        return ""
+
+
+def _list(t) -> list[float]:
+    return [float(x) for x in t.tolist()]
+
+
+def _boxes(value: Any) -> list[list[float]]:
+    if not value:
+        return []
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], (int, float)):
+        value = [value]
+    out = []
+    for b in value:
+        try:
+            if len(b) == 4:
+                out.append([float(x) for x in b])
+        except TypeError:
+            continue
+    return out
+
+
+def _gt_boxes(sample) -> list[list[float]]:
+    if sample.answer_type != "box" or not sample.answer:
+        return []
+    try:
+        return _boxes(json.loads(sample.answer))
+    except (ValueError, TypeError):
+        return []
+
+
+class _ImageRefs:
+    """id(image) -> stored relative path, so each distinct image is encoded once per run."""
+
+    def __init__(self, store: ImageStore) -> None:
+        self.store = store
+        self.cache: dict[int, tuple[Any, str]] = {}
+
+    def ref(self, image) -> str:
+        hit = self.cache.get(id(image))
+        if hit is not None and hit[0] is image:
+            return hit[1]
+        rel = self.store.put(image)
+        self.cache[id(image)] = (image, rel)
+        return rel
+
+
+_REFS: dict[str, _ImageRefs] = {}
+
+
+def build_records(step: int, data, processor, writer, cfg) -> list[RolloutRecord]:
+    batch = data.batch
+    key = str(writer.run_dir) if hasattr(writer, "run_dir") else cfg.output_dir
+    refs = _REFS.setdefault(key, _ImageRefs(ImageStore(key)))
+    tok = getattr(processor, "tokenizer", processor)
+    sig = data.signals
+    run_id, chash, commit = str(getattr(writer, "run_id", "")), cfg.hash(), git_commit()
+    records = []
+    for i in range(batch.num_rows):
+        sample, comp, res = batch.samples[i], batch.completions[i], data.results[i]
+        n = int(batch.response_mask[i].sum())
+        ids = batch.response_ids[i, :n].tolist()
+        parsed = res.parsed or {}
+        flat = {}
+        for name, val in parsed.items():
+            if isinstance(val, dict):
+                flat.update({k: v for k, v in val.items() if k not in flat})
+        cons = parsed.get("consistency") if isinstance(parsed.get("consistency"), dict) else None
+        rubric = parsed.get("rubric") if isinstance(parsed.get("rubric"), dict) else {}
+        records.append(RolloutRecord(
+            run_id=run_id, step=step, prompt_id=str(sample.id), sample_index=int(batch.sample_index[i]),
+            group_size=cfg.rollout.group_size, prompt_text=sample.question,
+            image_refs=[refs.ref(im) for im in sample.images],
+            response_text=comp.text, response_token_ids=ids,
+            response_tokens=[tok.decode([t]) for t in ids],
+            token_logprob=_list(batch.old_logprobs[i, :n]),
+            token_entropy=_list(sig.entropy[i, :n]) if sig is not None else [],
+            token_vision_sensitivity=_list(sig.jsd[i, :n]) if sig is not None and getattr(sig, "jsd", None) is not None else [],
+            token_credit_weight=_list(data.token_weights[i, :n]),
+            token_advantage=[float(data.advantages[i])] * n,
+            reward=float(data.rewards[i]), reward_components={k: float(v) for k, v in res.components.items()},
+            advantage=float(data.advantages[i]), finish_reason=comp.finish_reason,
+            ground_truth=sample.answer, parsed_answer=_str_or_none(flat.get("answer")),
+            parsed_boxes=_boxes(flat.get("boxes") or flat.get("pred_boxes")), gt_boxes=_gt_boxes(sample),
+            rubric_results=list(rubric.get("criteria", [])),
+            consistency=_consistency(cons),
+            config_hash=chash, git_commit=commit,
+            extra={"task": sample.meta.get("task", ""), "answer_type": sample.answer_type},
+        ))
+    return records
+
+
+def _str_or_none(v: Any) -> str | None:
+    return None if v is None else str(v)
+
+
+def _consistency(c: dict | None) -> dict | None:
+    if not c:
+        return None
+    span = c.get("conclusion_span")
+    return {
+        "verdict": str(c.get("verdict", "unknown")),
+        "p_consistent": None if c.get("p_consistent") is None else float(c["p_consistent"]),
+        "conclusion": None if c.get("conclusion") is None else str(c["conclusion"]),
+        "conclusion_span": list(span) if span else None,
+        "thinking_correct": c.get("thinking_correct"),
+        "answer_correct": c.get("answer_correct"),
+    }

@@ -1,0 +1,43 @@
+"""Metrics of one step's rollouts (names from DESIGN.md): rewards per component, accuracy, format rate,
+lengths, zero-variance groups, inconsistency rate, judge unknown rate. Pure: values in, dict out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from mmrlvr.rollout.base import RolloutBatch
+
+
+def _mean(xs: list[float]) -> float:
+    return float(sum(xs) / len(xs)) if xs else float("nan")
+
+
+def rollout_metrics(batch: RolloutBatch, rewards: torch.Tensor, results: list, group_size: int) -> dict[str, Any]:
+    from mmrlvr.rewards import answer_judge
+
+    m: dict[str, Any] = {"reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0}
+    names = sorted({k for r in results for k in r.components})
+    for name in names:
+        vals = [r.components[name] for r in results if name in r.components]
+        m[f"reward/{name}"] = _mean(vals)
+    judged = [answer_judge(c, s) for c, s in zip(batch.completions, batch.samples)]
+    m["accuracy"] = _mean([float(ok) for ok, _ in judged])
+    m["format_rate"] = _mean([float(fmt) for _, fmt in judged])
+    lengths = batch.response_mask.sum(dim=1)
+    m["response_length/mean"] = float(lengths.mean())
+    m["truncated_fraction"] = _mean([float(c.finish_reason == "length") for c in batch.completions])
+    groups = rewards.view(-1, group_size)
+    m["zero_std_group_fraction"] = float((groups.std(dim=1, unbiased=False) < 1e-8).float().mean())
+    verdicts = [r.parsed.get("consistency", {}).get("verdict") for r in results
+                if isinstance(r.parsed.get("consistency"), dict)]
+    if verdicts:
+        from mmrlvr.consistency.metrics import consistency_metrics
+
+        m.update(consistency_metrics([r.parsed["consistency"] for r in results if isinstance(r.parsed.get("consistency"), dict)]))
+    unknown = [float(r.parsed.get("rubric", {}).get("unknown_rate", 0.0)) for r in results
+               if isinstance(r.parsed.get("rubric"), dict)]
+    if unknown:
+        m["judge/unknown_rate"] = _mean(unknown)
+    return m
