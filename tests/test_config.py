@@ -1,0 +1,84 @@
+"""Config loading: types, overrides, presets, and errors that name the file and the key."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mmrlvr.config import RunConfig, apply_overrides, describe, load_config
+from mmrlvr.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path, data) -> Path:
+    p = tmp_path / "run.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_defaults_load_and_hash_is_stable():
+    a, b = load_config(), load_config()
+    assert isinstance(a, RunConfig)
+    assert a.hash() == b.hash()
+    assert load_config(overrides=["seed=1"]).hash() != a.hash()
+
+
+def test_overrides_parse_yaml_scalars_and_nested_keys():
+    cfg = load_config(overrides=["optim.lr=1e-5", "rollout.group_size=4", "model.lora.enabled=true",
+                                 "model.lora.target_modules=[q_proj,v_proj]", "algo.dual_clip=3"])
+    assert cfg.optim.lr == pytest.approx(1e-5)
+    assert cfg.rollout.group_size == 4
+    assert cfg.model.lora.enabled is True
+    assert cfg.model.lora.target_modules == ["q_proj", "v_proj"]
+    assert cfg.algo.dual_clip == 3.0
+
+
+def test_list_index_overrides():
+    data = {"rewards": [{"name": "format", "weight": 0.2}, {"name": "auto_accuracy", "weight": 1.0}]}
+    out = apply_overrides(data, ["rewards.1.weight=2"])
+    assert out["rewards"][1]["weight"] == 2
+    with pytest.raises(UserError, match="not an index"):
+        apply_overrides(data, ["rewards.5.weight=2"])
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"algo": {"eps_hgh": 0.3}}, r"run.yaml: algo.eps_hgh: unknown key; known keys here: .*eps_high"),
+    ({"optim": {"lr": "fast"}}, r"run.yaml: optim.lr: expected a number, got 'fast'"),
+    ({"rollout": {"group_size": 1}}, r"run.yaml: rollout.group_size: must be >= 2"),
+    ({"rewards": [{"weight": 1.0}]}, r"rewards\[0\].name"),
+    ({"model": {"lora": {"r": "eight"}}}, r"model.lora.r: expected an integer"),
+    ({"algo": {"preset": "ppo9"}}, r"algo.preset: unknown preset 'ppo9'; known: .*grpo"),
+    ({"consistency": {"split_advantage": True}}, r"needs a reward named 'consistency'"),
+])
+def test_errors_name_file_and_key(tmp_path, data, message):
+    with pytest.raises(UserError, match=message):
+        load_config(write(tmp_path, data))
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(UserError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("algo: [unclosed\n")
+    with pytest.raises(UserError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_preset_fills_fields_but_explicit_keys_win(tmp_path):
+    cfg = load_config(write(tmp_path, {"algo": {"preset": "dapo", "eps_low": 0.1}}))
+    assert cfg.algo.eps_high == pytest.approx(0.28)  # DAPO clip-higher
+    assert cfg.algo.eps_low == pytest.approx(0.1)  # explicit key wins over the preset
+
+
+def test_every_field_has_help():
+    lines = describe()
+    assert lines and all("#" in line or line.endswith(":") or ": " in line for line in lines)
+    assert all(not line.endswith("# ") for line in lines)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_load(path):
+    cfg = load_config(path)
+    assert cfg.max_steps > 0
+    assert cfg.model.path
