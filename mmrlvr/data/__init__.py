@@ -2,11 +2,17 @@
 
 - ``synth``: procedurally drawn tasks with verifiable answers (``make_rows``, ``write_dataset``, ``TASKS``).
 - ``prompts``: chat templates (``build_messages``, ``TEMPLATES``).
-- ``loading``: rows -> ``Sample`` (``rows_to_samples``).
+- ``images``: image loading from paths / bytes / base64 / PIL and Qwen-style ``smart_resize``.
+- ``loading``: dataset rows -> ``Sample`` (``load_samples``, ``rows_to_samples``, ``LoadReport``).
+- ``cli``: ``mmrlvr data synth``.
 """
 
-from mmrlvr.data.loading import rows_to_samples
+from mmrlvr.data.images import load_image, prepare_image, resize_image, smart_resize
+from mmrlvr.data.loading import PRESETS, LoadReport, SkippedRow, load_samples, rows_to_samples
 from mmrlvr.data.prompts import TEMPLATES, build_messages
 from mmrlvr.data.synth import TASKS, make_rows, write_dataset
 
-__all__ = ["TASKS", "TEMPLATES", "build_messages", "make_rows", "rows_to_samples", "write_dataset"]
+__all__ = [
+    "PRESETS", "TASKS", "TEMPLATES", "LoadReport", "SkippedRow", "build_messages", "load_image", "load_samples",
+    "make_rows", "prepare_image", "resize_image", "rows_to_samples", "smart_resize", "write_dataset",
+]

@@ -1,21 +1,633 @@
-"""Turn dataset rows into ``Sample`` values.
+"""Turn dataset rows into ``Sample`` values, with errors that name the source, row and field.
 
-``rows_to_samples`` converts in-memory rows in our synthetic format (``mmrlvr.data.synth``).
+``load_samples(source, preset=..., columns=...)`` reads
+- a folder written by ``datasets``' ``save_to_disk`` (a ``Dataset`` or, with ``split``, a ``DatasetDict``),
+- a Parquet file, or a folder of them (e.g. a Hub snapshot with ``data/train-00000-of-00001.parquet``),
+- a JSON file (a list of objects) or JSON Lines file, or a folder of them,
+- a list of dicts, or a ``datasets.Dataset`` already in memory,
+and returns ``(samples, LoadReport)``.
+
+Presets name where each of our fields lives in common dataset layouts (first column present wins):
+
+=========== ======================= ================= ============== ======================================
+preset      problem                 answer            images         notes
+=========== ======================= ================= ============== ======================================
+easyr1      problem                 answer            images         Geometry3K style, ``<image>`` in text
+virl        question (problem)      answer            image (images) ViRL39K; id from ``qid``
+grounding   problem (question)      solution (answer) image (images) RefCOCO style; answer is a box
+choice      question (problem)      answer            image (images) ``options`` list rendered as A. B. ...
+mmrlvr      problem                 answer            images         our synthetic format (``synth.py``)
+=========== ======================= ================= ============== ======================================
+
+With ``preset=None`` the preset is guessed from the column names (the report says which). ``columns``
+maps our field names (problem, answer, images, options, rubric, id, answer_type, solution, meta, task) to
+dataset columns and overrides the preset.
+
+Value rules (documented because they change data):
+- answers: strings are kept (a whole-answer ``\\boxed{X}`` wrapper is removed: ViRL39K stores answers that
+  way); ints and floats are converted to strings (an integral float 3.0 becomes "3"); booleans, dicts and
+  lists are errors, except that a box answer may be a list of 4 numbers.
+- box answers are in pixels of the original image and are rescaled to the resized image the model sees;
+  they become the string ``"[x1, y1, x2, y2]"`` (rounded to integers); the original is kept in meta.
+- choice answers become a letter: a letter ("b", "(B)", "B.") is upper-cased, an int is a 0-based option
+  index, and a string equal to one option's text becomes that option's letter.
+- images are loaded and resized with ``mmrlvr.data.images`` (smart_resize with min/max pixels and factor).
+
+JSON files are parsed with the ``json`` module row by row rather than with ``datasets``' JSON builder:
+Arrow needs one type per column, so a single row with a dict answer would fail the whole file with an
+error naming no row; row-by-row parsing turns it into a ``DataError`` for that row (or a skip).
+
+Bad input raises ``mmrlvr.errors.DataError`` naming source, row and field. With ``on_error="skip"`` a
+bad *row* is skipped and listed in the report; a bad *source* (missing file, unknown preset, a column that
+does not exist) always raises, because skipping every row would hide the mistake.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
 
-from mmrlvr.data.prompts import build_messages
+from mmrlvr.data.images import (
+    DEFAULT_MAX_IMAGE_PIXELS,
+    DEFAULT_MAX_PIXELS,
+    DEFAULT_MIN_PIXELS,
+    IMAGE_FACTOR,
+    prepare_image,
+)
+from mmrlvr.data.prompts import build_messages, count_placeholders, get_template
+from mmrlvr.errors import DataError
 from mmrlvr.types import Sample
+
+FIELDS: tuple[str, ...] = ("id", "problem", "answer", "images", "options", "rubric", "answer_type", "solution",
+                           "meta", "task")
+ANSWER_TYPES: tuple[str, ...] = ("number", "choice", "text", "box", "math")
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Where our fields live in one dataset layout: field -> candidate column names (first present wins)."""
+
+    name: str
+    columns: dict[str, tuple[str, ...]]
+    answer_type: str
+    required: tuple[str, ...] = ("problem", "answer")
+
+
+_COMMON: dict[str, tuple[str, ...]] = {"rubric": ("rubric",), "answer_type": ("answer_type",)}
+PRESETS: dict[str, Preset] = {
+    "easyr1": Preset("easyr1", {**_COMMON, "id": ("id",), "problem": ("problem",), "answer": ("answer",),
+                                "images": ("images", "image")}, "math"),
+    "virl": Preset("virl", {**_COMMON, "id": ("qid", "id"), "problem": ("question", "problem"),
+                            "answer": ("answer",), "images": ("image", "images")}, "math"),
+    "grounding": Preset("grounding", {**_COMMON, "id": ("id",), "problem": ("problem", "question"),
+                                      "answer": ("solution", "answer"), "images": ("image", "images")}, "box"),
+    "choice": Preset("choice", {**_COMMON, "id": ("id",), "problem": ("question", "problem"),
+                                "answer": ("answer",), "images": ("image", "images"), "options": ("options",)},
+                     "choice", required=("problem", "answer", "options")),
+    "mmrlvr": Preset("mmrlvr", {**_COMMON, "id": ("id",), "problem": ("problem",), "answer": ("answer",),
+                                "images": ("images",), "solution": ("solution",), "meta": ("meta",),
+                                "task": ("task",)}, "math"),
+}
+# a generic layout for when nothing is detected but ``columns`` says where things are
+_GENERIC = Preset("custom", {f: (f,) for f in FIELDS}, "math")
+
+
+@dataclass
+class SkippedRow:
+    row: int
+    field: str | None
+    message: str
+
+
+@dataclass
+class LoadReport:
+    """What ``load_samples`` did: rows read, samples made, and why any row was skipped."""
+
+    source: str
+    preset: str
+    n_rows: int = 0
+    n_loaded: int = 0
+    n_skipped: int = 0
+    skipped: list[SkippedRow] = field(default_factory=list)
+    columns: dict[str, str] = field(default_factory=dict)  # our field -> the column it was read from
+
+    def summary(self) -> str:
+        line = f"{self.source}: {self.n_loaded} of {self.n_rows} rows loaded (preset {self.preset})"
+        if self.n_skipped:
+            first = self.skipped[0]
+            line += (f", {self.n_skipped} skipped (first: row {first.row}"
+                     + (f", field {first.field!r}" if first.field else "") + f": {first.message})")
+        return line
+
+
+# ----------------------------------------------------------------------------------------------------
+# sources -> (name, column names, row iterator, base dir for relative image paths)
+
+@dataclass
+class _Source:
+    name: str
+    columns: list[str]
+    rows: Iterator[dict[str, Any]]
+    base_dir: Path | None
+
+
+def _rows_from_arrow_batches(batches: Iterable[Any]) -> Iterator[dict[str, Any]]:
+    for batch in batches:
+        yield from batch.to_pylist()
+
+
+def _open_hf_dataset(ds: Any, name: str, split: str | None, base_dir: Path | None) -> _Source:
+    import datasets
+
+    if isinstance(ds, datasets.DatasetDict):
+        splits = list(ds)
+        if split is None:
+            if len(splits) != 1:
+                raise DataError(f"has splits {', '.join(splits)}; pass split=", source=name)
+            split = splits[0]
+        if split not in ds:
+            raise DataError(f"has no split {split!r}; splits: {', '.join(splits)}", source=name)
+        ds = ds[split]
+    # arrow format: rows come back undecoded (images as {"bytes", "path"} dicts), so a corrupt image is
+    # one row's DataError instead of an exception from inside datasets' iterator
+    batches = ds.with_format("arrow").iter(batch_size=256)
+    return _Source(name, list(ds.column_names), _rows_from_arrow_batches(batches), base_dir)
+
+
+def _parquet_source(files: list[Path], name: str, base_dir: Path) -> _Source:
+    import pyarrow.parquet as pq
+
+    try:
+        handles = [pq.ParquetFile(f) for f in files]
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError, ...
+        raise DataError(f"is not a readable Parquet file ({type(exc).__name__}: {exc})", source=name) from None
+    columns = handles[0].schema_arrow.names
+    for f, h in zip(files[1:], handles[1:]):
+        if h.schema_arrow.names != columns:
+            raise DataError(f"{f.name} has columns {h.schema_arrow.names}, unlike {files[0].name}: {columns}",
+                            source=name)
+
+    def rows() -> Iterator[dict[str, Any]]:
+        for h in handles:
+            yield from _rows_from_arrow_batches(h.iter_batches(batch_size=256))
+
+    return _Source(name, list(columns), rows(), base_dir)
+
+
+class _BadLine:
+    """A JSON line that did not parse; turned into a row error by the loader."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def _json_rows(files: list[Path], name: str) -> tuple[list[str], list[Any]]:
+    rows: list[Any] = []
+    for f in files:
+        text = f.read_text(encoding="utf-8")
+        stripped = text.lstrip()
+        if f.suffix == ".json" and stripped.startswith("["):
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{f.name} is not valid JSON ({exc})", source=name) from None
+            rows.extend(data)
+            continue
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                rows.append(_BadLine(f"{f.name} line {lineno} is not valid JSON ({exc.msg})"))
+    columns: list[str] = []
+    for r in rows[:1000]:  # column names from the first rows (JSON rows may omit keys)
+        if isinstance(r, dict):
+            columns.extend(k for k in r if k not in columns)
+    return columns, rows
+
+
+def _files_in(folder: Path, suffixes: tuple[str, ...], split: str | None) -> list[Path]:
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in suffixes
+                   and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    if split is not None:
+        files = [p for p in files if p.name.startswith(split) or p.parent.name == split]
+    return files
+
+
+def _open_source(source: Any, split: str | None, image_dir: str | Path | None) -> _Source:
+    base = Path(image_dir) if image_dir is not None else None
+    if isinstance(source, (list, tuple)):
+        return _Source("<rows>", _columns_of(source), iter(source), base)
+    try:
+        import datasets
+
+        if isinstance(source, (datasets.Dataset, datasets.DatasetDict)):
+            return _open_hf_dataset(source, "<dataset>", split, base)
+    except ImportError:  # pragma: no cover - datasets is a core dependency
+        pass
+    if not isinstance(source, (str, Path)):
+        raise DataError(f"cannot load a dataset from a {type(source).__name__}; pass a path, a list of dicts "
+                        "or a datasets.Dataset", source=repr(source)[:80])
+    path = Path(source).expanduser()
+    name = str(source)
+    if not path.exists():
+        raise DataError("not found", source=name)
+    if path.is_dir() and any((path / f).exists() for f in ("state.json", "dataset_dict.json", "dataset_info.json")):
+        import datasets
+
+        try:
+            ds = datasets.load_from_disk(str(path))
+        except Exception as exc:  # noqa: BLE001 - datasets raises several types for a broken folder
+            raise DataError(f"could not be read with datasets.load_from_disk ({type(exc).__name__}: {exc})",
+                            source=name) from None
+        return _open_hf_dataset(ds, name, split, base or path)
+    if path.is_dir():
+        files = _files_in(path, (".parquet",), split)
+        if files:
+            return _parquet_source(files, name, base or path)
+        files = _files_in(path, (".jsonl", ".json"), split)
+        if not files:
+            which = f" for split {split!r}" if split else ""
+            raise DataError(f"holds no save_to_disk dataset, .parquet, .jsonl or .json files{which}", source=name)
+        columns, rows = _json_rows(files, name)
+        return _Source(name, columns, iter(rows), base or path)
+    if path.suffix == ".parquet":
+        return _parquet_source([path], name, base or path.parent)
+    if path.suffix in (".jsonl", ".json"):
+        columns, rows = _json_rows([path], name)
+        return _Source(name, columns, iter(rows), base or path.parent)
+    raise DataError(f"unsupported file type {path.suffix!r}; use a save_to_disk folder, .parquet, .jsonl or .json",
+                    source=name)
+
+
+def _columns_of(rows: Iterable[Any]) -> list[str]:
+    columns: list[str] = []
+    for r in list(rows)[:1000]:
+        if isinstance(r, dict):
+            columns.extend(k for k in r if k not in columns)
+    return columns
+
+
+# ----------------------------------------------------------------------------------------------------
+# preset and column resolution
+
+def detect_preset(columns: Iterable[str]) -> str | None:
+    """The preset whose layout matches these column names, or None."""
+    cols = set(columns)
+    if {"problem", "answer", "images", "answer_type", "task"} <= cols:
+        return "mmrlvr"
+    if "options" in cols and ({"question", "problem"} & cols):
+        return "choice"
+    if "question" in cols and "answer" in cols:
+        return "virl"
+    if "problem" in cols and "solution" in cols and "answer" not in cols:
+        return "grounding"
+    if "problem" in cols and "answer" in cols:
+        return "easyr1"
+    return None
+
+
+def _resolve_columns(source: _Source, preset: str | None, columns: dict[str, str] | None) -> tuple[Preset, dict[str, str]]:
+    """(preset, our field -> dataset column) for this source; raises for a mapping that cannot work."""
+    if preset is not None and preset not in PRESETS:
+        raise DataError(f"unknown preset {preset!r}; known presets: {', '.join(PRESETS)}", source=source.name)
+    for key in columns or {}:
+        if key not in FIELDS:
+            raise DataError(f"unknown field in columns mapping; known fields: {', '.join(FIELDS)}",
+                            source=source.name, field=key)
+    available = set(source.columns)
+    if preset is None:
+        detected = detect_preset(available)
+        if detected is None and not columns:
+            raise DataError(f"cannot tell the layout from columns {sorted(available)}; pass preset= (one of "
+                            f"{', '.join(PRESETS)}) or columns=", source=source.name)
+        spec = PRESETS[detected] if detected else _GENERIC
+    else:
+        spec = PRESETS[preset]
+    mapping: dict[str, str] = {}
+    for our, candidates in spec.columns.items():
+        found = next((c for c in candidates if c in available), None)
+        if found is not None:
+            mapping[our] = found
+    for our, col in (columns or {}).items():
+        if col not in available:
+            raise DataError(f"column {col!r} (mapped from field {our!r}) is not in the data; columns: "
+                            f"{', '.join(sorted(available))}", source=source.name, field=our)
+        mapping[our] = col
+    required = [f for f in spec.required if not (f == "answer" and "rubric" in mapping)]
+    for our in required:
+        if our not in mapping:
+            wanted = " or ".join(repr(c) for c in spec.columns.get(our, (our,))) or repr(our)
+            raise DataError(f"missing column for field {our!r} (preset {spec.name} looks for {wanted}); "
+                            f"columns: {', '.join(sorted(available))}; map it with columns={{{our!r}: ...}}",
+                            source=source.name, field=our)
+    return spec, mapping
+
+
+# ----------------------------------------------------------------------------------------------------
+# value normalisation (each raises DataError(message); the row loop adds source/row/field)
+
+_BOXED = re.compile(r"^\s*\\boxed\{(.*)\}\s*$", re.DOTALL)
+
+
+def _number_text(value: int | float) -> str:
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise DataError(f"answer is {value}")
+        if value.is_integer():
+            return str(int(value))
+    return str(value)
+
+
+def normalise_answer(value: Any) -> str:
+    """A string answer (see the module docstring for the conversion rules)."""
+    if isinstance(value, str):
+        m = _BOXED.match(value)
+        return m.group(1).strip() if m else value.strip()
+    if isinstance(value, bool):
+        raise DataError("answer must be a string or a number, got a boolean")
+    if isinstance(value, (int, float)):
+        return _number_text(value)
+    raise DataError(f"answer must be a string or a number, got {type(value).__name__}: {str(value)[:80]}")
+
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+def parse_box(value: Any) -> list[float]:
+    """[x1, y1, x2, y2] from a list of 4 numbers or a string holding exactly 4 numbers."""
+    if isinstance(value, str):
+        numbers = [float(x) for x in _NUMBER.findall(value)]
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        numbers = [float(v) for v in value]
+    else:
+        raise DataError(f"box answer must be [x1, y1, x2, y2], got {type(value).__name__}: {str(value)[:80]}")
+    if len(numbers) != 4:
+        raise DataError(f"box answer must have 4 numbers [x1, y1, x2, y2], got {len(numbers)}: {str(value)[:80]}")
+    x1, y1, x2, y2 = numbers
+    if not (x2 > x1 and y2 > y1):
+        raise DataError(f"box answer must have x2 > x1 and y2 > y1, got {numbers}")
+    return numbers
+
+
+def choice_letter(answer: Any, options: list[str]) -> str:
+    """The option letter an answer names (letter, 0-based index, or the option's text)."""
+    n = len(options)
+    if isinstance(answer, int) and not isinstance(answer, bool):
+        if 0 <= answer < n:
+            return LETTERS[answer]
+        raise DataError(f"answer index {answer} is out of range for {n} options (0-based)")
+    if not isinstance(answer, str):
+        raise DataError(f"choice answer must be a letter, an option index or an option's text, got "
+                        f"{type(answer).__name__}")
+    text = normalise_answer(answer)
+    m = re.fullmatch(r"\(?([A-Za-z])[).:]?", text)
+    if m and LETTERS.index(m.group(1).upper()) < n:
+        return m.group(1).upper()
+    for i, opt in enumerate(options):
+        if text.strip().lower() == opt.strip().lower():
+            return LETTERS[i]
+    raise DataError(f"choice answer {text[:40]!r} is neither an option letter (A-{LETTERS[n - 1]}) nor an option's text")
+
+
+def _options(value: Any) -> list[str]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise DataError("options must be a list of strings (or a JSON list), got a plain string") from None
+    if not isinstance(value, (list, tuple)) or not value:
+        raise DataError(f"options must be a non-empty list of strings, got {type(value).__name__}")
+    if len(value) > len(LETTERS):
+        raise DataError(f"at most {len(LETTERS)} options are supported, got {len(value)}")
+    return [_number_text(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v) for v in value]
+
+
+def render_options(problem: str, options: list[str]) -> str:
+    """The problem followed by one "A. text" line per option."""
+    lines = [f"{LETTERS[i]}. {opt}" for i, opt in enumerate(options)]
+    return problem.rstrip() + "\n" + "\n".join(lines) + "\nAnswer with the option's letter."
+
+
+def _rubric(value: Any) -> list[dict[str, Any]] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"rubric is not valid JSON ({exc.msg})") from None
+    if isinstance(value, dict) and isinstance(value.get("criteria"), list):
+        value = value["criteria"]
+    if not isinstance(value, list) or not all(isinstance(c, dict) for c in value):
+        raise DataError("rubric must be a list of criterion objects (or {\"criteria\": [...]})")
+    return value
+
+
+def _meta(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"meta is not valid JSON ({exc.msg})") from None
+    if not isinstance(value, dict):
+        raise DataError(f"meta must be an object, got {type(value).__name__}")
+    return value
+
+
+def _image_values(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value]
+
+
+# ----------------------------------------------------------------------------------------------------
+# one row -> one Sample
+
+@dataclass
+class _Options:
+    template: str
+    system: str | None
+    factor: int
+    min_pixels: int
+    max_pixels: int
+    max_image_pixels: int
+
+
+class _RowError(Exception):
+    def __init__(self, field: str | None, message: str) -> None:
+        super().__init__(message)
+        self.field, self.message = field, message
+
+
+def _get(row: dict[str, Any], mapping: dict[str, str], our: str) -> Any:
+    col = mapping.get(our)
+    return None if col is None else row.get(col)
+
+
+def _field(name: str, fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except DataError as exc:
+        raise _RowError(name, str(exc)) from None
+
+
+def _row_to_sample(row: Any, index: int, source: _Source, spec: Preset, mapping: dict[str, str],
+                   opts: _Options) -> Sample:
+    if isinstance(row, _BadLine):
+        raise _RowError(None, row.message)
+    if not isinstance(row, dict):
+        raise _RowError(None, f"row must be an object, got {type(row).__name__}")
+    problem = _get(row, mapping, "problem")
+    if not isinstance(problem, str) or not problem.strip():
+        got = "missing" if problem is None else f"a {type(problem).__name__}" if not isinstance(problem, str) else "empty"
+        raise _RowError("problem", f"problem text must be a non-empty string, got {got}")
+
+    answer_type = _get(row, mapping, "answer_type") or spec.answer_type
+    if answer_type not in ANSWER_TYPES:
+        raise _RowError("answer_type", f"unknown answer_type {answer_type!r}; known: {', '.join(ANSWER_TYPES)}")
+    rubric = _field("rubric", _rubric, _get(row, mapping, "rubric"))
+    meta: dict[str, Any] = _field("meta", _meta, _get(row, mapping, "meta"))
+    meta.update(source=source.name, row=index)
+
+    # images first: box answers are rescaled to the resized image
+    values = _image_values(_get(row, mapping, "images"))
+    images, original_sizes = [], []
+    for i, value in enumerate(values):
+        try:
+            image, size = prepare_image(value, source.base_dir, factor=opts.factor, min_pixels=opts.min_pixels,
+                                        max_pixels=opts.max_pixels, max_image_pixels=opts.max_image_pixels)
+        except DataError as exc:
+            raise _RowError("images", f"image {i}: {exc}") from None
+        images.append(image)
+        original_sizes.append(list(size))
+    meta["image_sizes"] = [list(im.size) for im in images]
+    meta["original_image_sizes"] = original_sizes
+
+    raw_answer = _get(row, mapping, "answer")
+    if raw_answer is None:
+        if rubric is None:
+            raise _RowError("answer", "answer is missing (and the row has no rubric)")
+        answer = None
+    elif answer_type == "box":
+        box = _field("answer", parse_box, raw_answer)
+        if len(images) != 1:
+            raise _RowError("images", f"a box answer needs exactly one image, the row has {len(images)}")
+        (ow, oh), (w, h) = original_sizes[0], images[0].size
+        sx, sy = w / ow, h / oh
+        scaled = [box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy]
+        answer = json.dumps([int(round(v)) for v in scaled])
+        meta["answer_original"] = box
+    elif answer_type == "choice":
+        options = _field("options", _options, _get(row, mapping, "options"))
+        answer = _field("answer", choice_letter, raw_answer, options)
+        meta["options"] = options
+        problem = render_options(problem, options)
+    else:
+        answer = _field("answer", normalise_answer, raw_answer)
+
+    n_placeholders = count_placeholders(problem)
+    if n_placeholders and n_placeholders != len(images):
+        raise _RowError("images", f"the problem has {n_placeholders} <image> placeholder(s) but the row has "
+                                  f"{len(images)} image(s)")
+    messages = build_messages(problem, len(images), opts.template, opts.system)
+
+    solution = _get(row, mapping, "solution")
+    if solution is not None:
+        meta["solution"] = str(solution)
+    task = _get(row, mapping, "task")
+    if task is not None:
+        meta["task"] = task
+    meta["problem"] = problem
+    raw_id = _get(row, mapping, "id")
+    sample_id = str(raw_id) if raw_id is not None and raw_id != "" else f"{Path(source.name).stem}-{index}"
+    return Sample(id=sample_id, messages=messages, images=images, answer=answer, answer_type=answer_type,
+                  rubric=rubric, meta=meta)
+
+
+def load_samples(
+    source: Any,
+    *,
+    preset: str | None = None,
+    columns: dict[str, str] | None = None,
+    template: str = "r1",
+    system: str | None = None,
+    split: str | None = None,
+    limit: int | None = None,
+    min_pixels: int = DEFAULT_MIN_PIXELS,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    factor: int = IMAGE_FACTOR,
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    image_dir: str | Path | None = None,
+    on_error: str = "raise",
+    progress: bool = False,
+) -> tuple[list[Sample], LoadReport]:
+    """Load a dataset as ``Sample`` values (see the module docstring for sources, presets and rules).
+
+    template / system: prompt template name and system-prompt override (``mmrlvr.data.prompts``).
+    split: the split of a ``DatasetDict`` folder, or a file-name prefix (``train`` matches
+        ``train-00000.parquet`` and ``train.jsonl``) in a folder of files.
+    limit: read at most this many rows.
+    min_pixels / max_pixels / factor: image resizing (``mmrlvr.data.images.smart_resize``).
+    max_image_pixels: images larger than this are errors, refused before decoding.
+    image_dir: base folder for relative image paths (default: the dataset's folder; the current folder
+        for in-memory rows).
+    on_error: "raise" (first bad row raises ``DataError``) or "skip" (bad rows are counted in the report).
+    progress: show a tqdm progress bar.
+    """
+    if on_error not in ("raise", "skip"):
+        raise DataError(f"on_error must be 'raise' or 'skip', got {on_error!r}", field="on_error")
+    if limit is not None and limit < 0:
+        raise DataError(f"limit must be >= 0, got {limit}", field="limit")
+    try:
+        get_template(template)
+    except Exception as exc:  # UserError: turn into a DataError naming the source
+        raise DataError(str(exc), source=str(source) if isinstance(source, (str, Path)) else None,
+                        field="template") from None
+    src = _open_source(source, split, image_dir)
+    spec, mapping = _resolve_columns(src, preset, columns)
+    opts = _Options(template, system, factor, min_pixels, max_pixels, max_image_pixels)
+    report = LoadReport(source=src.name, preset=spec.name, columns=dict(mapping))
+    samples: list[Sample] = []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=limit, desc=f"loading {Path(src.name).name}", unit="row")
+    for index, row in enumerate(src.rows):
+        if limit is not None and index >= limit:
+            break
+        report.n_rows += 1
+        try:
+            samples.append(_row_to_sample(row, index, src, spec, mapping, opts))
+        except _RowError as exc:
+            if on_error == "raise":
+                raise DataError(exc.message, source=src.name, row=index, field=exc.field) from None
+            report.n_skipped += 1
+            report.skipped.append(SkippedRow(index, exc.field, exc.message))
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    report.n_loaded = len(samples)
+    return samples, report
 
 
 def rows_to_samples(rows: Iterable[dict[str, Any]], template: str = "r1", system: str | None = None) -> list[Sample]:
     """Samples from rows made by ``mmrlvr.data.synth.make_rows`` (images already PIL, already sized).
 
-    ``meta`` gets the row's meta plus ``task``, ``problem`` and ``solution`` (the reference response,
-    used for SFT warm starts).
+    A fast path without validation or resizing, for generated rows. ``meta`` gets the row's meta plus
+    ``task``, ``problem`` and ``solution`` (the reference response, used for SFT warm starts).
     """
     samples = []
     for row in rows:
