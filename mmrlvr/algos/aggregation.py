@@ -1,0 +1,69 @@
+"""Reduce a per-token loss matrix to the scalar that is back-propagated, by named mode.
+
+``agg_loss(loss_mat [N, L], mask [N, L], mode)``; modes (names as in verl and METHODS §1):
+
+    token-mean               sum_it w l / sum_it w                 DAPO (every token weighs the same)
+    seq-mean-token-mean      mean_i (sum_t w l / sum_t w)          GRPO paper (every sequence weighs the same)
+    seq-mean-token-sum       mean_i sum_t w l
+    seq-mean-token-sum-norm  sum_it w l / (N * C), C = L by default Dr.GRPO (a constant normaliser)
+
+``mask`` may be token weights w in [0, inf). Rows whose weights are all 0 have no token mean and are
+left out of ``seq-mean-token-mean``; the token-sum modes divide by N, a constant, as Dr.GRPO intends.
+The result is the mean over *this* call's rows: with gradient accumulation over micro-batches the
+trainer must weight each micro-batch (e.g. by its share of tokens for ``token-mean``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from mmrlvr.algos.masked import masked_mean, masked_sum
+from mmrlvr.registry import Registry
+
+#: name -> fn(loss_mat [N, L], mask [N, L], norm_constant) -> scalar
+AGG_MODES: Registry[Callable[[torch.Tensor, torch.Tensor, float | None], torch.Tensor]] = Registry(
+    "loss aggregation mode")
+
+
+@AGG_MODES.register("token-mean")
+def _token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, norm_constant: float | None) -> torch.Tensor:
+    return masked_mean(loss_mat, mask)
+
+
+@AGG_MODES.register("seq-mean-token-mean")
+def _seq_mean_token_mean(loss_mat: torch.Tensor, mask: torch.Tensor,
+                         norm_constant: float | None) -> torch.Tensor:
+    per_seq = masked_mean(loss_mat, mask, dim=-1)  # [N]
+    has_tokens = (mask.sum(-1) > 0).to(per_seq.dtype)  # [N]
+    return masked_mean(per_seq, has_tokens)
+
+
+@AGG_MODES.register("seq-mean-token-sum")
+def _seq_mean_token_sum(loss_mat: torch.Tensor, mask: torch.Tensor,
+                        norm_constant: float | None) -> torch.Tensor:
+    return masked_sum(loss_mat, mask, dim=-1).mean() if loss_mat.shape[0] else masked_sum(loss_mat, mask)
+
+
+@AGG_MODES.register("seq-mean-token-sum-norm")
+def _seq_mean_token_sum_norm(loss_mat: torch.Tensor, mask: torch.Tensor,
+                             norm_constant: float | None) -> torch.Tensor:
+    constant = float(loss_mat.shape[-1]) if norm_constant is None else float(norm_constant)
+    if constant <= 0:
+        raise ValueError(f"norm_constant must be > 0, got {norm_constant}")
+    return masked_sum(loss_mat, mask) / (max(loss_mat.shape[0], 1) * constant)
+
+
+def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, *,
+             norm_constant: float | None = None) -> torch.Tensor:
+    """Aggregate a per-token loss into a scalar by ``mode`` (see the module docstring for formulas).
+
+    loss_mat: [N, L] per-token loss (values where mask == 0 are ignored, even -inf/NaN);
+    mask: [N, L] response mask or token weights >= 0; norm_constant: C for ``seq-mean-token-sum-norm``
+    (Dr.GRPO's "MAX_TOKENS", default L = the padded response length, i.e. the generation budget when
+    rollouts are padded to max_new_tokens). Returns a 0-dim tensor (0.0 when nothing is masked in).
+    """
+    if loss_mat.dim() != 2 or mask.shape != loss_mat.shape:
+        raise ValueError(f"loss_mat {tuple(loss_mat.shape)} and mask {tuple(mask.shape)} must both be [N, L]")
+    return AGG_MODES.get(mode)(loss_mat, mask.to(loss_mat.dtype), norm_constant)

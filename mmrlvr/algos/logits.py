@@ -1,0 +1,135 @@
+"""Per-token log-probabilities and entropies from logits, without a second [N, L, V] tensor.
+
+A VLM's vocabulary is large (Qwen: ~152k), so ``logits.log_softmax(-1)`` on [N, L, V] logits doubles the
+largest tensor of a training step, and autograd keeps that copy alive until backward. Both functions
+here work in chunks of ``chunk_size`` token positions and are exact: the forward saves only the logits
+(a reference, no copy) and the backward recomputes the softmax chunk by chunk. Temperature is applied
+inside each chunk, so ``logits / T`` is never materialised either. Results are float32 whatever the
+logits' dtype (bf16 logits are up-cast one chunk at a time); float64 logits stay float64.
+
+Not here: masking. Positions after the end of a response still get a value; the caller masks them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _chunk_index(lead: tuple[int, ...], chunk_size: int) -> list[tuple]:
+    """Indices into the leading dims so that each ``x[idx]`` is a view of at most ``chunk_size`` positions.
+
+    Whole rows of dim 0 are grouped while a row fits in a chunk; otherwise we recurse into the row. No
+    reshape is needed, so a non-contiguous slice such as ``logits[:, P-1:P-1+L]`` is never copied.
+    """
+    if not lead:
+        return [()]
+    per_row = math.prod(lead[1:])
+    if per_row <= chunk_size:
+        step = max(1, chunk_size // max(per_row, 1))
+        return [(slice(i, min(i + step, lead[0])),) for i in range(0, lead[0], step)]
+    return [(i, *rest) for i in range(lead[0]) for rest in _chunk_index(lead[1:], chunk_size)]
+
+
+def _compute_dtype(logits: torch.Tensor) -> torch.dtype:
+    """float32 for half/bf16/float32 logits, float64 for float64 ones (gradient checks)."""
+    return torch.promote_types(logits.dtype, torch.float32)
+
+
+def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    z = logits.to(_compute_dtype(logits))
+    return z / temperature if temperature != 1.0 else z
+
+
+class _TokenLogProb(torch.autograd.Function):
+    """log softmax(logits / T)[ids], chunked; backward: (onehot(ids) - softmax) * grad / T."""
+
+    @staticmethod
+    def forward(ctx, logits, ids, temperature, chunk_size):  # type: ignore[override]
+        out = torch.empty(ids.shape, dtype=_compute_dtype(logits), device=logits.device)
+        for idx in _chunk_index(tuple(ids.shape), chunk_size):
+            z = _scaled(logits[idx], temperature)  # [c, V]
+            picked = z.gather(-1, ids[idx].unsqueeze(-1)).squeeze(-1)
+            out[idx] = picked - torch.logsumexp(z, dim=-1)
+        ctx.save_for_backward(logits, ids)
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):  # type: ignore[override]
+        logits, ids = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        for idx in _chunk_index(tuple(ids.shape), ctx.chunk_size):
+            go = grad_out[idx].unsqueeze(-1).to(_compute_dtype(logits))  # [c, 1]
+            g = torch.softmax(_scaled(logits[idx], ctx.temperature), dim=-1).mul_(-go)
+            g.scatter_add_(-1, ids[idx].unsqueeze(-1), go)
+            grad[idx] = (g / ctx.temperature).to(grad.dtype)
+        return grad, None, None, None
+
+
+class _Entropy(torch.autograd.Function):
+    """H(softmax(logits / T)), chunked; backward: dH/dz_j = -p_j (z_j - sum_k p_k z_k), divided by T."""
+
+    @staticmethod
+    def _p_and_pz(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        p = torch.softmax(z, dim=-1)
+        # -inf logits (blocked vocabulary entries) have p = 0; 0 * -inf must count as 0, not NaN.
+        return p, torch.where(p > 0, p * z, torch.zeros_like(z))
+
+    @staticmethod
+    def forward(ctx, logits, temperature, chunk_size):  # type: ignore[override]
+        lead = tuple(logits.shape[:-1])
+        out = torch.empty(lead, dtype=_compute_dtype(logits), device=logits.device)
+        for idx in _chunk_index(lead, chunk_size):
+            z = _scaled(logits[idx], temperature)
+            _, pz = _Entropy._p_and_pz(z)
+            out[idx] = torch.logsumexp(z, dim=-1) - pz.sum(-1)
+        ctx.save_for_backward(logits)
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):  # type: ignore[override]
+        (logits,) = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        for idx in _chunk_index(tuple(logits.shape[:-1]), ctx.chunk_size):
+            z = _scaled(logits[idx], ctx.temperature)
+            p, pz = _Entropy._p_and_pz(z)
+            mean_z = pz.sum(-1, keepdim=True)
+            g = torch.where(p > 0, p * (z - mean_z), torch.zeros_like(z))
+            grad[idx] = (g * (-grad_out[idx].unsqueeze(-1).to(g.dtype) / ctx.temperature)).to(grad.dtype)
+        return grad, None, None
+
+
+def _check(chunk_size: int, temperature: float) -> None:
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+
+
+def logprobs_from_logits(logits: torch.Tensor, ids: torch.Tensor, *, temperature: float = 1.0,
+                         chunk_size: int = 512) -> torch.Tensor:
+    """log softmax(logits / temperature) at the given token ids, exact and chunked over positions.
+
+    logits: [N, L, V] (any leading dims; may be a non-contiguous slice); ids: [N, L] long, each in [0, V)
+    (pad ids are fine, mask their results afterwards). Returns [N, L] float32 (float64 for float64 logits), differentiable w.r.t.
+    logits. ``temperature`` must match the one used for sampling so that log-ratios against the
+    sampler's log-probs are meaningful. Peak extra memory: a few [chunk_size, V] float32 buffers.
+    """
+    _check(chunk_size, temperature)
+    if logits.shape[:-1] != ids.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} do not match ids {tuple(ids.shape)} (want [..., V] vs [...])")
+    return _TokenLogProb.apply(logits, ids.long(), float(temperature), int(chunk_size))
+
+
+def entropy_from_logits(logits: torch.Tensor, *, temperature: float = 1.0,
+                        chunk_size: int = 512) -> torch.Tensor:
+    """Entropy H = logsumexp(z) - sum_v p_v z_v of softmax(z), z = logits / temperature, in nats.
+
+    logits: [..., V] -> [...] float32 (float64 for float64 logits), differentiable (for entropy bonuses), exact, chunked over
+    positions like ``logprobs_from_logits``. Used for entropy metrics and entropy-based token credit.
+    """
+    _check(chunk_size, temperature)
+    return _Entropy.apply(logits, float(temperature), int(chunk_size))

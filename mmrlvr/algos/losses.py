@@ -1,0 +1,220 @@
+"""Policy losses per token: PPO-clip (GRPO/DAPO), GSPO, CISPO and NSR, registered by name.
+
+Every loss has the signature
+
+    fn(logprobs [N, L], old_logprobs [N, L], advantages [N] or [N, L], response_mask [N, L], **params)
+        -> (loss_per_token [N, L], LossStats)
+
+and is registered in ``POLICY_LOSSES`` (config key ``algo.loss``). Aggregation over tokens and
+sequences is separate (``mmrlvr.algos.aggregation.agg_loss``), so any loss combines with any mode.
+
+``response_mask`` may hold token weights in [0, inf) (credit schemes); a position counts as a response
+token when its weight is > 0. Masked positions may hold -inf log-probs (tokens blocked after
+end-of-sequence): they are replaced by 0 *before* ``exp(logp - old_logp)``, so the loss and its
+gradients stay finite (STACK.md), and the loss there is exactly 0. Log-ratios are clamped to [-20, 20]
+before ``exp`` (as verl does), which bounds the ratio at e^20 ~ 4.9e8; a token beyond that gets no
+gradient.
+
+Not here: KL to the reference (``kl.py``), entropy bonuses, aggregation, the optimizer step.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from mmrlvr.algos.masked import masked_mean, zero_masked
+from mmrlvr.registry import Registry
+
+LOG_RATIO_CLAMP = 20.0
+
+
+class LossStats(NamedTuple):
+    """Detached scalars describing the importance ratios of one loss call, over response tokens."""
+
+    clip_fraction: torch.Tensor  # share of tokens whose gradient a clip removed (cispo: weight truncated)
+    ratio_mean: torch.Tensor  # mean ratio pi/pi_old (gspo: the sequence ratio at each token)
+    ratio_max: torch.Tensor
+    ratio_min: torch.Tensor
+    approx_kl: torch.Tensor  # mean of r - 1 - log r, the k3 estimate of KL(pi_old || pi)
+    recovered_fraction: torch.Tensor  # nsr: share of tokens rescued from the clip (0 for the others)
+
+
+PolicyLoss = Callable[..., tuple[torch.Tensor, LossStats]]
+
+#: name -> fn(logprobs, old_logprobs, advantages, response_mask, **params) -> (loss [N, L], LossStats)
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+
+
+def _prepare(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+             response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Check shapes; return (valid [N, L] bool, safe logprobs [N, L], log r [N, L], advantages [N, L])."""
+    if logprobs.dim() != 2 or old_logprobs.shape != logprobs.shape or response_mask.shape != logprobs.shape:
+        raise ValueError(f"logprobs {tuple(logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} and "
+                         f"response_mask {tuple(response_mask.shape)} must all be [N, L]")
+    if advantages.shape not in (logprobs.shape[:1], logprobs.shape):
+        raise ValueError(f"advantages {tuple(advantages.shape)} must be [N] or [N, L] for logprobs "
+                         f"{tuple(logprobs.shape)}")
+    valid = response_mask > 0
+    logp = zero_masked(logprobs, valid)  # -inf at padding must never reach exp or a product
+    log_ratio = (logp - zero_masked(old_logprobs.detach(), valid)).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    adv = advantages.detach().unsqueeze(-1) if advantages.dim() == 1 else advantages.detach()
+    adv = zero_masked(adv.expand_as(logprobs).to(logprobs.dtype), valid)
+    return valid, logp, log_ratio, adv
+
+
+@torch.no_grad()
+def _stats(ratio: torch.Tensor, valid: torch.Tensor, clipped: torch.Tensor,
+           recovered: torch.Tensor | None = None) -> LossStats:
+    """ratio, valid, clipped, recovered: [N, L]. Means count tokens (valid), not token weights."""
+    ratio, w = ratio.detach(), valid.to(ratio.dtype)
+    big, small = torch.finfo(ratio.dtype).max, torch.finfo(ratio.dtype).min
+    any_valid = bool(valid.any())
+    r_max = torch.where(valid, ratio, small).max() if any_valid else ratio.new_tensor(0.0)
+    r_min = torch.where(valid, ratio, big).min() if any_valid else ratio.new_tensor(0.0)
+    kl = masked_mean(ratio - 1 - ratio.log(), w)
+    rec = masked_mean(recovered.to(ratio.dtype), w) if recovered is not None else ratio.new_tensor(0.0)
+    return LossStats(masked_mean(clipped.to(ratio.dtype), w), masked_mean(ratio, w), r_max, r_min, kl, rec)
+
+
+def _check_eps(eps_low: float, eps_high: float) -> None:
+    if eps_low < 0 or eps_high < 0:
+        raise ValueError(f"clip ranges must be >= 0, got eps_low={eps_low}, eps_high={eps_high}")
+
+
+def _clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float,
+                       dual_clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's pessimistic surrogate per token and where a clip zeroes its gradient. All [N, L]."""
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1 - eps_low, 1 + eps_high)
+    loss = torch.maximum(unclipped, clipped)
+    r = ratio.detach()
+    zeroed = ((adv > 0) & (r > 1 + eps_high)) | ((adv < 0) & (r < 1 - eps_low))
+    if dual_clip is not None:
+        if dual_clip <= 1:
+            raise ValueError(f"dual_clip must be > 1 (the DAPO/verl value is 3), got {dual_clip}")
+        # For A < 0 a huge ratio would give an unbounded loss; cap it at -A * c (Ye et al. 2020).
+        loss = torch.where(adv < 0, torch.minimum(loss, -adv * dual_clip), loss)
+        zeroed = zeroed | ((adv < 0) & (r > dual_clip))
+    return loss, zeroed
+
+
+@POLICY_LOSSES.register("ppo_clip")
+def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                  response_mask: torch.Tensor, *, eps_low: float = 0.2, eps_high: float = 0.2,
+                  dual_clip: float | None = None) -> tuple[torch.Tensor, LossStats]:
+    """PPO-clip per token, the GRPO/DAPO policy loss: -min(r A, clip(r, 1-eps_low, 1+eps_high) A).
+
+    logprobs: [N, L] (with grad); old_logprobs: [N, L]; advantages: [N] or [N, L];
+    response_mask: [N, L] weights. Returns loss [N, L] (0 where masked) and LossStats.
+    Schulman et al. 2017 (arXiv:1707.06347); separate eps_low/eps_high is DAPO's "clip-higher"
+    (Yu et al. 2025, arXiv:2503.14476, eps_high = 0.28); ``dual_clip=c`` (c = 3 is common) bounds
+    the loss of A < 0 tokens at -c A (dual-clip PPO, Ye et al. 2020, arXiv:1912.09729).
+    A clipped token has zero gradient; ``clip_fraction`` counts them.
+    """
+    _check_eps(eps_low, eps_high)
+    valid, _, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, response_mask)
+    ratio = torch.exp(log_ratio)  # [N, L]
+    loss, zeroed = _clipped_surrogate(ratio, adv, eps_low, eps_high, dual_clip)
+    return zero_masked(loss, valid), _stats(ratio, valid, zeroed & valid)
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+              response_mask: torch.Tensor, *, eps_low: float = 3e-4,
+              eps_high: float = 4e-4) -> tuple[torch.Tensor, LossStats]:
+    """GSPO: clip the *sequence* ratio s_i = exp(mean_t log r_t) (Zheng et al. 2025, arXiv:2507.18071).
+
+    logprobs, old_logprobs: [N, L]; advantages: [N] (or [N, L], the paper's GSPO-token variant);
+    response_mask: [N, L]. Returns loss [N, L] and LossStats (ratios are the sequence ratios).
+    Token form of the paper's §4.3: s_it = sg(s_i) * pi(y_t) / sg(pi(y_t)) equals s_i in value, so each
+    sequence is clipped as a whole, while its gradient s_i * grad log pi(y_t) reaches every token;
+    aggregated with ``seq-mean-token-mean`` this is exactly grad of the sequence objective
+    min(s_i A_i, clip(s_i) A_i). The mean over t counts response tokens (mask > 0), not token weights.
+    Defaults are the paper's clip ranges (3e-4, 4e-4): s_i is a geometric mean, so it moves little.
+    """
+    _check_eps(eps_low, eps_high)
+    valid, logp, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, response_mask)
+    seq_log_ratio = masked_mean(log_ratio, valid.to(log_ratio.dtype), dim=-1)  # [N]
+    token_log_ratio = logp - logp.detach() + seq_log_ratio.detach().unsqueeze(-1)  # [N, L], value log s_i
+    ratio = torch.exp(token_log_ratio)
+    loss, zeroed = _clipped_surrogate(ratio, adv, eps_low, eps_high, None)
+    return zero_masked(loss, valid), _stats(ratio, valid, zeroed & valid)
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+               response_mask: torch.Tensor, *, eps_high: float = 0.28,
+               eps_low: float | None = None) -> tuple[torch.Tensor, LossStats]:
+    """CISPO: L = -sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi (MiniMax-M1, arXiv:2506.13585).
+
+    logprobs, old_logprobs: [N, L]; advantages: [N] or [N, L]; response_mask: [N, L].
+    Returns loss [N, L] and LossStats. The importance weight is truncated and detached instead of the
+    token being dropped, so every token keeps a gradient (-w A grad log pi), including the rare
+    "fork" tokens PPO clips away. ``eps_low=None`` (default) means no lower bound, as in MiniMax-M1,
+    which tuned only the upper one; its value is not published, 0.28 (DAPO's clip-higher) is [ours].
+    The loss *value* is in units of log pi and is not comparable with ppo_clip's; its gradient is.
+    ``clip_fraction`` counts tokens whose weight was truncated (they still get a gradient).
+    """
+    _check_eps(0.0 if eps_low is None else eps_low, eps_high)
+    valid, logp, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, response_mask)
+    ratio = torch.exp(log_ratio)
+    low = 0.0 if eps_low is None else 1 - eps_low
+    weight = ratio.detach().clamp(low, 1 + eps_high)  # [N, L], sg(clip(r))
+    loss = -weight * adv * logp
+    truncated = valid & ((ratio.detach() > 1 + eps_high) | (ratio.detach() < low))
+    return zero_masked(loss, valid), _stats(ratio, valid, truncated)
+
+
+@POLICY_LOSSES.register("nsr")
+def nsr_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+             response_mask: torch.Tensor, *, eps_low: float = 0.2, eps_high: float = 0.28,
+             noise: float = 0.2, dual_clip: float | None = None,
+             generator: torch.Generator | None = None) -> tuple[torch.Tensor, LossStats]:
+    """NSR: PPO-clip where tokens just outside the clip range are rescued at random (METHODS §5).
+
+    logprobs, old_logprobs: [N, L]; advantages: [N] or [N, L]; response_mask: [N, L];
+    generator: for the noise (pass a seeded one for reproducible steps). Returns loss [N, L], LossStats.
+    The paper's exact rule is not public; ours [ours]: a token PPO would clip (A > 0, r > b = 1+eps_high,
+    or A < 0, r < a = 1-eps_low) gets a noisy ratio r' = r(1 - noise*u) resp. r(1 + noise*u), u ~ U(0,1).
+    If r' falls back inside the range, the token is rescued with the gradient of the surrogate at r',
+    -A r' grad log pi, so a rescued gradient is never larger than at the boundary. On the upper side
+    P(rescue) = 1 - (1 - b/r)/noise: 1 at r = b (continuous with PPO) falling to 0 at r = b/(1-noise),
+    a soft clip confined to a band near the boundary; ``noise=1`` gives P = b/r and an expected
+    gradient b^2/(2r) A, the O(1/r^2) decay (in d/dr) METHODS quotes.
+    """
+    _check_eps(eps_low, eps_high)
+    if not 0 < noise <= 1:
+        raise ValueError(f"noise must be in (0, 1], got {noise}")
+    valid, _, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, response_mask)
+    ratio = torch.exp(log_ratio)
+    loss, zeroed = _clipped_surrogate(ratio, adv, eps_low, eps_high, dual_clip)
+    u = torch.rand(ratio.shape, generator=generator, dtype=ratio.dtype, device=ratio.device)
+    r = ratio.detach()
+    above, below = valid & (adv > 0) & (r > 1 + eps_high), valid & (adv < 0) & (r < 1 - eps_low)
+    scale = torch.where(above, 1 - noise * u, 1 + noise * u)  # r' / r
+    rescued = (above & (r * scale <= 1 + eps_high)) | (below & (r * scale >= 1 - eps_low))
+    loss = torch.where(rescued, -adv * ratio * scale, loss)
+    return zero_masked(loss, valid), _stats(ratio, valid, zeroed & valid & ~rescued, rescued)
+
+
+def call_policy_loss(name: str, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
+                     advantages: torch.Tensor, response_mask: torch.Tensor, *,
+                     generator: torch.Generator | None = None,
+                     **params: Any) -> tuple[torch.Tensor, LossStats]:
+    """Look up a loss by name and call it; ``generator`` is passed only to losses that take one (nsr).
+
+    Shapes as for every loss: [N, L] tensors, advantages [N] or [N, L]. Unknown ``params`` raise
+    TypeError naming the loss, so a typo in a config never passes silently.
+    """
+    fn = POLICY_LOSSES.get(name)
+    accepted = inspect.signature(fn).parameters
+    if "generator" in accepted:
+        params["generator"] = generator
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        known = sorted(k for k, p in accepted.items() if p.kind is inspect.Parameter.KEYWORD_ONLY)
+        raise TypeError(f"policy loss {name!r} got unknown parameter(s) {unknown}; it takes {known}")
+    return fn(logprobs, old_logprobs, advantages, response_mask, **params)
