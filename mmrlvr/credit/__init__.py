@@ -1,1 +1,62 @@
-"""mmrlvr.credit"""
+"""Token credit: which response tokens read the image, and how much gradient each one gets.
+
+- ``perturb``: perturbations of the processor's ``pixel_values`` (gaussian, zero, patch_blackout, blur)
+- ``signals``: per-token entropy / JSD / entropy shift / log-probs from a clean and a perturbed pass,
+  chunked over tokens so full-vocabulary logits of both passes never exist at once
+- ``schemes``: the credit schemes by name (none, entropy_topk, vepo, vppo, papo, rsi)
+
+Typical use in a trainer::
+
+    scheme = build_scheme(cfg.credit.scheme, **cfg.credit.params)
+    inputs_pert = None
+    if scheme.needs_perturbed:
+        name, params = scheme.perturbation
+        vision = perturb_vision(batch.vision, name, layout, seed=seed, **params)
+        inputs_pert = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, **vision}
+    signals = token_signals_from_model(model, batch.model_inputs(), inputs_pert, batch.prompt_length,
+                                       batch.response_ids, batch.response_mask)
+    credit = scheme(signals, batch.response_mask, advantages, old_logprobs=batch.old_logprobs)
+    # loss: advantages * credit.adv_scale, credit.token_weights as the loss mask, + credit.extra_loss(logp)
+"""
+
+from mmrlvr.credit.perturb import (
+    PERTURBATIONS,
+    PatchLayout,
+    gaussian_blur,
+    gaussian_noise,
+    patch_blackout,
+    patchify,
+    perturb_vision,
+    unpatchify,
+    zero_image,
+)
+from mmrlvr.credit.schemes import (
+    CREDIT_SCHEMES,
+    CreditResult,
+    CreditScheme,
+    build_scheme,
+    minmax_per_row,
+    selection_stats,
+    topk_count,
+    topk_per_row,
+    vepo_score,
+    vppo_advantage_scale,
+)
+from mmrlvr.credit.signals import (
+    Hidden,
+    TokenSignals,
+    final_hidden_states,
+    perception_k3,
+    response_hidden,
+    token_signals,
+    token_signals_from_model,
+    vppo_dependency,
+)
+
+__all__ = [
+    "CREDIT_SCHEMES", "CreditResult", "CreditScheme", "Hidden", "PERTURBATIONS", "PatchLayout", "TokenSignals",
+    "build_scheme", "final_hidden_states", "gaussian_blur", "gaussian_noise", "minmax_per_row", "patch_blackout",
+    "patchify", "perception_k3", "perturb_vision", "response_hidden", "selection_stats", "token_signals",
+    "token_signals_from_model", "topk_count", "topk_per_row", "unpatchify", "vepo_score",
+    "vppo_advantage_scale", "vppo_dependency", "zero_image",
+]

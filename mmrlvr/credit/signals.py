@@ -1,0 +1,215 @@
+"""Per-token signals for token credit: entropy, vision sensitivity (JSD), entropy shift, log-probs.
+
+METHODS.md §2: P_t = softmax(logits | I) (clean image), Q_t = softmax(logits | I') (perturbed image);
+per response token t
+
+    H_t   = H(P_t)                                  entropy of the clean policy
+    JSD_t = ½ KL(P_t‖M_t) + ½ KL(Q_t‖M_t),  M_t = (P_t + Q_t)/2      in [0, ln 2]
+    ΔH_t  = H(Q_t) − H(P_t)                         entropy shift caused by the perturbation
+    logp_t = log P_t(o_t),  logq_t = log Q_t(o_t)   the sampled token under each pass
+
+All of them need the full vocabulary, and [N, L, V] logits are large (V ≈ 150k for Qwen). So the work is
+chunked over tokens: only ``chunk_size`` rows of [V] log-probabilities per pass exist at a time, and only
+valid (unmasked) tokens are computed. Each side can be given as logits [N, L, V] (the trainer already has
+the clean ones) or as final hidden states [N, L, H] plus the model's ``lm_head`` (``Hidden``), in which case
+logits are produced chunk by chunk and the perturbed pass's [N, L, V] logits never exist.
+
+Also here: ``vppo_dependency`` (VPPO's sampled-token k3, no full-vocab pass needed) and
+``perception_k3`` (PAPO's per-token KL estimate). Everything runs without gradient except
+``perception_k3``, which PAPO's loss differentiates through the clean log-probs.
+
+Not done here: choosing tokens (``schemes``), perturbing images (``perturb``). Models whose logits are not
+``lm_head(last hidden state)`` (final logit soft-capping, logit scaling) need logits passed in directly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from mmrlvr.errors import UserError
+
+LOG2 = math.log(2.0)
+
+
+class TokenSignals(NamedTuple):
+    """Per-token signals for N responses of length L; every field is 0 at masked positions.
+
+    entropy:       [N, L] H(P_t), nats
+    jsd:           [N, L] JSD(P_t, Q_t), nats in [0, ln 2]; None without a perturbed pass
+    entropy_shift: [N, L] H(Q_t) − H(P_t); None without a perturbed pass
+    logp:          [N, L] log P_t(o_t), the sampled token under the clean input
+    logq:          [N, L] log Q_t(o_t), the sampled token under the perturbed input; None without one
+    old_logp:      [N, L] log π_old(o_t|I) from the sampler, passed through when known (VPPO reads it)
+    """
+
+    entropy: torch.Tensor
+    jsd: torch.Tensor | None
+    entropy_shift: torch.Tensor | None
+    logp: torch.Tensor
+    logq: torch.Tensor | None
+    old_logp: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Hidden:
+    """Final hidden states of the response positions plus the head that turns them into logits.
+
+    states: [N, L, H] — the hidden state that predicts response token j sits at j
+    head:   the model's output embedding (``model.get_output_embeddings()``, i.e. ``lm_head``)
+    """
+
+    states: torch.Tensor
+    head: Callable[[torch.Tensor], torch.Tensor]
+
+
+Source = torch.Tensor | Hidden
+
+
+def _chunk_log_probs(source: Source, rows: torch.Tensor, cols: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log-softmax over the vocabulary for the (row, col) positions: [c, V] float32.
+
+    Indexing by (row, col) gathers only these positions, so a non-contiguous slice such as
+    ``logits[:, P-1:P-1+L]`` is never copied whole."""
+    if isinstance(source, Hidden):
+        logits = source.head(source.states[rows, cols])  # [c, V]
+    else:
+        logits = source[rows, cols]  # [c, V]
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return torch.log_softmax(logits, dim=-1)
+
+
+def _plogratio(lp: torch.Tensor, lm: torch.Tensor) -> torch.Tensor:
+    """Σ_v p_v (log p_v − log m_v) with 0·log 0 = 0 (log-probs of −inf come from masked vocab entries)."""
+    p = lp.exp()
+    return torch.where(p > 0, p * (lp - lm), torch.zeros_like(p)).sum(-1)
+
+
+def _entropy(lp: torch.Tensor) -> torch.Tensor:
+    """H = −Σ p log p over the last dim: [c, V] -> [c]."""
+    return -_plogratio(lp, torch.zeros_like(lp))
+
+
+def token_signals(p: Source, q: Source | None, response_ids: torch.Tensor, mask: torch.Tensor, *,
+                  chunk_size: int = 256, temperature: float = 1.0) -> TokenSignals:
+    """Entropy, JSD, entropy shift and sampled-token log-probs, chunked over valid tokens.
+
+    p:            clean pass — logits [N, L, V] or ``Hidden`` ([N, L, H] + lm_head), aligned with responses
+                  (``logits[:, P-1:P-1+L]`` of the full sequence)
+    q:            perturbed pass, same forms; None computes only entropy and logp (no vision signals)
+    response_ids: [N, L] long, the sampled tokens o_t
+    mask:         [N, L], > 0 on tokens that count; masked positions get 0 in every output
+    chunk_size:   valid tokens per chunk; peak extra memory is ~ 4 · chunk_size · V floats
+    temperature:  logits are divided by it first, matching the temperature the responses were sampled at
+    """
+    if chunk_size < 1:
+        raise UserError(f"chunk_size must be >= 1, got {chunk_size}")
+    N, L = response_ids.shape
+    device = response_ids.device
+    rows, cols = (mask > 0).nonzero(as_tuple=True)  # [M] each: the valid tokens, row-major
+    out = {k: torch.zeros(N, L, device=device) for k in ("entropy", "logp", "jsd", "shift", "logq")}
+    with torch.no_grad():
+        for s in range(0, rows.numel(), chunk_size):
+            r, c = rows[s:s + chunk_size], cols[s:s + chunk_size]
+            tok = response_ids[r, c].unsqueeze(-1)  # [c, 1]
+            lp = _chunk_log_probs(p, r, c, temperature)  # [c, V]
+            h_p = _entropy(lp)
+            out["entropy"][r, c] = h_p
+            out["logp"][r, c] = lp.gather(-1, tok).squeeze(-1)
+            if q is None:
+                continue
+            lq = _chunk_log_probs(q, r, c, temperature)  # [c, V]
+            # log M = log((P + Q)/2); exactly log P where the passes agree, so identical passes give JSD 0
+            lm = torch.where(lp == lq, lp, torch.logaddexp(lp, lq) - LOG2)
+            jsd = 0.5 * _plogratio(lp, lm) + 0.5 * _plogratio(lq, lm)
+            out["jsd"][r, c] = jsd.clamp(0.0, LOG2)  # rounding can leave it a hair outside
+            out["shift"][r, c] = _entropy(lq) - h_p
+            out["logq"][r, c] = lq.gather(-1, tok).squeeze(-1)
+            del lp, lq, lm
+    has_q = q is not None
+    return TokenSignals(entropy=out["entropy"], jsd=out["jsd"] if has_q else None,
+                        entropy_shift=out["shift"] if has_q else None, logp=out["logp"],
+                        logq=out["logq"] if has_q else None)
+
+
+def final_hidden_states(model: torch.nn.Module, inputs: dict[str, Any]) -> tuple[torch.Tensor, Callable]:
+    """Run ``model`` (no gradient) up to its final (normed) hidden states: ([N, S, H], lm_head).
+
+    For transformers' *ForConditionalGeneration / *ForCausalLM models the backbone is ``model.model`` and
+    the head ``get_output_embeddings()``; calling the backbone skips the [N, S, V] logits entirely. peft
+    wrappers are unwrapped with ``get_base_model()`` (the LoRA layers stay active; inside
+    ``disable_adapter()`` they are off, as for the reference model). Other models fall back to
+    ``output_hidden_states=True`` (which does compute their logits once)."""
+    core = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = core.get_output_embeddings() if hasattr(core, "get_output_embeddings") else None
+    if head is None:
+        raise UserError(f"{type(core).__name__} has no output embeddings (lm_head); pass logits instead")
+    backbone = getattr(core, "model", None)
+    with torch.no_grad():
+        if isinstance(backbone, torch.nn.Module):
+            out = backbone(**inputs, use_cache=False)
+            states = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        else:
+            states = model(**inputs, output_hidden_states=True, use_cache=False).hidden_states[-1]
+    return states, head
+
+
+def response_hidden(model: torch.nn.Module, inputs: dict[str, Any], prompt_length: int,
+                    response_length: int) -> Hidden:
+    """Hidden states that predict the L response tokens: positions P-1 .. P-1+L-1 (RolloutBatch layout)."""
+    states, head = final_hidden_states(model, inputs)  # [N, P+L, H]
+    P, L = prompt_length, response_length
+    return Hidden(states=states[:, P - 1:P - 1 + L], head=head)
+
+
+def token_signals_from_model(model: torch.nn.Module, inputs_clean: dict[str, Any] | None,
+                             inputs_pert: dict[str, Any] | None, prompt_length: int,
+                             response_ids: torch.Tensor, mask: torch.Tensor, *, chunk_size: int = 256,
+                             temperature: float = 1.0, logits_clean: torch.Tensor | None = None,
+                             old_logprobs: torch.Tensor | None = None) -> TokenSignals:
+    """Teacher-forced signals for prompt + response; extra passes run without gradient.
+
+    inputs_clean / inputs_pert: ``model(**inputs)`` keyword arguments (``RolloutBatch.model_inputs()``,
+        the second with perturbed pixel values); inputs_pert None skips the vision signals.
+    logits_clean: [N, L, V] response-aligned clean logits the trainer already has (then inputs_clean is
+        not run); otherwise the clean pass is run here, also chunked through lm_head.
+    old_logprobs: [N, L] sampler log-probs, stored in the result as ``old_logp`` for VPPO.
+    prompt_length: P; response_ids, mask: [N, L]."""
+    L = response_ids.shape[1]
+    if logits_clean is not None:
+        p: Source = logits_clean.detach()
+    elif inputs_clean is not None:
+        p = response_hidden(model, inputs_clean, prompt_length, L)
+    else:
+        raise UserError("token_signals_from_model needs inputs_clean or logits_clean")
+    q = response_hidden(model, inputs_pert, prompt_length, L) if inputs_pert is not None else None
+    sig = token_signals(p, q, response_ids, mask, chunk_size=chunk_size, temperature=temperature)
+    return sig._replace(old_logp=old_logprobs)
+
+
+def vppo_dependency(logq_sampled: torch.Tensor, old_logp: torch.Tensor,
+                    mask: torch.Tensor | None = None) -> torch.Tensor:
+    """VPPO's visual dependency of each sampled token (METHODS.md §2, [code]): [N, L] -> [N, L].
+
+    d_t = clamp(log π(o_t|I') − log π_old(o_t|I), −20, 20);  S_t = clamp(e^{d_t} − d_t − 1, 0, 10),
+    the k3 KL estimate on the sampled token only. 0 where ``mask`` is 0 (also where log-probs are −inf)."""
+    d = (logq_sampled - old_logp).clamp(-20.0, 20.0)
+    s = (d.exp() - d - 1.0).clamp(0.0, 10.0)
+    if mask is not None:
+        s = torch.where(mask > 0, s, torch.zeros_like(s))
+    return torch.nan_to_num(s, nan=0.0)
+
+
+def perception_k3(logp: torch.Tensor, logq: torch.Tensor, *, max_kl: float = 10.0) -> torch.Tensor:
+    """PAPO's per-token perception KL, k3 estimate of KL(π(·|I) ‖ π(·|I_mask)) on the sampled token.
+
+    d_t = logq_t − logp_t (logq: masked-image pass, no gradient; logp: current policy, with gradient);
+    k3_t = e^{d_t} − d_t − 1 ≥ 0, clamped to ``max_kl`` so maximising it cannot run away
+    ([ours]: the clamp value; PAPO counters the same "KL hacking" with extra entropy losses). [N, L]."""
+    d = (logq.detach() - logp).clamp(-20.0, 20.0)
+    return (d.exp() - d - 1.0).clamp(max=max_kl)
