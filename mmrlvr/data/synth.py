@@ -88,19 +88,26 @@ class _Retry(Exception):
 # layout
 
 def _place(rng: random.Random, sizes: list[int], margin: int = 4, gap: int = 4) -> list[tuple[int, int]]:
-    """Top-left corners for squares of the given sides, inside the canvas and not touching (gap px)."""
-    placed: list[tuple[int, int, int]] = []
-    for size in sizes:
-        for _ in range(60):
-            x = rng.randint(margin, BASE - margin - size)
-            y = rng.randint(margin, BASE - margin - size)
-            if all(x + size + gap <= px or px + ps + gap <= x or y + size + gap <= py or py + ps + gap <= y
-                   for px, py, ps in placed):
-                placed.append((x, y, size))
+    """Top-left corners for squares of the given sides, inside the canvas and not touching (gap px).
+
+    Whole layouts are retried here, keeping the task's choices (answer, colours, sizes): redrawing those on
+    a failed layout would make answers with more shapes rarer and unbalance the answer distribution.
+    """
+    for _ in range(100):
+        placed: list[tuple[int, int, int]] = []
+        for size in sizes:
+            for _ in range(30):
+                x = rng.randint(margin, BASE - margin - size)
+                y = rng.randint(margin, BASE - margin - size)
+                if all(x + size + gap <= px or px + ps + gap <= x or y + size + gap <= py or py + ps + gap <= y
+                       for px, py, ps in placed):
+                    placed.append((x, y, size))
+                    break
+            else:
                 break
-        else:
-            raise _Retry
-    return [(x, y) for x, y, _ in placed]
+        if len(placed) == len(sizes):
+            return [(x, y) for x, y, _ in placed]
+    raise _Retry
 
 
 def _shapes(rng: random.Random, specs: list[tuple[str, str]], sizes: list[int]) -> list[Shape]:
