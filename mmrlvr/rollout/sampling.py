@@ -1,0 +1,93 @@
+"""Per-row seeded sampling: the same (seed, step, prompt id, sample index) gives the same response.
+
+Why not ``generate(do_sample=True)``: it draws every row from one global generator, so a row's response
+depends on which other rows share its batch. Here each row owns a ``torch.Generator`` seeded from
+``row_seed(seed, step, prompt_id, sample_index)`` and samples by the Gumbel-max trick
+(argmax(logits/T + Gumbel noise) is a draw from softmax(logits/T)); ``RowSampler`` is a logits processor
+that makes that choice and hands ``generate`` a score row whose argmax is it, so greedy decoding inside
+``generate`` (with its KV cache and every model family's input handling) picks exactly our draw.
+
+It also records log pi_old(token) = log_softmax(logits / T)[token] over the *full* vocabulary (top-k /
+top-p truncation is not reflected, as in verl and TRL), which is what a teacher-forced forward of the same
+model at the same temperature computes, so the first importance ratio of a step is exactly 1.
+
+vLLM gets the same ``row_seed`` as its per-request seed (its draws differ from ours, but are reproducible).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from mmrlvr.rollout.base import SamplingParams
+
+
+def row_seed(seed: int, step: int, prompt_id: str, sample_index: int) -> int:
+    """A 63-bit seed for one response, stable across processes and Python versions (no ``hash()``)."""
+    key = f"mmrlvr/{seed}/{step}/{prompt_id}/{sample_index}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & ((1 << 63) - 1)
+
+
+def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Set logits outside the top-k / nucleus top-p set to -inf (at least one token is always kept).
+
+    logits: [N, V] (already divided by the temperature). Returns a new [N, V] tensor.
+    """
+    out = logits.clone()
+    if top_k and 0 < top_k < out.shape[-1]:
+        kth = torch.topk(out, top_k, dim=-1).values[:, -1:]  # [N, 1]
+        out = out.masked_fill(out < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(out, dim=-1, descending=True)  # [N, V]
+        probs = torch.softmax(sorted_logits, dim=-1)
+        before = torch.cumsum(probs, dim=-1) - probs  # mass of the tokens ranked above each one
+        drop_sorted = before >= top_p  # the top token has before = 0, so it always stays
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        out = out.masked_fill(drop, float("-inf"))
+    return out
+
+
+def gumbel_noise(generator: torch.Generator, vocab: int) -> torch.Tensor:
+    """[V] standard Gumbel noise from one row's generator (on the generator's device)."""
+    u = torch.rand(vocab, generator=generator, device=generator.device, dtype=torch.float64)
+    u = u.clamp_(min=1e-20, max=1.0 - 1e-16)
+    return (-torch.log(-torch.log(u))).float()
+
+
+class RowSampler:
+    """Logits processor for ``generate(do_sample=False)`` that samples each row with its own generator.
+
+    Records, per call (= per generated position), the chosen tokens [N] and their log-probs [N] under
+    log_softmax(logits / temperature). Rows that already finished are still "sampled" (``generate``
+    replaces their token with padding); the engine masks those positions.
+    """
+
+    def __init__(self, seeds: list[int], params: SamplingParams, device: torch.device | str = "cpu") -> None:
+        if params.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (use greedy=True for argmax), got {params.temperature}")
+        self.params = params
+        gen_device = torch.device(device)
+        if gen_device.type not in ("cpu", "cuda"):  # e.g. mps: draw the noise on the CPU
+            gen_device = torch.device("cpu")
+        self.generators = []
+        for s in seeds:
+            g = torch.Generator(device=gen_device)
+            g.manual_seed(s)
+            self.generators.append(g)
+        self.tokens: list[torch.Tensor] = []  # each [N]
+        self.logprobs: list[torch.Tensor] = []  # each [N]
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        logits = scores.float() / self.params.temperature  # [N, V]
+        logprobs = torch.log_softmax(logits, dim=-1)
+        if self.params.greedy:
+            chosen = logits.argmax(dim=-1)  # [N]
+        else:
+            filtered = filter_logits(logits, self.params.top_k, self.params.top_p)
+            noise = torch.stack([gumbel_noise(g, logits.shape[-1]) for g in self.generators]).to(logits.device)
+            chosen = (filtered + noise).argmax(dim=-1)  # [N]; -inf + noise stays -inf
+        self.tokens.append(chosen)
+        self.logprobs.append(logprobs.gather(-1, chosen[:, None]).squeeze(-1))
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(-1, chosen[:, None], 0.0)
