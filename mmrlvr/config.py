@@ -56,13 +56,18 @@ class DataConfig:
     eval: str | None = _f(None, "held-out data (same forms as train); None = no eval")
     preset: str | None = _f(None, "column preset: easyr1 | virl | grounding | choice | mmrlvr (None = auto)")
     columns: dict[str, str] = _f({}, "map of our fields (problem, answer, images, options, rubric, id) to columns")
-    template: str = _f("r1", "prompt template: r1 (<think>/<answer>) | boxed (\\boxed{})")
+    template: str = _f("r1", "prompt template: r1 (<think>/<answer>, system prompt) | r1_user (same, in the user turn) | boxed (\\boxed{}) | plain")
     train_size: int = _f(2000, "rows generated for `synth:` training data")
     eval_size: int = _f(200, "rows generated for `synth:` eval data")
     image_size: int = _f(112, "image side for `synth:` data")
     min_pixels: int = _f(28 * 28, "smallest image area after resizing (qwen-vl-utils semantics)")
     max_pixels: int = _f(448 * 448, "largest image area after resizing")
     on_error: str = _f("raise", "bad rows: raise (error naming row and field) | skip (skip and count)")
+    factor: int = _f(28, "image sides are rounded to multiples of this (patch x merge: 28 for Qwen2/2.5-VL, 32 for Qwen3-VL)")
+    max_image_pixels: int = _f(50_000_000, "images larger than this (before resizing) are errors (decompression bombs)")
+    image_dir: str | None = _f(None, "base folder for relative image paths (default: next to the data file)")
+    train_split: str | None = _f(None, "split of a DatasetDict folder for training (e.g. train)")
+    eval_split: str | None = _f(None, "split of a DatasetDict folder for eval (e.g. test)")
 
 
 @dataclass
@@ -160,6 +165,7 @@ class RunConfig:
     max_bad_steps: int = _f(3, "stop after this many consecutive steps with a NaN/inf loss (each is skipped)")
     tensorboard: bool = _f(True, "also write TensorBoard events")
     progress: bool = _f(True, "show a progress bar")
+    plugins: list[str] = _f([], "Python files or modules imported first: register custom rewards, credit schemes, ...")
     model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "policy model"})
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "datasets"})
     rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata={"help": "sampling"})
@@ -354,8 +360,8 @@ def validate(cfg: RunConfig, where: str = "config") -> RunConfig:
         raise bad("optim.lr", "must be >= 0")
     if cfg.optim.schedule not in ("constant", "linear", "cosine"):
         raise bad("optim.schedule", "constant | linear | cosine")
-    if cfg.data.template not in ("r1", "boxed"):
-        raise bad("data.template", "r1 | boxed")
+    if cfg.data.template not in ("r1", "r1_user", "boxed", "plain"):
+        raise bad("data.template", "r1 | r1_user | boxed | plain")
     if cfg.data.on_error not in ("raise", "skip"):
         raise bad("data.on_error", "raise | skip")
     if not cfg.rewards:

@@ -34,7 +34,9 @@ def load_split(spec: str, cfg: DataConfig, split: str) -> list[Sample]:
 
     samples, report = load_samples(
         spec, preset=cfg.preset, columns=cfg.columns or None, template=cfg.template,
+        split=cfg.train_split if split == "train" else cfg.eval_split,
         min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels, on_error=cfg.on_error,
+        factor=cfg.factor, max_image_pixels=cfg.max_image_pixels, image_dir=cfg.image_dir,
     )
     if getattr(report, "n_skipped", 0):
         print(f"data: {spec}: skipped {report.n_skipped} of {report.n_rows} rows (see the load report)")

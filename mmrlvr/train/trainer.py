@@ -54,6 +54,31 @@ class NonFiniteLoss(RuntimeError):
     pass
 
 
+def load_plugins(plugins: list[str]) -> None:
+    """Import user modules (``pkg.module``) or files (``path/to/rewards.py``) so their registrations run."""
+    import importlib
+    import importlib.util
+    import sys
+
+    for spec in plugins:
+        if spec.endswith(".py"):
+            path = Path(spec)
+            if not path.is_file():
+                raise UserError(f"plugins: {spec}: no such file")
+            name = f"mmrlvr_plugin_{path.stem}"
+            if name in sys.modules:
+                continue
+            mod_spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(mod_spec)
+            sys.modules[name] = module
+            mod_spec.loader.exec_module(module)
+        else:
+            try:
+                importlib.import_module(spec)
+            except ImportError as exc:
+                raise UserError(f"plugins: cannot import {spec!r}: {exc}") from None
+
+
 class Trainer:
     def __init__(self, cfg: RunConfig, *, resume: bool = False) -> None:
         self.cfg = cfg
@@ -66,6 +91,7 @@ class Trainer:
         from accelerate import Accelerator
 
         cfg = self.cfg
+        load_plugins(cfg.plugins)
         self.accel = Accelerator(cpu=not torch.cuda.is_available())
         self.is_main = self.accel.is_main_process
         torch.manual_seed(cfg.seed)
