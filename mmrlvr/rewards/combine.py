@@ -1,0 +1,162 @@
+"""Weighted sums of rewards (the config's ``rewards:`` list) and the answer judge used by evaluation.
+
+``CombinedReward([RewardSpec("format", 0.2), RewardSpec("auto_accuracy", 1.0)])`` returns, per rollout,
+``RewardResult(score = Σ weight·score, components = {"format": …, "auto_accuracy": …,
+"auto_accuracy/iou": …}, parsed = {"format": {...}, "auto_accuracy": {...}})``: each reward's own score
+under its label, its sub-components as ``label/sub``, its parsed fields under its label. Component values
+are the rewards' *unweighted* scores, so ``reward/<name>`` in the metrics reads on the reward's own scale.
+
+``answer_judge(completion, sample) -> (correct, formatted)`` is the pass/fail judge for
+``mmrlvr.evaluation.evaluate(judge=...)``: correct by the verifier for ``sample.answer_type`` (boxes:
+every box matched with IoU ≥ 0.5), formatted by the strict format check.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from mmrlvr.errors import UserError
+from mmrlvr.registry import RegistryError
+from mmrlvr.rewards.auto import AutoAccuracyReward
+from mmrlvr.rewards.base import RewardFn, build_reward, score_batch
+from mmrlvr.rewards.common import completion_text
+from mmrlvr.rewards.format import FormatReward
+from mmrlvr.rewards.parsing import locate_answer
+from mmrlvr.types import Completion, RewardResult, Sample
+
+
+@dataclass
+class RewardSpec:
+    """One term of the total reward: registered ``name``, ``weight``, constructor ``params``.
+
+    ``label`` names the component (default: ``name``); set it to use one reward twice with different params.
+    """
+
+    name: str
+    weight: float = 1.0
+    params: dict[str, Any] = field(default_factory=dict)
+    label: str | None = None
+
+    @classmethod
+    def coerce(cls, spec: Any, where: str = "rewards") -> "RewardSpec":
+        """Accept a RewardSpec, a mapping ``{name, weight, params, label}`` or any object with those attributes
+        (e.g. ``mmrlvr.config.RewardSpecConfig``)."""
+        if isinstance(spec, RewardSpec):
+            return spec
+        if isinstance(spec, Mapping):
+            unknown = set(spec) - {"name", "weight", "params", "label"}
+            if unknown:
+                raise UserError(f"{where}: unknown key(s) {sorted(unknown)}; expected name, weight, params, label")
+            get = spec.get
+        else:
+            def get(key: str, default: Any = None) -> Any:
+                return getattr(spec, key, default)
+        name = get("name")
+        if not name or not isinstance(name, str):
+            raise UserError(f"{where}.name: a registered reward name is required, got {name!r}")
+        try:
+            weight = float(get("weight", 1.0))
+        except (TypeError, ValueError):
+            raise UserError(f"{where}.weight: must be a number, got {get('weight')!r}") from None
+        if not math.isfinite(weight):
+            raise UserError(f"{where}.weight: must be finite, got {weight}")
+        params = get("params") or {}
+        if not isinstance(params, Mapping):
+            raise UserError(f"{where}.params: must be a mapping, got {type(params).__name__}")
+        return cls(name, weight, dict(params), get("label"))
+
+
+class CombinedReward:
+    """Σ weight·score over several registered rewards; components and parsed kept per reward.
+
+    >>> from mmrlvr.types import Sample
+    >>> s = Sample(id="c", messages=[], images=[], answer="3", answer_type="number")
+    >>> total = CombinedReward([RewardSpec("format", 0.2), RewardSpec("auto_accuracy", 1.0)])
+    >>> r = total("<think>3 shapes</think><answer>3</answer>", s)
+    >>> r.score, r.components  # 0.2*1 + 1.0*1
+    (1.2, {'format': 1.0, 'auto_accuracy': 1.0})
+    """
+
+    def __init__(self, specs: Sequence[Any]) -> None:
+        self.specs = [RewardSpec.coerce(s, f"rewards[{i}]") for i, s in enumerate(specs)]
+        if not self.specs:
+            raise UserError("rewards: at least one reward is needed")
+        labels = [s.label or s.name for s in self.specs]
+        dupes = sorted({x for x in labels if labels.count(x) > 1})
+        if dupes:
+            raise UserError(f"rewards: {dupes} listed twice; give each copy a distinct 'label'")
+        self.labels = labels
+        self.fns: list[RewardFn] = []
+        for i, spec in enumerate(self.specs):
+            try:
+                self.fns.append(build_reward(spec.name, **spec.params))
+            except RegistryError as e:
+                raise UserError(f"rewards[{i}].name: {e}") from None
+            except (TypeError, ValueError) as e:
+                raise UserError(f"rewards[{i}] ({spec.name}): bad params {spec.params}: {e}") from None
+
+    @property
+    def weights(self) -> dict[str, float]:
+        return {label: spec.weight for label, spec in zip(self.labels, self.specs)}
+
+    def _combine(self, results: Sequence[RewardResult]) -> RewardResult:
+        total, components, parsed = 0.0, {}, {}
+        for label, spec, r in zip(self.labels, self.specs, results):
+            score = float(r.score)
+            if not math.isfinite(score):
+                raise ValueError(f"reward {label!r} returned a non-finite score {score}")
+            total += spec.weight * score
+            components[label] = score
+            for sub, value in r.components.items():
+                components[f"{label}/{sub}"] = float(value)
+            parsed[label] = r.parsed
+        return RewardResult(total, components, parsed)
+
+    def __call__(self, completion: Completion | str, sample: Sample) -> RewardResult:
+        return self._combine([fn(completion, sample) for fn in self.fns])
+
+    def score_batch(self, completions: Sequence[Completion], samples: Sequence[Sample]) -> list[RewardResult]:
+        """Score a batch; rewards with a batch form (model judges) get the whole batch at once."""
+        per_reward = [score_batch(fn, completions, samples) for fn in self.fns]  # [R][B]
+        return [self._combine([rs[b] for rs in per_reward]) for b in range(len(completions))]
+
+
+def make_answer_judge(template: str = "r1", think_prefilled: bool = False, iou_threshold: float = 0.5,
+                      **auto_params: Any) -> Callable[[Completion | str, Sample], tuple[bool, bool]]:
+    """A ``(completion, sample) -> (correct, formatted)`` judge with the given answer template.
+
+    ``auto_params`` go to ``AutoAccuracyReward`` (e.g. ``number={"abs_tol": 0.5}``); box answers are correct
+    when every box is matched with IoU ≥ ``iou_threshold``.
+    """
+    box = {**auto_params.pop("box", {}), "threshold": iou_threshold}
+    auto = AutoAccuracyReward(template=template, think_prefilled=think_prefilled, box=box, **auto_params)
+    fmt = FormatReward(template=template, think_prefilled=think_prefilled) if template != "raw" else None
+
+    def judge(completion: Completion | str, sample: Sample) -> tuple[bool, bool]:
+        text = completion_text(completion)
+        correct = auto(text, sample).score >= 1.0 - 1e-9
+        if fmt is not None:
+            formatted = fmt(text, sample).score == 1.0
+        else:
+            formatted = locate_answer(text, "raw", think_prefilled)[0] is not None
+        return correct, formatted
+
+    return judge
+
+
+_default_judge: Callable[[Completion | str, Sample], tuple[bool, bool]] | None = None
+
+
+def answer_judge(completion: Completion | str, sample: Sample) -> tuple[bool, bool]:
+    """(correct, formatted) with the R1 template; see ``make_answer_judge`` for other templates.
+
+    >>> s = Sample(id="c", messages=[], images=[], answer="3", answer_type="number")
+    >>> answer_judge("<think>3</think><answer>3</answer>", s), answer_judge("3", s)
+    ((True, True), (False, False))
+    """
+    global _default_judge
+    if _default_judge is None:
+        _default_judge = make_answer_judge()
+    return _default_judge(completion, sample)

@@ -1,0 +1,365 @@
+"""``grounding``: IoU between predicted and ground-truth boxes (RefCOCO-style referring expressions).
+
+Boxes are read from the final answer (template "r1": the ``<answer>`` block; "raw": the text after the
+thinking) in any of these forms:
+- JSON / Python literals: ``[x1, y1, x2, y2]``, ``[[…], […]]``, ``{"bbox_2d": […], "label": "cat"}`` (also
+  ``bbox``, ``box_2d``, ``box`` keys, or ``x1/y1/x2/y2`` keys), lists of those, inside ```json fences or not;
+- Qwen text: ``<|box_start|>(x1,y1),(x2,y2)<|box_end|>`` — also bare ``(x1,y1),(x2,y2)``, since decoding
+  with special tokens skipped drops the markers.
+
+Coordinate frames (``coord_format`` of the predictions, ``target_format`` of the ground truth):
+- "abs": pixels of the image the model saw — Qwen2.5-VL;
+- "norm1000": 0–1000 of that image's width/height — Qwen2-VL and Qwen3-VL;
+- "norm1": 0–1 fractions.
+
+Sample metadata keys (all optional):
+- ``meta["resized_size"] = [w, h]``: size of the image the model saw (default: ``sample.images[0].size``);
+- ``meta["orig_size"] = [w, h]``: size of the image the ground-truth boxes are measured in, usually the
+  original before resizing (default: ``resized_size``). Ground-truth "abs" boxes are pixels of this frame.
+Predictions are mapped into the ground-truth frame (abs: scaled by orig/resized; norm: scaled by orig)
+and clipped to it; IoU is computed there.
+
+Several boxes: predicted and ground-truth boxes are matched one-to-one (``matching="hungarian"`` maximises
+total IoU; "greedy" takes the best remaining pair first) and the score is Σ matched IoU / max(#pred,
+#target), so extra boxes and missed boxes both cost. ``threshold`` turns each match into 1 if IoU ≥
+threshold (score = hits / max(#pred, #target)). Component ``iou`` is always the mean matched IoU.
+
+Guard: a predicted box covering more than ``max_area_fraction`` of the image (default 0.8) scores 0 unless a
+target box is that large too — a full-image box would otherwise collect IoU = target area / image area for
+free on every sample.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+from typing import Any, Sequence
+
+from mmrlvr.errors import DataError
+from mmrlvr.rewards.base import REWARDS
+from mmrlvr.rewards.common import AnswerReward, require_answer
+from mmrlvr.types import RewardResult, Sample
+
+Box = tuple[float, float, float, float]  # x1, y1, x2, y2
+COORD_FORMATS = ("abs", "norm1000", "norm1")
+MATCHINGS = ("hungarian", "greedy")
+_BOX_KEYS = ("bbox_2d", "bbox", "box_2d", "box")
+_MAX_LITERAL_CHARS = 20_000
+_NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
+_QWEN_BOX_RE = re.compile(rf"\(\s*({_NUM})\s*,\s*({_NUM})\s*\)\s*,?\s*\(\s*({_NUM})\s*,\s*({_NUM})\s*\)")
+_FENCE_RE = re.compile(r"```(?:json|python)?\s*(.*?)```", re.DOTALL)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _collect(obj: Any, out: list[Box], depth: int = 0) -> None:
+    if depth > 6:
+        return
+    if isinstance(obj, dict):
+        for key in _BOX_KEYS:
+            if key in obj:
+                _collect(obj[key], out, depth + 1)
+                return
+        if all(k in obj for k in ("x1", "y1", "x2", "y2")):
+            _collect([obj["x1"], obj["y1"], obj["x2"], obj["y2"]], out, depth + 1)
+        return
+    if isinstance(obj, (list, tuple)):
+        if len(obj) == 4 and all(_is_number(v) for v in obj):
+            out.append(tuple(float(v) for v in obj))  # type: ignore[arg-type]
+            return
+        if (len(obj) == 2 and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in obj)
+                and all(_is_number(v) for p in obj for v in p)):
+            (x1, y1), (x2, y2) = obj
+            out.append((float(x1), float(y1), float(x2), float(y2)))
+            return
+        for item in obj:
+            _collect(item, out, depth + 1)
+
+
+def _literal(text: str) -> Any:
+    """JSON, then a Python literal (never eval); None if neither parses."""
+    if len(text) > _MAX_LITERAL_CHARS:
+        return None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        pass
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+
+
+def _top_level_brackets(text: str) -> list[str]:
+    """Balanced ``[...]`` / ``{...}`` substrings that are not inside another one."""
+    out, depth, start = [], 0, 0
+    for i, c in enumerate(text):
+        if c in "[{":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif c in "]}" and depth:
+            depth -= 1
+            if depth == 0:
+                out.append(text[start : i + 1])
+    return out
+
+
+def parse_boxes(text: str) -> list[Box]:
+    """Every box stated in ``text`` (see the module docstring for the forms), in order.
+
+    >>> parse_boxes('[10, 20, 30, 40]')
+    [(10.0, 20.0, 30.0, 40.0)]
+    >>> parse_boxes('```json\\n[{"bbox_2d": [1, 2, 3, 4], "label": "cat"}]\\n```')
+    [(1.0, 2.0, 3.0, 4.0)]
+    >>> parse_boxes('<|box_start|>(100,200),(300,400)<|box_end|>')
+    [(100.0, 200.0, 300.0, 400.0)]
+    >>> parse_boxes('no box here')
+    []
+    """
+    fenced = _FENCE_RE.findall(text)
+    body = "\n".join(fenced) if fenced else text
+    boxes: list[Box] = []
+    whole = _literal(body.strip())
+    if whole is not None:
+        _collect(whole, boxes)
+    else:
+        for chunk in _top_level_brackets(body):
+            obj = _literal(chunk)
+            if obj is not None:
+                _collect(obj, boxes)
+    if not boxes:
+        boxes = [tuple(float(g) for g in m.groups()) for m in _QWEN_BOX_RE.finditer(body)]  # type: ignore[misc]
+    return boxes
+
+
+def box_area(b: Box) -> float:
+    return max(0.0, b[2] - b[0]) * max(0.0, b[3] - b[1])
+
+
+def iou(a: Box, b: Box) -> float:
+    """Intersection over union; a degenerate box (x2 ≤ x1 or y2 ≤ y1) has IoU 0 with everything.
+
+    >>> iou((0, 0, 10, 10), (5, 0, 15, 10))  # overlap 5x10 = 50; union 100 + 100 - 50 = 150
+    0.3333333333333333
+    """
+    inter = box_area((max(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3])))
+    union = box_area(a) + box_area(b) - inter
+    return inter / union if union > 0 and inter > 0 else 0.0
+
+
+def _hungarian_min(cost: list[list[float]]) -> list[int]:
+    """Minimum-cost perfect assignment of a square matrix; returns column index per row. O(n³)."""
+    n = len(cost)
+    inf = float("inf")
+    u, v = [0.0] * (n + 1), [0.0] * (n + 1)
+    p, way = [0] * (n + 1), [0] * (n + 1)  # p[j]: row assigned to column j (1-based, 0 = none)
+    for i in range(1, n + 1):
+        p[0], j0 = i, 0
+        minv, used = [inf] * (n + 1), [False] * (n + 1)
+        while True:
+            used[j0] = True
+            i0, delta, j1 = p[j0], inf, 0
+            for j in range(1, n + 1):
+                if not used[j]:
+                    cur = cost[i0 - 1][j - 1] - u[i0] - v[j]
+                    if cur < minv[j]:
+                        minv[j], way[j] = cur, j0
+                    if minv[j] < delta:
+                        delta, j1 = minv[j], j
+            for j in range(n + 1):
+                if used[j]:
+                    u[p[j]] += delta
+                    v[j] -= delta
+                else:
+                    minv[j] -= delta
+            j0 = j1
+            if p[j0] == 0:
+                break
+        while j0:  # augment along the alternating path
+            j1 = way[j0]
+            p[j0] = p[j1]
+            j0 = j1
+    assign = [0] * n
+    for j in range(1, n + 1):
+        assign[p[j] - 1] = j - 1
+    return assign
+
+
+def match_boxes(pred: Sequence[Box], gold: Sequence[Box], method: str = "hungarian") -> list[tuple[int, int, float]]:
+    """One-to-one matches ``(pred_index, gold_index, iou)`` with IoU > 0.
+
+    "hungarian" maximises the total IoU; "greedy" repeatedly takes the highest-IoU unused pair.
+
+    >>> match_boxes([(0, 0, 10, 10), (20, 20, 30, 30)], [(20, 20, 30, 30)])
+    [(1, 0, 1.0)]
+    """
+    if method not in MATCHINGS:
+        raise ValueError(f"unknown matching {method!r}; known: {', '.join(MATCHINGS)}")
+    if not pred or not gold:
+        return []
+    ious = [[iou(p, g) for g in gold] for p in pred]  # [P, T]
+    if method == "greedy":
+        pairs = sorted(((ious[i][j], i, j) for i in range(len(pred)) for j in range(len(gold))), reverse=True)
+        used_p, used_g, out = set(), set(), []
+        for v, i, j in pairs:
+            if v > 0 and i not in used_p and j not in used_g:
+                used_p.add(i)
+                used_g.add(j)
+                out.append((i, j, v))
+        return sorted(out)
+    n = max(len(pred), len(gold))
+    cost = [[-(ious[i][j] if i < len(pred) and j < len(gold) else 0.0) for j in range(n)] for i in range(n)]
+    assign = _hungarian_min(cost)
+    return [(i, j, ious[i][j]) for i, j in enumerate(assign) if i < len(pred) and j < len(gold) and ious[i][j] > 0]
+
+
+def _size(value: Any, key: str, sample_id: str) -> tuple[float, float] | None:
+    if value is None:
+        return None
+    try:
+        w, h = (float(x) for x in value)
+    except (TypeError, ValueError):
+        raise DataError(f"sample {sample_id!r}: meta[{key!r}] must be [width, height], got {value!r}",
+                        field=f"meta.{key}") from None
+    if not (w > 0 and h > 0 and math.isfinite(w) and math.isfinite(h)):
+        raise DataError(f"sample {sample_id!r}: meta[{key!r}] must be positive, got {value!r}", field=f"meta.{key}")
+    return w, h
+
+
+def frame_sizes(sample: Sample) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
+    """(resized_size, target_size): the image the model saw and the frame of the ground-truth boxes."""
+    meta = sample.meta or {}
+    resized = _size(meta.get("resized_size"), "resized_size", sample.id)
+    if resized is None and sample.images:
+        resized = tuple(float(x) for x in sample.images[0].size)  # type: ignore[assignment]
+    target = _size(meta.get("orig_size"), "orig_size", sample.id) or resized
+    return resized, target
+
+
+def to_frame(boxes: Sequence[Box], fmt: str, seen: tuple[float, float] | None,
+             target: tuple[float, float] | None) -> list[Box]:
+    """Map boxes given in ``fmt`` (relative to the image the model ``seen``) into the ``target`` frame.
+
+    >>> to_frame([(500, 0, 1000, 500)], "norm1000", (100, 100), (640, 480))
+    [(320.0, 0.0, 640.0, 240.0)]
+    >>> to_frame([(10, 10, 20, 20)], "abs", (100, 100), (200, 300))  # resized 100x100 -> original 200x300
+    [(20.0, 30.0, 40.0, 60.0)]
+    """
+    if fmt not in COORD_FORMATS:
+        raise ValueError(f"unknown coordinate format {fmt!r}; known: {', '.join(COORD_FORMATS)}")
+    if fmt == "abs":
+        if seen is None or target is None:
+            return list(boxes)
+        sx, sy = target[0] / seen[0], target[1] / seen[1]
+    else:
+        if target is None:
+            raise ValueError(f"{fmt} coordinates need the image size (an image or meta['orig_size'])")
+        scale = 1000.0 if fmt == "norm1000" else 1.0
+        sx, sy = target[0] / scale, target[1] / scale
+    return [(b[0] * sx, b[1] * sy, b[2] * sx, b[3] * sy) for b in boxes]
+
+
+def _clip(b: Box, frame: tuple[float, float] | None) -> Box:
+    if frame is None:
+        return b
+    w, h = frame
+    return (min(max(b[0], 0.0), w), min(max(b[1], 0.0), h), min(max(b[2], 0.0), w), min(max(b[3], 0.0), h))
+
+
+@REWARDS.register("grounding")
+class GroundingReward(AnswerReward):
+    """Box IoU reward.
+
+    Parameters: ``coord_format`` ("abs" | "norm1000" | "norm1", predictions), ``target_format`` (same, ground
+    truth; default "abs"), ``matching`` ("hungarian" | "greedy"), ``threshold`` (None = score is the IoU;
+    a number = 1 per match with IoU ≥ threshold), ``max_area_fraction`` (None disables the guard),
+    ``max_boxes`` (more predicted boxes score 0), ``template`` ("r1" | "raw" | "boxed"), ``think_prefilled``.
+    ``components``: ``iou``. ``parsed``: boxes (ground-truth frame), image_boxes (pixels of the image the
+    model saw, for drawing), target_boxes, target_image_boxes, matches, problems.
+
+    >>> from mmrlvr.types import Sample
+    >>> s = Sample(id="r", messages=[], images=[], answer="[0, 0, 10, 10]", answer_type="box",
+    ...            meta={"orig_size": [100, 100]})
+    >>> r = GroundingReward()("<think>left</think><answer>[5, 0, 15, 10]</answer>", s)
+    >>> round(r.score, 4), round(r.components["iou"], 4)  # overlap 50 / union 150
+    (0.3333, 0.3333)
+    >>> GroundingReward()("<think>all</think><answer>[0, 0, 100, 100]</answer>", s).score  # full image
+    0.0
+    """
+
+    name = "grounding"
+    default_max_answer_chars = 4096
+
+    def __init__(self, coord_format: str = "abs", target_format: str = "abs", matching: str = "hungarian",
+                 threshold: float | None = None, max_area_fraction: float | None = 0.8, max_boxes: int = 32,
+                 template: str = "r1", think_prefilled: bool = False, max_answer_chars: int | None = None) -> None:
+        super().__init__(template, think_prefilled, max_answer_chars)
+        for label, v, known in (("coord_format", coord_format, COORD_FORMATS),
+                                ("target_format", target_format, COORD_FORMATS), ("matching", matching, MATCHINGS)):
+            if v not in known:
+                raise ValueError(f"grounding: unknown {label} {v!r}; known: {', '.join(known)}")
+        if threshold is not None and not 0 < float(threshold) <= 1:
+            raise ValueError(f"grounding: threshold must be in (0, 1], got {threshold!r}")
+        if max_area_fraction is not None and not 0 < float(max_area_fraction) <= 1:
+            raise ValueError(f"grounding: max_area_fraction must be in (0, 1], got {max_area_fraction!r}")
+        self.coord_format, self.target_format, self.matching = coord_format, target_format, matching
+        self.threshold = None if threshold is None else float(threshold)
+        self.max_area_fraction = None if max_area_fraction is None else float(max_area_fraction)
+        self.max_boxes = int(max_boxes)
+
+    def target_boxes(self, sample: Sample) -> list[Box]:
+        """Ground-truth boxes of ``sample`` in its own frame (``orig_size``); a data error if there are none."""
+        gold_text = require_answer(sample, self.name)
+        boxes = parse_boxes(gold_text)
+        if not boxes:
+            raise DataError(f"sample {sample.id!r}: no box in answer {gold_text[:80]!r}", field="answer")
+        _, target = frame_sizes(sample)
+        if self.target_format != "abs":
+            boxes = to_frame(boxes, self.target_format, target, target)
+        return boxes
+
+    def check(self, answer: str, sample: Sample) -> RewardResult:
+        gold = self.target_boxes(sample)
+        seen, target = frame_sizes(sample)
+        raw = parse_boxes(answer)
+        problems: list[str] = []
+        parsed: dict[str, Any] = {"answer": answer, "boxes": [], "image_boxes": [], "target_boxes": [list(b) for b in gold],
+                                  "target_image_boxes": [list(b) for b in to_frame(gold, "abs", target, seen)],
+                                  "matches": [], "problems": problems}
+        if not raw:
+            problems.append("no_box")
+            return RewardResult(0.0, {"iou": 0.0}, parsed)
+        if len(raw) > self.max_boxes:
+            problems.append("too_many_boxes")
+            return RewardResult(0.0, {"iou": 0.0}, parsed)
+        finite = [b for b in raw if all(math.isfinite(v) for v in b)]
+        if len(finite) < len(raw):
+            problems.append("invalid_box")
+        try:
+            pred = [_clip(b, target) for b in to_frame(finite, self.coord_format, seen, target)]
+        except ValueError as e:
+            raise DataError(f"sample {sample.id!r}: {e}", field="meta.orig_size") from None
+        parsed["boxes"] = [list(b) for b in pred]
+        parsed["image_boxes"] = [list(b) for b in to_frame(pred, "abs", target, seen)]
+        if any(box_area(b) <= 0 for b in pred):
+            problems.append("degenerate_box")
+        matches = match_boxes(pred, gold, self.matching)
+        parsed["matches"] = [list(m) for m in matches]
+        denom = max(len(raw), len(gold))
+        mean_iou = sum(m[2] for m in matches) / denom
+        score = mean_iou if self.threshold is None else sum(m[2] >= self.threshold for m in matches) / denom
+        if self.max_area_fraction is not None and target is not None:
+            image_area = target[0] * target[1]
+            biggest_target = max(box_area(g) for g in gold) / image_area
+            if biggest_target <= self.max_area_fraction and any(
+                box_area(b) / image_area > self.max_area_fraction for b in pred
+            ):
+                problems.append("oversized_box")
+                score = 0.0
+        return RewardResult(float(score), {"iou": float(mean_iou)}, parsed)
+

@@ -1,0 +1,211 @@
+"""Math equivalence through math-verify, with timeouts that work on any thread and never crash a run.
+
+math-verify (``math_verify.parse`` / ``verify``) bounds its own work with ``signal.alarm``, which only
+works on the main thread of the main interpreter: called from a worker thread (a reward server, a
+thread pool in the trainer, Gradio) with timeouts on, it raises ``ValueError``; with timeouts off
+(``parsing_timeout=None``), a pathological expression such as ``(x+1)^{5000}`` against ``(x+2)^{5000}``
+can run for minutes. So:
+
+- on the main thread we call math-verify in-process with its signal timeouts (``isolation="inline"``);
+- on any other thread we send the pair to a small worker *process* (``python -m mmrlvr.rewards._mv_worker``)
+  where math-verify runs on that process's main thread with its own timeouts, and we also wait with a
+  deadline: a worker that does not answer in time is killed and restarted (``isolation="process"``).
+  A hung thread cannot be killed in Python and would hold the GIL; a process can.
+
+Every failure (timeout, exception, dead worker) is returned as ``MathVerdict.error`` instead of raised,
+so the reward scores 0 and counts the error. Deliberately not here: extracting the answer from a response
+(``mmrlvr.rewards.parsing``) and the plain-number fast path (``mmrlvr.rewards.accuracy``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import queue
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+ISOLATIONS = ("auto", "inline", "process")
+
+
+@dataclass
+class MathVerdict:
+    """equal: math-verify judged them equivalent. error: why the check failed (timeout, exception), else None.
+
+    gold_parsed / pred_parsed: math-verify extracted a math expression (not just a string) from each side.
+    """
+
+    equal: bool
+    error: str | None = None
+    gold_parsed: bool = False
+    pred_parsed: bool = False
+
+
+class _QuietTimeoutWarning(logging.Filter):
+    """math-verify warns once that timeouts are off; in the worker they are on, inline we never turn them off."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Timeout is disabled" not in record.getMessage()
+
+
+logging.getLogger("math_verify").addFilter(_QuietTimeoutWarning())
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_QuietTimeoutWarning())
+
+
+def wrap_for_parse(s: str) -> str:
+    """Give math-verify an explicit LaTeX anchor so it parses the whole answer, not its last number.
+
+    Unanchored, math-verify reads ``2\\sqrt{3}`` as 2 and ``(1, 2)`` as 2; inside ``\\boxed{}`` it reads
+    ``2*sqrt(3)`` and an interval.
+
+    >>> wrap_for_parse("2\\\\sqrt{3}")
+    '\\\\boxed{2\\\\sqrt{3}}'
+    >>> wrap_for_parse("$x=1$")
+    '$x=1$'
+    """
+    if "$" in s or "\\boxed" in s or "\\(" in s or "\\[" in s:
+        return s
+    return "\\boxed{" + s + "}"
+
+
+_GOLD_CACHE: dict[tuple[str, int], list[Any]] = {}
+_GOLD_CACHE_MAX = 4096
+
+
+def _is_math(parsed: list[Any]) -> bool:
+    return any(not isinstance(x, str) for x in parsed)
+
+
+def compare_inline(pred: str, gold: str, timeout_s: int = 5, float_rounding: int = 6) -> MathVerdict:
+    """math-verify in this thread, with its signal timeouts (main thread only). Never raises."""
+    try:
+        from math_verify import parse, verify
+        from math_verify.errors import TimeoutException
+    except ImportError as e:  # pragma: no cover - math-verify is a core dependency
+        return MathVerdict(False, f"math-verify not importable: {e}")
+    try:
+        key = (gold, float_rounding)
+        g = _GOLD_CACHE.get(key)
+        if g is None:
+            g = parse(wrap_for_parse(gold), parsing_timeout=timeout_s, raise_on_error=True)
+            if len(_GOLD_CACHE) >= _GOLD_CACHE_MAX:
+                _GOLD_CACHE.clear()
+            _GOLD_CACHE[key] = g
+        p = parse(wrap_for_parse(pred), parsing_timeout=timeout_s, raise_on_error=True)
+        verdict = MathVerdict(False, None, _is_math(g), _is_math(p))
+        if not g or not p:
+            return verdict
+        verdict.equal = bool(
+            verify(g, p, float_rounding=float_rounding, timeout_seconds=timeout_s, raise_on_error=True)
+        )
+        return verdict
+    except TimeoutException:
+        return MathVerdict(False, f"timeout: math-verify took more than {timeout_s}s")
+    except Exception as e:  # noqa: BLE001 - any verifier failure scores 0 and is counted, never crashes
+        return MathVerdict(False, f"{type(e).__name__}: {str(e)[:200]}")
+
+
+class _Worker:
+    """One ``python -m mmrlvr.rewards._mv_worker`` child answering JSON lines; restarted after a hang."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[str] | None = None
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self.restarts = 0
+
+    def _start(self) -> None:
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "mmrlvr.rewards._mv_worker"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+        )
+        self._lines = queue.Queue()
+        out, lines = self._proc.stdout, self._lines
+
+        def pump() -> None:  # a reader thread lets us wait for a line with a deadline
+            assert out is not None
+            for line in out:
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=pump, name="mmrlvr-mathverify-reader", daemon=True).start()
+
+    def kill(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        self._proc = None
+
+    def compare(self, pred: str, gold: str, timeout_s: int, float_rounding: int, deadline_s: float) -> MathVerdict:
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._start()
+            assert self._proc is not None and self._proc.stdin is not None
+            request = {"pred": pred, "gold": gold, "timeout_s": timeout_s, "float_rounding": float_rounding}
+            try:
+                self._proc.stdin.write(json.dumps(request) + "\n")
+                self._proc.stdin.flush()
+                line = self._lines.get(timeout=deadline_s)
+            except queue.Empty:
+                self.kill()
+                self.restarts += 1
+                return MathVerdict(False, f"timeout: math-verify worker gave no verdict in {deadline_s:.0f}s (restarted)")
+            except OSError as e:
+                self.kill()
+                return MathVerdict(False, f"math-verify worker failed: {e}")
+            if line is None:
+                self.kill()
+                return MathVerdict(False, "math-verify worker exited")
+            try:
+                return MathVerdict(**json.loads(line))
+            except (ValueError, TypeError) as e:
+                return MathVerdict(False, f"math-verify worker sent a bad reply: {e}")
+
+
+_WORKER = _Worker()
+atexit.register(_WORKER.kill)
+
+
+def math_equal(pred: str, gold: str, timeout_s: int = 5, isolation: str = "auto", float_rounding: int = 6) -> MathVerdict:
+    """Is ``pred`` mathematically equivalent to ``gold``? Safe on any thread; never raises.
+
+    ``timeout_s`` bounds each math-verify parse and comparison (whole seconds: ``signal.alarm``).
+    ``isolation``: "auto" (inline on the main thread, worker process elsewhere), "inline", "process".
+
+    >>> math_equal("0.5", "\\\\frac{1}{2}").equal
+    True
+    >>> math_equal("2\\\\sqrt{3}", "\\\\sqrt{12}").equal
+    True
+    >>> math_equal("3", "4").equal
+    False
+    """
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"unknown isolation {isolation!r}; known: {', '.join(ISOLATIONS)}")
+    timeout_s = max(1, int(timeout_s))
+    on_main = threading.current_thread() is threading.main_thread()
+    if isolation == "inline" or (isolation == "auto" and on_main):
+        if not on_main:
+            return MathVerdict(False, "isolation='inline' needs the main thread (math-verify uses signal.alarm)")
+        return compare_inline(pred, gold, timeout_s, float_rounding)
+    # gold parse + pred parse + comparison each get timeout_s inside the worker; allow start-up on top
+    return _WORKER.compare(pred, gold, timeout_s, float_rounding, deadline_s=3 * timeout_s + 10)
+
+
+def _serve() -> None:
+    """Worker loop: one JSON request per stdin line, one JSON verdict per stdout line."""
+    for line in sys.stdin:
+        try:
+            req = json.loads(line)
+            v = compare_inline(str(req["pred"]), str(req["gold"]), int(req["timeout_s"]), int(req["float_rounding"]))
+        except Exception as e:  # noqa: BLE001
+            v = MathVerdict(False, f"bad request: {e}")
+        sys.stdout.write(json.dumps(v.__dict__) + "\n")
+        sys.stdout.flush()
+

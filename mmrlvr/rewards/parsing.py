@@ -1,0 +1,433 @@
+"""Pure text helpers shared by every reward, the consistency judges and the rubric extractors.
+
+They answer one question each: where is the thinking, where is the final answer, what is inside a
+``\\boxed{}``, what number does a string state. They never see the ground truth and never score anything;
+the rewards (``format``, ``accuracy``, ``choice``, ...) decide what a parse means.
+
+The R1 response format is ``<think>…</think><answer>…</answer>``: exactly one thinking block, then exactly
+one answer block, nothing but whitespace outside. ``split_think_answer`` reports every way a response
+departs from it as a named problem, so a hostile or broken response (two answers, unclosed tags, the answer
+only inside the thinking) can be told apart from a plainly wrong one in the inspector.
+
+Deliberately not here: option letters (``choice``), boxes (``grounding``) and math equivalence
+(``accuracy``, through math-verify) live with the reward that owns them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+_TAG_RE = re.compile(r"<(/?)(think|answer)>")
+
+#: Templates understood by ``locate_answer`` / ``extract_final_answer``: the ``<answer>`` block, the final
+#: ``\\boxed{}``, or the raw text after the thinking (responses trained without answer tags).
+TEMPLATES = ("r1", "boxed", "raw")
+
+Span = tuple[int, int]  # [start, end) character offsets into the response text
+
+
+@dataclass
+class ParsedResponse:
+    """The R1 structure of one response.
+
+    thinking: text of the (first closed) thinking block, stripped; None if there is none.
+    answer: text of the single answer block, stripped; None when there is no usable answer (missing, empty,
+        unclosed, several, or only inside the thinking).
+    think_span / answer_span: ``[start, end)`` offsets of those block contents in the original text.
+    well_formed: True only for exactly ``<think>…</think><answer>…</answer>`` with a non-empty answer and
+        only whitespace outside the tags.
+    problems: names of every departure from the format, e.g. ``"several_answers"``, ``"unclosed_answer"``,
+        ``"answer_inside_think"``, ``"text_outside_tags"``, ``"no_think"``, ``"empty_answer"``.
+    """
+
+    thinking: str | None
+    answer: str | None
+    think_span: Span | None
+    answer_span: Span | None
+    well_formed: bool
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Block:
+    open_start: int
+    open_end: int
+    close_start: int | None  # None: never closed (runs to the end of the text)
+    close_end: int | None
+
+
+def _pair_blocks(text: str, kind: str, problems: list[str]) -> list[_Block]:
+    """Pair ``<kind>`` with the next ``</kind>``; record nesting, stray closes and unclosed opens."""
+    blocks: list[_Block] = []
+    current: _Block | None = None
+    for m in _TAG_RE.finditer(text):
+        if m.group(2) != kind:
+            continue
+        closing = m.group(1) == "/"
+        if not closing:
+            if current is not None:
+                problems.append(f"nested_{kind}")
+                continue
+            current = _Block(m.start(), m.end(), None, None)
+        else:
+            if current is None:
+                problems.append(f"stray_close_{kind}")
+                continue
+            current.close_start, current.close_end = m.start(), m.end()
+            blocks.append(current)
+            current = None
+    if current is not None:
+        problems.append(f"unclosed_{kind}")
+        blocks.append(current)
+    return blocks
+
+
+def split_think_answer(text: str, think_prefilled: bool = False) -> ParsedResponse:
+    """Split an R1-format response into thinking and answer, naming every format problem.
+
+    ``think_prefilled``: the prompt already ended with ``<think>`` (Qwen3-style chat templates), so the
+    response starts inside the thinking and only closes it.
+
+    >>> p = split_think_answer("<think>2 red, 1 blue</think><answer>2</answer>")
+    >>> p.thinking, p.answer, p.well_formed
+    ('2 red, 1 blue', '2', True)
+    >>> split_think_answer("<think>x</think><answer>2</answer><answer>3</answer>").problems
+    ['several_answers']
+    >>> p = split_think_answer("<think>so <answer>3</answer></think>")
+    >>> p.answer, p.problems
+    (None, ['answer_inside_think', 'no_answer'])
+    >>> split_think_answer("I think</think><answer>4</answer>", think_prefilled=True).well_formed
+    True
+    """
+    offset = 0
+    if think_prefilled and not text.lstrip().startswith(THINK_OPEN):
+        text = THINK_OPEN + text
+        offset = len(THINK_OPEN)
+    problems: list[str] = []
+    thinks = _pair_blocks(text, "think", problems)
+    answers = _pair_blocks(text, "answer", problems)
+    n = len(text)
+
+    def inner(b: _Block) -> Span:
+        return (b.open_end, b.close_start if b.close_start is not None else n)
+
+    def outer(b: _Block) -> Span:
+        return (b.open_start, b.close_end if b.close_end is not None else n)
+
+    think_regions = [outer(b) for b in thinks]  # an unclosed think swallows the rest of the text
+
+    def inside_think(b: _Block) -> bool:
+        return any(s <= b.open_start and b.open_start < e for s, e in think_regions)
+
+    if not thinks:
+        problems.append("no_think")
+    elif len(thinks) > 1:
+        problems.append("several_think")
+    candidates = []
+    for b in answers:
+        if inside_think(b):
+            if "answer_inside_think" not in problems:
+                problems.append("answer_inside_think")
+        else:
+            candidates.append(b)
+    closed_thinks = [b for b in thinks if b.close_end is not None]
+    if candidates and closed_thinks and candidates[0].open_start < closed_thinks[0].open_start:
+        problems.append("answer_before_think")
+
+    answer: str | None = None
+    answer_span: Span | None = None
+    answer_tag_broken = any(p in problems for p in ("nested_answer", "stray_close_answer", "unclosed_answer"))
+    if not candidates:
+        problems.append("no_answer")
+    elif len(candidates) > 1:
+        problems.append("several_answers")
+    elif not answer_tag_broken:
+        s, e = inner(candidates[0])
+        raw = text[s:e]
+        if raw.strip():
+            lead = len(raw) - len(raw.lstrip())
+            answer = raw.strip()
+            answer_span = (s + lead - offset, s + lead + len(answer) - offset)
+        else:
+            problems.append("empty_answer")
+
+    thinking: str | None = None
+    think_span: Span | None = None
+    if closed_thinks:
+        s, e = inner(closed_thinks[0])
+        thinking = text[s:e].strip()
+        lead = len(text[s:e]) - len(text[s:e].lstrip())
+        think_span = (s + lead - offset, s + lead + len(thinking) - offset)
+
+    # Whatever is not inside a tag pair must be whitespace.
+    covered = sorted([outer(b) for b in thinks] + [outer(b) for b in answers])
+    pos, outside = 0, []
+    for s, e in covered:
+        if s > pos:
+            outside.append(text[pos:s])
+        pos = max(pos, e)
+    outside.append(text[pos:])
+    stray = _TAG_RE.sub("", "".join(outside))
+    if stray.strip():
+        problems.append("text_outside_tags")
+
+    return ParsedResponse(thinking, answer, think_span, answer_span, not problems, problems)
+
+
+_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
+def extract_boxed(text: str) -> list[str]:
+    """Contents of every ``\\boxed{…}`` (and ``\\fbox{…}``) in order, with balanced braces.
+
+    An unclosed ``\\boxed{`` is skipped: it has no content to trust.
+
+    >>> extract_boxed(r"so \\boxed{\\frac{1}{2}} and \\boxed{3}")
+    ['\\\\frac{1}{2}', '3']
+    >>> extract_boxed(r"\\boxed{unclosed")
+    []
+    """
+    out: list[str] = []
+    for m in _BOXED_RE.finditer(text):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            c = text[i]
+            if c == "\\" and i + 1 < len(text):  # skip escaped characters such as \{ and \}
+                i += 2
+                continue
+            depth += (c == "{") - (c == "}")
+            i += 1
+        if depth == 0:
+            out.append(text[m.end() : i - 1].strip())
+    return out
+
+
+def locate_answer(text: str, template: str = "r1", think_prefilled: bool = False) -> tuple[str | None, list[str]]:
+    """The final answer of a response and the problems met finding it.
+
+    ``template="r1"``: the single ``<answer>`` block (see ``split_think_answer``); a ``\\boxed{}`` inside it
+    is unwrapped. ``template="boxed"``: the ``\\boxed{}`` contents after the thinking (text after the last
+    ``</think>``, or all of it when there is no thinking). ``template="raw"``: the whole text after the
+    thinking, stripped (for responses without answer tags). In every template, two *different* boxed answers mean
+    there is no single final answer (``"several_boxed"``) — a model must commit to one.
+    Format problems that still leave one answer (missing think block, text outside tags) are returned but
+    do not withhold the answer: the ``format`` reward scores those.
+    """
+    if template not in TEMPLATES:
+        raise ValueError(f"unknown answer template {template!r}; known: {', '.join(TEMPLATES)}")
+    if template == "r1":
+        parsed = split_think_answer(text, think_prefilled=think_prefilled)
+        problems = list(parsed.problems)
+        answer = parsed.answer
+        if answer is None or "\\boxed" not in answer and "\\fbox" not in answer:
+            return answer, problems
+        region = answer
+    else:
+        problems = []
+        if think_prefilled and THINK_OPEN not in text:
+            text = THINK_OPEN + text
+        if THINK_OPEN in text and THINK_CLOSE not in text:
+            return None, ["unclosed_think"]
+        region = text.rsplit(THINK_CLOSE, 1)[-1]
+        if template == "raw" and "\\boxed" not in region and "\\fbox" not in region:
+            region = region.strip()
+            return (region, problems) if region else (None, ["empty_answer"])
+    boxed = [b for b in extract_boxed(region)]
+    if not boxed:
+        problems.append("no_boxed" if "\\boxed" not in region and "\\fbox" not in region else "unclosed_boxed")
+        return None, problems
+    distinct = {normalize_answer(b) for b in boxed}
+    if len(distinct) > 1:
+        problems.append("several_boxed")
+        return None, problems
+    if not boxed[-1]:
+        problems.append("empty_answer")
+        return None, problems
+    return boxed[-1], problems
+
+
+def extract_final_answer(text: str, template: str = "r1", think_prefilled: bool = False) -> str | None:
+    """The final answer string of a response, or None when it has no single usable answer.
+
+    >>> extract_final_answer("<think>1+1</think><answer>2</answer>")
+    '2'
+    >>> extract_final_answer("<think>..</think><answer>\\\\boxed{\\\\frac{1}{2}}</answer>")
+    '\\\\frac{1}{2}'
+    >>> extract_final_answer("so the answer is \\\\boxed{7}.", template="boxed")
+    '7'
+    >>> extract_final_answer("\\\\boxed{2} or \\\\boxed{3}", template="boxed") is None
+    True
+    """
+    return locate_answer(text, template, think_prefilled)[0]
+
+
+_LEAD_IN_RE = re.compile(
+    r"^\s*(?:(?:so|thus|therefore|hence|then)\s*,?\s+)?(?:i\s+think\s+)?(?:the\s+)?(?:final\s+|correct\s+)?"
+    r"(?:answer|option|choice)\s*(?:is|:|=)?\s*:?\s*|^\s*(?:it\s+is|it's)\s+",
+    re.IGNORECASE,
+)
+_TEXT_CMD_RE = re.compile(r"\\(?:text|textbf|mathrm|mathbf|textit|operatorname)\s*\{([^{}]*)\}")
+_ARTICLE_RE = re.compile(r"^(?:a|an|the)\s+(?=\S)", re.IGNORECASE)
+_THOUSANDS_RE = re.compile(r"(?<![\d.])(\d{1,3}(?:,\d{3})+)(?![\d,])")
+
+
+def strip_lead_in(s: str) -> str:
+    """Remove phrases such as "The answer is", "Answer:", "option", "So the final answer is".
+
+    >>> strip_lead_in("The answer is C.")
+    'C.'
+    """
+    prev = None
+    while prev != s:
+        prev, s = s, _LEAD_IN_RE.sub("", s, count=1)
+    return s.strip()
+
+
+def normalize_answer(s: str | None) -> str:
+    """Canonical text for exact-match comparison of short answers.
+
+    Lower-cases; removes lead-ins ("The answer is"), math delimiters ($…$, \\(…\\)), ``\\text{}`` wrappers,
+    a leading article, surrounding quotes/brackets of a lone word, trailing punctuation, thousands separators;
+    collapses whitespace. Numbers are not re-formatted ("3.0" stays "3.0": numeric comparison is the
+    ``numeric`` reward's job).
+
+    >>> normalize_answer("  The answer is: **Red**. ")
+    'red'
+    >>> normalize_answer("$\\\\text{left}$")
+    'left'
+    >>> normalize_answer("1,000")
+    '1000'
+    >>> normalize_answer("A")
+    'a'
+    """
+    if s is None:
+        return ""
+    s = s.strip()
+    s = s.replace("**", "").replace("__", "")
+    for _ in range(3):
+        s = strip_lead_in(s)
+        if len(s) >= 2 and s[0] == "$" and s[-1] == "$":
+            s = s.strip("$").strip()
+        if s.startswith("\\(") and s.endswith("\\)"):
+            s = s[2:-2].strip()
+        if s.startswith("\\[") and s.endswith("\\]"):
+            s = s[2:-2].strip()
+        s = _TEXT_CMD_RE.sub(r"\1", s)
+        s = s.rstrip(" .;:!").strip()
+        if len(s) >= 2 and s[0] == s[-1] and s[0] in "\"'`":
+            s = s[1:-1].strip()
+    s = _THOUSANDS_RE.sub(lambda m: m.group(1).replace(",", ""), s)
+    s = _ARTICLE_RE.sub("", s)
+    s = re.sub(r"\s+", " ", s).strip().lower()
+    return s
+
+
+_UNSIGNED = r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+_NUM = r"[-+]?" + _UNSIGNED
+_NUMBER_RE = re.compile(rf"^{_NUM}$")
+_FRACTION_RE = re.compile(rf"^([-+]?)\s*({_UNSIGNED})\s*/\s*({_UNSIGNED})$")
+_MIXED_RE = re.compile(r"^([-+]?)(\d+)\s+(\d+)\s*/\s*(\d+)$")
+_LATEX_FRAC_RE = re.compile(r"\\[dt]?frac\s*\{\s*([^{}]+?)\s*\}\s*\{\s*([^{}]+?)\s*\}")
+_LATEX_FRAC_SHORT_RE = re.compile(r"\\[dt]?frac\s*(\d)(\d)")
+
+
+def _canonical_number_text(s: str) -> str:
+    s = s.strip().strip("$").strip()
+    s = s.replace("−", "-").replace("\\left", "").replace("\\right", "")
+    s = re.sub(r"\\[,!;: ]", "", s)  # LaTeX thin spaces
+    s = _THOUSANDS_RE.sub(lambda m: m.group(1).replace(",", ""), s)
+    s = _LATEX_FRAC_SHORT_RE.sub(r"\1/\2", s)
+    s = _LATEX_FRAC_RE.sub(r"(\1)/(\2)", s)
+    s = re.sub(r"\((" + _NUM + r")\)", r"\1", s)  # (3)/(4) -> 3/4
+    return s.strip()
+
+
+def parse_number(s: str | None) -> float | None:
+    """The number a short string states, or None unless the whole string is one number.
+
+    Accepts integers, decimals, scientific notation, thousands separators, ``a/b``, ``\\frac{a}{b}``,
+    mixed numbers ``1 1/2`` and ``$…$`` delimiters. Units are not stripped here (see
+    ``split_number_unit``).
+
+    >>> parse_number("-3.5"), parse_number("\\\\frac{3}{4}"), parse_number("1,000"), parse_number("1 1/2")
+    (-3.5, 0.75, 1000.0, 1.5)
+    >>> parse_number("2 or 3") is None
+    True
+    """
+    if s is None:
+        return None
+    t = _canonical_number_text(s)
+    if not t or len(t) > 64:
+        return None
+    try:
+        if _NUMBER_RE.match(t):
+            return float(t)
+        m = _FRACTION_RE.match(t)
+        if m:
+            num, den = float(m.group(2)), float(m.group(3))
+            if den == 0:
+                return None
+            return (-1.0 if m.group(1) == "-" else 1.0) * num / den
+        m = _MIXED_RE.match(t)
+        if m:
+            whole, num, den = int(m.group(2)), int(m.group(3)), int(m.group(4))
+            if den == 0 or num >= den:
+                return None
+            value = float(whole + Fraction(num, den))
+            return -value if m.group(1) == "-" else value
+    except (ValueError, OverflowError):
+        return None
+    return None
+
+
+# A unit is a few words/symbols with no digits except exponents: "cm", "cm^2", "square units", "°", "%".
+_UNIT_RE = re.compile(
+    r"^(?:\^\s*\{?\\circ\}?|\\circ|°|\\%|%|degrees?|"
+    r"(?:[a-zA-Zµμ]+\.?(?:\s*(?:\^\s*\{?[23]\}?|[²³]))?)(?:\s*/\s*[a-zA-Z]+)?(?:\s+[a-zA-Z]+\.?(?:\^?[23])?){0,1})$"
+)
+_NOT_UNITS = {"or", "and", "to", "either", "nor", "than", "ignore", "instructions", "answer", "is", "maybe", "not"}
+
+
+def split_number_unit(s: str | None) -> tuple[float | None, str]:
+    """Split "12 cm^2" into (12.0, "cm^2"); (None, "") unless the string is one number plus an optional unit.
+
+    Units are letters (at most three words), ``°``, ``^\\circ``, ``%``; words that join candidates ("or",
+    "and", "to") are not units, so "2 or 3" is not a number.
+
+    >>> split_number_unit("12 cm^2"), split_number_unit("40^\\\\circ"), split_number_unit("3 or 4")
+    ((12.0, 'cm^2'), (40.0, '^\\\\circ'), (None, ''))
+    """
+    if s is None:
+        return None, ""
+    t = _TEXT_CMD_RE.sub(r" \1", s.strip().strip("$")).strip()
+    value = parse_number(t)
+    if value is not None:
+        return value, ""
+    # The number ends at some digit (maybe followed by "}" or ")"); try the latest such split first.
+    for m in reversed(list(re.finditer(r"\d[})]*", t))):
+        head, unit = t[: m.end()].strip(), t[m.end() :].strip()
+        if not unit or unit[0].isdigit():
+            continue
+        value = parse_number(head)
+        if value is None:
+            continue
+        if not _UNIT_RE.match(unit) or {w.lower().strip(".") for w in re.findall(r"[a-zA-Z]+\.?", unit)} & _NOT_UNITS:
+            return None, ""
+        return value, unit
+    return None, ""
+
+
+_ANY_NUMBER_RE = re.compile(r"(?<![\w.])[-+]?(?:\d+(?:\.\d+)?|\.\d+)(?![\w.])")
+
+
+def find_numbers(s: str) -> list[float]:
+    """Every stand-alone number in a text, in order (used to spot answers listing several candidates).
+
+    >>> find_numbers("2 or 3.5")
+    [2.0, 3.5]
+    """
+    return [float(x) for x in _ANY_NUMBER_RE.findall(_THOUSANDS_RE.sub(lambda m: m.group(1).replace(",", ""), s))]
