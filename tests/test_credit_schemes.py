@@ -181,6 +181,15 @@ def test_registry_flags_and_errors():
     needs = {n: CREDIT_SCHEMES.get(n).needs_perturbed for n in CREDIT_SCHEMES}
     assert needs == {"entropy_topk": False, "none": False, "papo": True, "rsi": False, "vepo": True,
                      "vppo": True}
+    assert [n for n in CREDIT_SCHEMES if CREDIT_SCHEMES.get(n).needs_distribution] == ["vepo"]
+    # VPPO and PAPO work from logq alone (distribution=False signals: no JSD)
+    cheap = TokenSignals(entropy=torch.ones(1, 2), jsd=None, entropy_shift=None, logp=-torch.ones(1, 2),
+                         logq=-torch.ones(1, 2))
+    for name in ("vppo", "papo"):
+        r = CREDIT_SCHEMES.get(name)(cheap, torch.ones(1, 2), torch.zeros(1))
+        assert "credit/vision_sensitivity_mean" not in r.stats
+    with pytest.raises(UserError, match="distribution=True"):
+        CREDIT_SCHEMES.get("vepo")(cheap, torch.ones(1, 2), torch.zeros(1))
     with pytest.raises(UserError, match="known"):
         build_scheme("vepo", top_ratio=0.2)
     with pytest.raises(UserError, match="mode"):

@@ -152,3 +152,28 @@ def test_perception_k3_value_and_gradient():
     k3.sum().backward()
     torch.testing.assert_close(logp.grad, torch.tensor([0.6321206]), atol=1e-6, rtol=0)
     assert logq.grad is None
+
+
+def test_blocked_vocabulary_entries_match_tiny_probabilities(batch):
+    # -inf logits (blocked tokens) must behave like probability 0, not poison the row with NaN
+    lp, lq, ids, mask = batch
+    blocked_p, blocked_q = lp.clone(), lq.clone()
+    blocked_p[0, :, 40:] = -float("inf")
+    blocked_q[1, :, 45:] = -float("inf")
+    tiny_p, tiny_q = lp.clone(), lq.clone()
+    tiny_p[0, :, 40:] = -1e4  # exp underflows to exactly 0
+    tiny_q[1, :, 45:] = -1e4
+    ids = ids % 40
+    a = token_signals(blocked_p, blocked_q, ids, mask, chunk_size=4)
+    b = token_signals(tiny_p, tiny_q, ids, mask, chunk_size=4)
+    for name in ("entropy", "jsd", "entropy_shift", "logp", "logq"):
+        assert not bool(getattr(a, name).isnan().any()), name
+        torch.testing.assert_close(getattr(a, name), getattr(b, name), atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_sampled_only_mode_reads_logq_without_distributions(batch):
+    lp, lq, ids, mask = batch
+    full = token_signals(lp, lq, ids, mask)
+    cheap = token_signals(lp, lq, ids, mask, distribution=False)
+    assert cheap.jsd is None and cheap.entropy_shift is None
+    assert torch.equal(cheap.logq, full.logq) and torch.equal(cheap.entropy, full.entropy)

@@ -15,7 +15,10 @@ so the loss code never knows which scheme ran. Schemes are small dataclasses who
 config (``credit.params`` in a run config). ``CREDIT_SCHEMES.get(name)`` is a default-configured
 instance, called as ``scheme(signals, mask, advantages, **params)``; ``build_scheme(name, **params)``
 fixes the parameters once. The class attribute ``needs_perturbed`` tells the trainer whether to run the
-extra perturbed-image forward at all, ``perturbation`` which perturbation the method's paper uses.
+extra perturbed-image forward at all, ``needs_distribution`` whether that pass must compare full
+distributions (VEPO: JSD, ΔH) or only read the sampled token's log-prob (VPPO, PAPO: pass
+``distribution=False`` to the signal functions, ~3x cheaper), ``perturbation`` which perturbation the
+method's paper uses.
 
 Shared rules: min-max normalisation is per response over its valid tokens (a constant row maps to 0);
 top-k keeps k = ceil(frac · T_valid) tokens per response, ties broken by entropy (vision schemes), then by
@@ -166,7 +169,8 @@ class CreditResult:
 class CreditScheme(abc.ABC):
     """Base of every scheme: a dataclass of parameters, called on one rollout batch."""
 
-    needs_perturbed: ClassVar[bool] = False
+    needs_perturbed: ClassVar[bool] = False  # run the extra perturbed-image forward at all
+    needs_distribution: ClassVar[bool] = False  # ... and compare full distributions (JSD, ΔH), not only logq
     perturbation: ClassVar[tuple[str, dict[str, Any]] | None] = None  # default (name, params) when needed
 
     def __call__(self, signals: TokenSignals, mask: torch.Tensor, advantages: torch.Tensor, *,
@@ -194,9 +198,13 @@ class CreditScheme(abc.ABC):
         """The scheme itself (see ``__call__`` for the arguments)."""
 
     def _require_perturbed(self, signals: TokenSignals) -> None:
-        if signals.jsd is None or signals.logq is None or signals.entropy_shift is None:
-            raise UserError(f"credit scheme {type(self).__name__} needs the perturbed-image pass; "
-                            "compute the signals with a perturbed input")
+        missing = signals.logq is None
+        if self.needs_distribution:
+            missing = missing or signals.jsd is None or signals.entropy_shift is None
+        if missing:
+            what = "with distribution=True" if self.needs_distribution else ""
+            raise UserError(f"credit scheme {type(self).__name__} needs the perturbed-image pass; compute the "
+                            f"signals with a perturbed input {what}".rstrip())
 
     def _result(self, selected: torch.Tensor, weights: torch.Tensor, signals: TokenSignals, mask: torch.Tensor,
                 adv_scale: torch.Tensor | None = None, extra_loss=None, **more: float) -> CreditResult:
@@ -262,6 +270,7 @@ class VEPO(CreditScheme):
     tokens with w = 1 + bonus·selected. The advantage is unchanged."""
 
     needs_perturbed: ClassVar[bool] = True
+    needs_distribution: ClassVar[bool] = True
     perturbation: ClassVar[tuple[str, dict[str, Any]] | None] = ("gaussian", {})
 
     alpha: float = 0.7  # weight of JSD vs |ΔH| in the soft OR
