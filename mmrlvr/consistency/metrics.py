@@ -1,0 +1,61 @@
+"""Step metrics of thinking–answer consistency, from the ``parsed`` dicts of the ``consistency`` reward.
+
+``consistency_metrics(parsed_list) -> dict`` (names as logged to metrics.jsonl):
+
+- ``inconsistency_rate``: inconsistent / (consistent + inconsistent) — over rollouts with a verdict;
+- ``consistency/unknown_rate``: rollouts without a verdict / all rollouts;
+- the four-way breakdown over rollouts whose thinking's conclusion *and* answer can both be checked
+  against the ground truth (fractions of that set, summing to 1):
+  ``consistency/think_right_answer_right``, ``…/think_right_answer_wrong``,
+  ``…/think_wrong_answer_right``, ``…/think_wrong_answer_wrong``;
+- ``consistency/both_wrong_consistent``: of the same set, thinking and answer wrong *and* agreeing —
+  the shortcut a plain consistency reward pays for (STACK.md);
+- ``consistency/thinking_accuracy``: thinking's conclusion correct / conclusions that could be checked;
+- ``consistency/verifiable_fraction``: share of rollouts in the four-way set.
+
+A rate whose denominator is empty is left out (no data is not 0, and JSON has no NaN).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+__all__ = ["consistency_metrics"]
+
+
+def _rate(num: int, den: int) -> float | None:
+    return num / den if den else None
+
+
+def consistency_metrics(parsed_list: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Aggregate per-rollout consistency fields (verdict, thinking_correct, answer_correct, agrees)."""
+    rows = list(parsed_list)
+    verdicts = [r.get("verdict", "unknown") for r in rows]
+    consistent = sum(v == "consistent" for v in verdicts)
+    inconsistent = sum(v == "inconsistent" for v in verdicts)
+    unknown = len(rows) - consistent - inconsistent
+    both = [r for r in rows if r.get("thinking_correct") is not None and r.get("answer_correct") is not None]
+    tr_ar = sum(bool(r["thinking_correct"]) and bool(r["answer_correct"]) for r in both)
+    tr_aw = sum(bool(r["thinking_correct"]) and not r["answer_correct"] for r in both)
+    tw_ar = sum(not r["thinking_correct"] and bool(r["answer_correct"]) for r in both)
+    tw_aw = len(both) - tr_ar - tr_aw - tw_ar
+
+    def agrees(r: Mapping[str, Any]) -> bool:
+        a = r.get("agrees")
+        return bool(a) if a is not None else r.get("verdict") == "consistent"
+
+    bw_cons = sum(not r["thinking_correct"] and not r["answer_correct"] and agrees(r) for r in both)
+    think_checked = [r for r in rows if r.get("thinking_correct") is not None]
+    values = {
+        "inconsistency_rate": _rate(inconsistent, consistent + inconsistent),
+        "consistency/unknown_rate": _rate(unknown, len(rows)),
+        "consistency/think_right_answer_right": _rate(tr_ar, len(both)),
+        "consistency/think_right_answer_wrong": _rate(tr_aw, len(both)),
+        "consistency/think_wrong_answer_right": _rate(tw_ar, len(both)),
+        "consistency/think_wrong_answer_wrong": _rate(tw_aw, len(both)),
+        "consistency/both_wrong_consistent": _rate(bw_cons, len(both)),
+        "consistency/thinking_accuracy": _rate(sum(bool(r["thinking_correct"]) for r in think_checked),
+                                               len(think_checked)),
+        "consistency/verifiable_fraction": _rate(len(both), len(rows)),
+    }
+    return {k: float(v) for k, v in values.items() if v is not None}
