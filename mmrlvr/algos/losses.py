@@ -147,21 +147,22 @@ def gspo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
 @POLICY_LOSSES.register("cispo")
 def cispo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                response_mask: torch.Tensor, *, eps_high: float = 0.28,
-               eps_low: float | None = None) -> tuple[torch.Tensor, LossStats]:
+               eps_low: float = 1.0) -> tuple[torch.Tensor, LossStats]:
     """CISPO: L = -sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi (MiniMax-M1, arXiv:2506.13585).
 
     logprobs, old_logprobs: [N, L]; advantages: [N] or [N, L]; response_mask: [N, L].
     Returns loss [N, L] and LossStats. The importance weight is truncated and detached instead of the
     token being dropped, so every token keeps a gradient (-w A grad log pi), including the rare
-    "fork" tokens PPO clips away. ``eps_low=None`` (default) means no lower bound, as in MiniMax-M1,
-    which tuned only the upper one; its value is not published, 0.28 (DAPO's clip-higher) is [ours].
+    "fork" tokens PPO clips away. ``eps_low=1`` (default) makes the lower bound 0, i.e. none, as in
+    MiniMax-M1 (METHODS: clip(r, 0, 1+eps_high)), which tuned only the upper bound; its value is not
+    published, 0.28 (DAPO's clip-higher) is [ours].
     The loss *value* is in units of log pi and is not comparable with ppo_clip's; its gradient is.
     ``clip_fraction`` counts tokens whose weight was truncated (they still get a gradient).
     """
-    _check_eps(0.0 if eps_low is None else eps_low, eps_high)
+    _check_eps(eps_low, eps_high)
     valid, logp, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, response_mask)
     ratio = torch.exp(log_ratio)
-    low = 0.0 if eps_low is None else 1 - eps_low
+    low = max(0.0, 1 - eps_low)
     weight = ratio.detach().clamp(low, 1 + eps_high)  # [N, L], sg(clip(r))
     loss = -weight * adv * logp
     truncated = valid & ((ratio.detach() > 1 + eps_high) | (ratio.detach() < low))

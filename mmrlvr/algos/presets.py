@@ -14,8 +14,9 @@ Sources (the numbers each preset uses):
            (seq-mean-token-sum-norm), no KL.
 - gspo:    GSPO (Zheng et al. 2025, arXiv:2507.18071): sequence ratio clipped at 3e-4 / 4e-4,
            sequence-level mean; no KL term is used in the paper.
-- cispo:   MiniMax-M1 (2025, arXiv:2506.13585): truncated detached IS weight, no lower bound, token-level
-           mean, no KL; the upper bound is not published, 0.28 is [ours].
+- cispo:   MiniMax-M1 (2025, arXiv:2506.13585): truncated detached IS weight, no lower bound
+           (eps_low = 1 -> clip(r, 0, 1 + eps_high)), token-level mean, no KL; the upper bound is not
+           published, 0.28 is [ours].
 
 Tiny CPU runs need a KL anchor (STACK.md: k3 with beta 0.05 kept a warm-started model stable); the
 demo config sets ``kl_coef`` on top of its preset.
@@ -64,7 +65,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     "cispo": {
         "advantage": "grpo", "advantage_params": {"unbiased": True, "eps": 1e-6},
-        "loss": "cispo", "loss_params": {"eps_high": 0.28, "eps_low": None},
+        "loss": "cispo", "loss_params": {"eps_low": 1.0, "eps_high": 0.28},
         "agg_mode": "token-mean",
         "kl_coef": 0.0, "kl_estimator": "k3",
         "dynamic_sampling": False, "overlong": dict(_NO_OVERLONG),

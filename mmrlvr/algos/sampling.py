@@ -23,12 +23,18 @@ T = TypeVar("T")
 
 
 def dynamic_sampling_filter(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
-    """Rows to keep: True where the row's group has rewards that are not all equal.
+    """Groups to keep: ``keep_groups[g]`` is True where group g's rewards are not all equal.
 
-    rewards: [N] float; group_index: [N] int (groups of any size). Returns keep [N] bool; the groups
-    kept are ``group_index[keep].unique()``. A group of one is dropped (it has no spread).
+    rewards: [N] float; group_index: [N] int labels >= 0 (groups of any size, e.g. RolloutBatch's
+    prompt index 0..B-1). Returns keep_groups [max(group_index) + 1] bool, indexed by label (a label
+    with no rows, or a group of one, is False); ``keep_groups[group_index]`` is the [N] row mask.
     """
-    return group_stats(rewards, group_index).has_spread
+    stats = group_stats(rewards, group_index)
+    if group_index.numel() and int(group_index.min()) < 0:
+        raise ValueError(f"group_index labels must be >= 0, got {int(group_index.min())}")
+    n_groups = int(group_index.max()) + 1 if group_index.numel() else 0
+    keep = torch.zeros(n_groups, dtype=torch.bool, device=rewards.device)
+    return keep.index_put_((group_index.long(),), stats.has_spread)  # every row of a group agrees
 
 
 def refill(buffer_groups: Sequence[T], new_groups: Sequence[T], target: int, *,
