@@ -1,0 +1,426 @@
+"""The Gradio layer of the inspector: layout and wiring only.
+
+``Inspector`` holds the run's ``RolloutReader`` and answers each UI event by calling the pure functions of
+``views.py``; ``build_app`` lays out the components and connects events to ``Inspector`` methods, each
+with an ``api_name`` so ``gradio_client`` (and the tests) can call it. ``launch`` starts the server the
+safe way: bound to 127.0.0.1 unless told otherwise, and serving files only from the run folder.
+
+Navigation: step -> prompt group -> sample; keys ``j``/``k`` (or → / ←) move between samples, ``n``/``p``
+between groups. A timer (and the Refresh button) picks up new steps while the run is still training.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from mmrlvr.errors import UserError
+from mmrlvr.inspector import views
+from mmrlvr.store.reader import RolloutReader
+from mmrlvr.store.record import RolloutRecord
+
+DEFAULT_SIGNAL = "vision sensitivity"
+MAX_PLOTS = 6
+ANY = "(any)"
+
+# Keyboard navigation: clicks the prev/next buttons; ignored while typing in inputs.
+KEYBOARD_JS = """
+if (!window.__mmrlvrKeys) {
+  window.__mmrlvrKeys = true;
+  const keys = {j: 'mm-next-sample', ArrowRight: 'mm-next-sample', k: 'mm-prev-sample',
+                ArrowLeft: 'mm-prev-sample', n: 'mm-next-group', p: 'mm-prev-group'};
+  document.addEventListener('keydown', (e) => {
+    const t = e.target;
+    const tag = ((t && t.tagName) || '').toLowerCase();
+    if (tag === 'input' || tag === 'textarea' || tag === 'select' || (t && t.isContentEditable)) return;
+    if (e.ctrlKey || e.metaKey || e.altKey) return;
+    const id = keys[e.key];
+    if (!id) return;
+    const el = document.getElementById(id);
+    const btn = el && (el.tagName === 'BUTTON' ? el : el.querySelector('button'));
+    if (btn) { e.preventDefault(); btn.click(); }
+  });
+}
+"""
+
+
+class Inspector:
+    """UI-independent answers to the inspector's events (outputs are component values / updates)."""
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.run_dir = Path(run_dir).resolve()
+        self.reader = RolloutReader(self.run_dir)
+
+    # -- header / refresh -------------------------------------------------------------------------------
+    def header(self) -> str:
+        steps = self.reader.steps()
+        return views.run_header_html(self.run_dir.name, steps, len(self.reader.index), self.reader.errors)
+
+    def step_choices(self) -> list[tuple[str, int]]:
+        return [(f"step {s}", s) for s in self.reader.steps()]
+
+    def refresh(self, step: int | None, force: bool = True) -> tuple[Any, Any, Any, Any]:
+        """(header, step dropdown, component dropdown, finish-reason dropdown); skips when nothing changed."""
+        changed = self.reader.refresh()
+        if not changed and not force:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        steps = self.reader.steps()
+        value = step if step in steps else (steps[-1] if steps else None)
+        return (self.header(), gr.update(choices=self.step_choices(), value=value),
+                gr.update(choices=[ANY] + self.reader.components()),
+                gr.update(choices=self.finish_reasons()))
+
+    def finish_reasons(self) -> list[str]:
+        idx = self.reader.index
+        return sorted(str(v) for v in idx["finish_reason"].dropna().unique()) if len(idx) else []
+
+    # -- browse -----------------------------------------------------------------------------------------
+    def render(self, step: int | None, prompt_id: str | None, sample: int | None,
+               signal: str | None = DEFAULT_SIGNAL, compare_step: int | None = None) -> tuple:
+        """Everything the Browse tab shows for one sample; missing/invalid choices fall back to defaults
+        (last step, first group, best-reward sample)."""
+        steps = self.reader.steps()
+        if not steps:
+            empty = "<i>no rollouts yet — waiting for the first step file (press Refresh)</i>"
+            return (gr.update(choices=[], value=None), gr.update(choices=[], value=None),
+                    gr.update(choices=[], value=None), None, empty, "", None, gr.update(value=None, visible=False),
+                    gr.update(choices=[], value=None), None, "", "", [], "")
+        step = int(step) if step is not None and int(step) in steps else steps[-1]
+        groups = self.reader.groups(step)
+        prompt_ids = [str(p) for p in groups["prompt_id"]]
+        prompt_id = prompt_id if prompt_id in prompt_ids else prompt_ids[0]
+        records = self.reader.group(step, prompt_id)
+        by_index = {r.sample_index: r for r in records}
+        order = [i for _, i in views.sample_choices(records)]
+        sample = int(sample) if sample is not None and int(sample) in by_index else order[0]
+        rec = by_index[sample]
+        images = views.load_images(self.run_dir, rec)
+        annotated = self._annotated(rec, images)
+        gallery = gr.update(value=images[1:], visible=len(images) > 1)
+        compare_steps = [s for s in self.reader.prompt_history(prompt_id)["step"].tolist() if s != step]
+        if compare_step is None or int(compare_step) not in compare_steps:
+            earlier = [s for s in compare_steps if s < step]
+            compare_step = earlier[-1] if earlier else (compare_steps[0] if compare_steps else None)
+        slider = self.compare(step, prompt_id, sample, compare_step)
+        heat, heat_html = self.heatmap(step, prompt_id, sample, signal, rec=rec)
+        prompt_html = (f'<div class="mm-prompt"><b>Prompt</b> <code>{views.esc(prompt_id)}</code>: '
+                       f'<span style="white-space:pre-wrap">{views.esc(rec.prompt_text)}</span></div>')
+        return (
+            gr.update(choices=[(f"step {s}", s) for s in steps], value=step),
+            gr.update(choices=views.group_choices(groups), value=prompt_id),
+            gr.update(choices=views.sample_choices(records), value=sample),
+            sample,
+            views.group_cards_html(records, selected=sample),
+            prompt_html,
+            annotated,
+            gallery,
+            gr.update(choices=[(f"step {s}", s) for s in compare_steps], value=compare_step),
+            slider,
+            views.thinking_answer_html(rec),
+            views.reward_breakdown_html(rec),
+            heat,
+            heat_html,
+        )
+
+    def _annotated(self, rec: RolloutRecord, images: list) -> Any:
+        if not images:
+            return gr.AnnotatedImage(value=None)
+        value, colours = views.annotated_value(images[0], rec)
+        return gr.AnnotatedImage(value=value, color_map=colours)
+
+    def navigate(self, step: int | None, prompt_id: str | None, sample: int | None, delta: int, level: str,
+                 signal: str | None = DEFAULT_SIGNAL) -> tuple:
+        """Move ``delta`` samples (in reward order, wrapping) or groups (in prompt order, wrapping)."""
+        steps = self.reader.steps()
+        if not steps:
+            return self.render(None, None, None, signal)
+        step = int(step) if step is not None and int(step) in steps else steps[-1]
+        prompt_ids = [str(p) for p in self.reader.groups(step)["prompt_id"]]
+        if prompt_id not in prompt_ids:
+            return self.render(step, None, None, signal)
+        if level == "group":
+            i = prompt_ids.index(prompt_id)
+            return self.render(step, prompt_ids[(i + delta) % len(prompt_ids)], None, signal)
+        order = [i for _, i in views.sample_choices(self.reader.group(step, prompt_id))]
+        pos = order.index(int(sample)) if sample is not None and int(sample) in order else -delta
+        return self.render(step, prompt_id, order[(pos + delta) % len(order)], signal)
+
+    def heatmap(self, step: int, prompt_id: str, sample: int, signal: str | None,
+                rec: RolloutRecord | None = None) -> tuple[list[tuple[str, float | None]], str]:
+        """(HighlightedText value, hover HTML) for one sample and signal."""
+        signal = signal or DEFAULT_SIGNAL
+        if rec is None:
+            if step is None or prompt_id is None or sample is None:
+                return [], ""
+            rec = self.reader.record(int(step), prompt_id, int(sample))
+        tokens = views.heatmap_tokens(rec, signal)
+        if not getattr(rec, views.SIGNALS[signal]):
+            note = f"<i>{views.esc(signal)} was not recorded for this run</i>"
+            return views.heatmap_highlighted(tokens), note + views.heatmap_html(tokens, signal)
+        return views.heatmap_highlighted(tokens), views.heatmap_html(tokens, signal)
+
+    def compare(self, step: int, prompt_id: str, sample: int, other_step: int | None) -> Any:
+        """ImageSlider value: this sample's boxes at ``step`` vs the same prompt at ``other_step``."""
+        if step is None or prompt_id is None or sample is None:
+            return None
+        rec = self.reader.record(int(step), prompt_id, int(sample))
+        images = views.load_images(self.run_dir, rec)
+        if not images:
+            return None
+        left = views.draw_boxes(images[0], rec, caption=f"step {step} #{sample} r={views.fmt(rec.reward, 2)}")
+        if other_step is None:
+            return (left, left)
+        others = self.reader.group(int(other_step), prompt_id)
+        other = next((r for r in others if r.sample_index == int(sample)), others[0])
+        other_images = views.load_images(self.run_dir, other) or images
+        right = views.draw_boxes(other_images[0], other,
+                                 caption=f"step {other_step} #{other.sample_index} r={views.fmt(other.reward, 2)}")
+        return (left, right)
+
+    # -- filter -----------------------------------------------------------------------------------------
+    def run_filter(self, step_lo: float | None, step_hi: float | None, reward_lo: float | None,
+                   reward_hi: float | None, component: str | None, passed: str | None, adv_sign: str | None,
+                   finish: list[str] | None, regex: str | None, order: str | None,
+                   limit: float | None) -> tuple[str, pd.DataFrame]:
+        """(count line, table) for the Filter tab."""
+        self.reader.refresh()
+        component = None if component in (None, "", ANY) else component
+        passed_flag = {"pass": True, "fail": False}.get(passed or "")
+        try:
+            rows = self.reader.filter(
+                step_range=(_int_or_none(step_lo), _int_or_none(step_hi)),
+                reward_range=(reward_lo, reward_hi), component=component,
+                passed=passed_flag if component else None,
+                advantage_sign=None if adv_sign in (None, "", ANY) else adv_sign,
+                finish_reason=finish or None, regex=regex or None,
+                order="round_robin" if order == "round robin" else "step",
+            )
+        except UserError as exc:
+            raise gr.Error(str(exc)) from None
+        total = len(rows)
+        n = int(limit) if limit else 200
+        shown = views.filter_table(rows.iloc[:n], self.reader.components())
+        return f"{total} rollouts match; showing {len(shown)} (select a row to open it)", shown
+
+    # -- across steps -----------------------------------------------------------------------------------
+    def history(self, prompt_id: str | None) -> tuple[str, pd.DataFrame, pd.DataFrame]:
+        """(title, per-step table, plot frame) for one prompt across the run."""
+        if not prompt_id:
+            return "<i>choose a prompt in Browse, then press “Across steps”</i>", pd.DataFrame(), views.history_frame(pd.DataFrame())
+        summary = self.reader.prompt_history(prompt_id)
+        if summary.empty:
+            raise gr.Error(f"no rollouts for prompt {prompt_id!r}")
+        table = summary.round(4)
+        title = (f"<b>Prompt</b> <code>{views.esc(prompt_id)}</code> over {len(summary)} steps "
+                 "(select a row to open that step's group)")
+        return title, table, views.history_frame(summary)
+
+    # -- metrics ----------------------------------------------------------------------------------------
+    def metric_plots(self, names: list[str] | None) -> list[dict[str, Any]]:
+        """Props for the ``MAX_PLOTS`` metric plots: one metric each (own y scale), unused ones hidden."""
+        metrics = self.reader.metrics()
+        names = list(names or [])[:MAX_PLOTS]
+        out = []
+        for k in range(MAX_PLOTS):
+            if k < len(names):
+                out.append({"value": views.metrics_frame(metrics, [names[k]]), "title": names[k], "visible": True})
+            else:
+                out.append({"value": views.metrics_frame([], []), "title": "", "visible": False})
+        return out
+
+    def metric_choices(self) -> tuple[list[str], list[str]]:
+        names = views.metric_names(self.reader.metrics())
+        default = [n for n in views.METRIC_NAMES if n in names] or names[:3]
+        return names, default
+
+    def nearest_step(self, x: float | None) -> int | None:
+        if x is None:
+            return None
+        return views.nearest_step(self.reader.steps(), float(x))
+
+
+def _int_or_none(x: float | None) -> int | None:
+    return None if x is None else int(x)
+
+
+def build_app(run_dir: str | os.PathLike[str], *, refresh_s: float = 5.0) -> gr.Blocks:
+    """The inspector app for ``run_dir`` (see module docstring). Launch it with ``launch``."""
+    ins = Inspector(run_dir)
+    names, default_names = ins.metric_choices()
+    with gr.Blocks(title=f"mmrlvr inspect · {ins.run_dir.name}") as demo:
+        gr.HTML("", js_on_load=KEYBOARD_JS, elem_id="mm-keys", padding=False)
+        with gr.Row(equal_height=True):
+            header = gr.HTML(ins.header(), elem_id="mm-header")
+            follow = gr.Checkbox(value=True, label=f"follow run (every {refresh_s:g} s)", scale=0, min_width=180)
+            refresh_btn = gr.Button("Refresh", size="sm", scale=0, min_width=90, elem_id="mm-refresh")
+        timer = gr.Timer(refresh_s, active=True)
+        with gr.Tabs(selected="browse") as tabs:
+            with gr.Tab("Browse", id="browse"):
+                with gr.Row():
+                    # allow_custom_value: the server validates (and falls back) itself, so API clients may
+                    # pass any step / prompt id without first loading the choices of their session
+                    steps = ins.reader.steps()
+                    step_dd = gr.Dropdown(label="Step", choices=ins.step_choices(), value=steps[-1] if steps else None,
+                                          allow_custom_value=True, scale=1, elem_id="mm-step")
+                    group_dd = gr.Dropdown(label="Prompt group", allow_custom_value=True, scale=3, elem_id="mm-group")
+                    prev_group = gr.Button("◀ group (p)", size="sm", scale=0, min_width=100, elem_id="mm-prev-group")
+                    next_group = gr.Button("group (n) ▶", size="sm", scale=0, min_width=100, elem_id="mm-next-group")
+                    history_btn = gr.Button("Across steps", size="sm", scale=0, min_width=110)
+                group_html = gr.HTML(elem_id="mm-group-cards")
+                with gr.Row():
+                    sample_radio = gr.Radio(label="Sample (best reward first)", scale=5, elem_id="mm-sample")
+                    sample_num = gr.Number(visible=False, precision=0)  # the selected sample, for API calls
+                    prev_sample = gr.Button("◀ sample (k)", size="sm", scale=0, min_width=110, elem_id="mm-prev-sample")
+                    next_sample = gr.Button("sample (j) ▶", size="sm", scale=0, min_width=110, elem_id="mm-next-sample")
+                prompt_html = gr.HTML(elem_id="mm-prompt")
+                with gr.Row():
+                    with gr.Column(scale=2):
+                        annotated = gr.AnnotatedImage(label="Image · predicted boxes (magenta, with IoU) vs ground truth (cyan)",
+                                                      format="png", elem_id="mm-annotated")
+                        gallery = gr.Gallery(label="More images", visible=False, columns=4, height=160)
+                        compare_dd = gr.Dropdown(label="Compare with step", allow_custom_value=True,
+                                                 elem_id="mm-compare")
+                        slider = gr.ImageSlider(label="Same prompt at two steps (drag)", type="pil", format="png",
+                                                elem_id="mm-slider")
+                    with gr.Column(scale=3):
+                        ta_html = gr.HTML(elem_id="mm-thinking-answer")
+                        reward_html = gr.HTML(elem_id="mm-reward")
+                signal_radio = gr.Radio(list(views.SIGNALS), value=DEFAULT_SIGNAL, label="Token heatmap",
+                                        elem_id="mm-signal")
+                with gr.Tabs():
+                    with gr.Tab("Heatmap"):
+                        heat = gr.HighlightedText(label="Response tokens (scaled to [-1, 1])", show_legend=False,
+                                                  combine_adjacent=False, elem_id="mm-heatmap")
+                    with gr.Tab("Raw values on hover"):
+                        heat_html = gr.HTML(elem_id="mm-heatmap-hover")
+            with gr.Tab("Filter", id="filter"):
+                with gr.Row():
+                    step_lo = gr.Number(label="step ≥", precision=0)
+                    step_hi = gr.Number(label="step ≤", precision=0)
+                    reward_lo = gr.Number(label="reward ≥")
+                    reward_hi = gr.Number(label="reward ≤")
+                    limit = gr.Number(label="show at most", value=200, precision=0)
+                with gr.Row():
+                    component_dd = gr.Dropdown([ANY] + ins.reader.components(), value=ANY, label="component")
+                    passed = gr.Radio([ANY, "pass", "fail"], value=ANY, label="component passes (≥ 0.5)")
+                    adv_sign = gr.Radio([ANY, "+", "-", "0"], value=ANY, label="advantage sign")
+                    finish_dd = gr.Dropdown(ins.finish_reasons(), multiselect=True, label="finish reason")
+                with gr.Row():
+                    regex = gr.Textbox(label="regex in response text", placeholder=r"e.g. answer>\s*3<")
+                    order = gr.Radio(["step order", "round robin"], value="round robin",
+                                     label="order (round robin: one sample per group first)")
+                    run_btn = gr.Button("Filter", variant="primary", scale=0, min_width=100, elem_id="mm-run-filter")
+                count_md = gr.Markdown()
+                results = gr.Dataframe(interactive=False, elem_id="mm-results", max_height=480)
+            with gr.Tab("Prompt across steps", id="history"):
+                history_title = gr.HTML()
+                with gr.Row():
+                    history_table = gr.Dataframe(interactive=False, scale=2)
+                    history_plot = gr.LinePlot(x="step", y="value", color="metric", scale=3,
+                                               title="reward of this prompt per step")
+            with gr.Tab("Metrics", id="metrics"):
+                metric_pick = gr.Dropdown(names, value=default_names, multiselect=True,
+                                          label=f"metrics from metrics.jsonl (up to {MAX_PLOTS})")
+                gr.Markdown("Select a range on a plot to open the samples of that step.")
+                plots = []
+                initial = ins.metric_plots(default_names)
+                for row in range(0, MAX_PLOTS, 2):
+                    with gr.Row():
+                        for k in range(row, row + 2):
+                            plots.append(gr.LinePlot(initial[k]["value"], x="step", y="value",
+                                                     title=initial[k]["title"], visible=initial[k]["visible"],
+                                                     elem_id=f"mm-metric-{k}", height=240))
+                with gr.Row():
+                    goto_step = gr.Number(label="step", precision=0, scale=1)
+                    goto_btn = gr.Button("Show samples of this step", scale=0, min_width=200)
+
+        browse_out = [step_dd, group_dd, sample_radio, sample_num, group_html, prompt_html, annotated, gallery,
+                      compare_dd, slider, ta_html, reward_html, heat, heat_html]
+        sel = [step_dd, group_dd, sample_num]
+
+        # --- browse
+        demo.load(ins.render, sel + [signal_radio, compare_dd], browse_out,
+                  api_name="render")
+        step_dd.input(lambda s, sig: ins.render(s, None, None, sig), [step_dd, signal_radio], browse_out,
+                      api_name="select_step")
+        group_dd.input(lambda s, p, sig: ins.render(s, p, None, sig), [step_dd, group_dd, signal_radio], browse_out,
+                       api_name="select_group")
+        sample_radio.input(lambda s, p, i, sig, c: ins.render(s, p, i, sig, c),
+                           [step_dd, group_dd, sample_radio, signal_radio, compare_dd],
+                           browse_out, api_name="select_sample")
+        for btn, delta, level, name in [(next_sample, 1, "sample", "next_sample"),
+                                        (prev_sample, -1, "sample", "prev_sample"),
+                                        (next_group, 1, "group", "next_group"),
+                                        (prev_group, -1, "group", "prev_group")]:
+            btn.click(lambda s, p, i, sig, d=delta, lv=level: ins.navigate(s, p, i, d, lv, sig),
+                      sel + [signal_radio], browse_out, api_name=name)
+        signal_radio.input(ins.heatmap, sel + [signal_radio], [heat, heat_html], api_name="heatmap")
+        compare_dd.input(ins.compare, sel + [compare_dd], slider, api_name="compare")
+
+        # --- refresh (button always re-renders the header; the timer only when something changed)
+        refresh_out = [header, step_dd, component_dd, finish_dd]
+        refresh_btn.click(lambda s: ins.refresh(s, True), step_dd, refresh_out, api_name="refresh")
+        timer.tick(lambda s: ins.refresh(s, False), step_dd, refresh_out, api_visibility="private",
+                   show_progress="hidden")
+        follow.change(lambda on: gr.Timer(active=on), follow, timer, api_visibility="private")
+
+        # --- filter, then open a row in Browse
+        filter_in = [step_lo, step_hi, reward_lo, reward_hi, component_dd, passed, adv_sign, finish_dd, regex,
+                     order, limit]
+        run_btn.click(ins.run_filter, filter_in, [count_md, results], api_name="filter")
+        regex.submit(ins.run_filter, filter_in, [count_md, results], api_visibility="private")
+
+        def open_row(table: pd.DataFrame, sig: str, evt: gr.SelectData) -> tuple:
+            row = table.iloc[evt.index[0]]
+            return (*ins.render(int(row["step"]), str(row["prompt"]), int(row["sample"]), sig),
+                    gr.Tabs(selected="browse"))
+
+        results.select(open_row, [results, signal_radio], browse_out + [tabs], api_visibility="private")
+
+        # --- one prompt across steps
+        def show_history(p: str | None) -> tuple:
+            return (*ins.history(p), gr.Tabs(selected="history"))
+
+        history_btn.click(show_history, group_dd, [history_title, history_table, history_plot, tabs],
+                          api_name="history")
+
+        def open_history_row(table: pd.DataFrame, p: str | None, sig: str, evt: gr.SelectData) -> tuple:
+            step = int(table.iloc[evt.index[0]]["step"])
+            return (*ins.render(step, p, None, sig), gr.Tabs(selected="browse"))
+
+        history_table.select(open_history_row, [history_table, group_dd, signal_radio], browse_out + [tabs],
+                             api_visibility="private")
+
+        # --- metrics, with drill-down to a step's samples
+        metric_pick.change(lambda names: [gr.LinePlot(**p) for p in ins.metric_plots(names)], metric_pick, plots,
+                           api_name="metrics")
+
+        def goto(step: float | None, sig: str) -> tuple:
+            target = ins.nearest_step(step)
+            return (*ins.render(target, None, None, sig), gr.Tabs(selected="browse"))
+
+        goto_btn.click(goto, [goto_step, signal_radio], browse_out + [tabs], api_name="goto_step")
+
+        def plot_select(sig: str, evt: gr.SelectData) -> tuple:
+            lo, hi = evt.index if isinstance(evt.index, (list, tuple)) else (evt.index, evt.index)
+            return (*ins.render(ins.nearest_step((float(lo) + float(hi)) / 2), None, None, sig),
+                    gr.Tabs(selected="browse"))
+
+        for plot in plots:
+            plot.select(plot_select, signal_radio, browse_out + [tabs], api_visibility="private")
+    demo.inspector = ins  # type: ignore[attr-defined]  # for tests and scripting
+    return demo
+
+
+def launch(app_or_run_dir: gr.Blocks | str | os.PathLike[str], *, host: str = "127.0.0.1", port: int | None = None,
+           prevent_thread_lock: bool = False, quiet: bool = False, **kwargs: Any) -> tuple[Any, str, str]:
+    """Start the inspector: binds ``host`` (127.0.0.1 by default), serves files only from the run folder."""
+    app = app_or_run_dir if isinstance(app_or_run_dir, gr.Blocks) else build_app(app_or_run_dir)
+    ins: Inspector = app.inspector  # type: ignore[attr-defined]
+    return app.launch(server_name=host, server_port=port, allowed_paths=[str(ins.run_dir)],
+                      prevent_thread_lock=prevent_thread_lock, quiet=quiet, share=False, show_error=True,
+                      footer_links=["api"], **kwargs)
