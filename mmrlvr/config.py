@@ -115,7 +115,7 @@ class OptimConfig:
 class CreditConfig:
     scheme: str = _f("none", "token credit: none | entropy_topk | vepo | vppo | papo | rsi")
     params: dict[str, Any] = _f({}, "scheme parameters (see docs/credit.md), e.g. {alpha: 0.7, top_ratio: 0.2}")
-    perturbation: str = _f("gaussian", "perturbed image for the counterfactual pass: gaussian | zero | patch_blackout | blur")
+    perturbation: str | None = _f(None, "perturbed image for the counterfactual pass: gaussian | zero | patch_blackout | blur (None = the scheme's paper default)")
     perturbation_params: dict[str, Any] = _f({}, "perturbation parameters, e.g. {std: 1.0}")
     chunk_size: int = _f(256, "tokens per chunk for full-vocabulary signals (memory bound)")
 
@@ -319,16 +319,30 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def _merge_preset(data: dict[str, Any]) -> dict[str, Any]:
-    """Fill algo fields from ``algo.preset`` (explicit keys win)."""
+    """Fill algo fields from ``algo.preset`` (``mmrlvr.algos.presets``); keys the user wrote win."""
     algo = data.get("algo") or {}
     name = algo.get("preset")
     if not name:
         return data
-    from mmrlvr.algos.presets import PRESETS  # light module: plain dicts
+    from mmrlvr.algos.presets import PRESETS  # plain dicts, no torch work at import
 
     if name not in PRESETS:
         raise UserError(f"algo.preset: unknown preset {name!r}; known: {', '.join(sorted(PRESETS))}")
-    merged = {k: v for k, v in PRESETS[name].items() if k in {f.name for f in dataclasses.fields(AlgoConfig)}}
+    p = PRESETS[name]
+    lp = p.get("loss_params", {})
+    ov = p.get("overlong", {})
+    max_new = (data.get("rollout") or {}).get("max_new_tokens", RolloutConfig().max_new_tokens)
+    merged: dict[str, Any] = {
+        "advantage": p["advantage"], "loss": p["loss"], "agg": p["agg_mode"],
+        "kl_coef": p["kl_coef"], "kl_estimator": p["kl_estimator"],
+        "dynamic_sampling": p["dynamic_sampling"],
+        "mask_truncated": bool(ov.get("mask_truncated", False)),
+        "overlong_cache": int(round(ov.get("cache_fraction", 0.0) * max_new)) if ov.get("shaping") else 0,
+        "overlong_penalty": float(ov.get("penalty", 1.0)),
+    }
+    for key in ("eps_low", "eps_high", "dual_clip"):
+        if key in lp:
+            merged[key] = lp[key]
     merged.update(algo)
     data["algo"] = merged
     return data

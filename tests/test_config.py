@@ -79,6 +79,12 @@ def test_every_field_has_help():
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_configs_load(path):
+    """Every shipped config validates, and its rewards and credit scheme build with the given params."""
+    from mmrlvr.credit import build_scheme
+    from mmrlvr.rewards.combine import CombinedReward, RewardSpec
+
     cfg = load_config(path)
     assert cfg.max_steps > 0
     assert cfg.model.path
+    CombinedReward([RewardSpec(s.name, s.weight, dict(s.params)) for s in cfg.rewards])
+    build_scheme(cfg.credit.scheme, **cfg.credit.params)

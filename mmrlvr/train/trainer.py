@@ -185,9 +185,9 @@ class Trainer:
         return CombinedReward(specs)
 
     def _build_credit(self):
-        from mmrlvr.credit import CREDIT_SCHEMES
+        from mmrlvr.credit import build_scheme
 
-        return CREDIT_SCHEMES.get(self.cfg.credit.scheme)
+        return build_scheme(self.cfg.credit.scheme, **self.cfg.credit.params)
 
     # ------------------------------------------------------------------------------------------- loop
     def train(self) -> dict[str, Any]:
@@ -268,13 +268,15 @@ class Trainer:
         t0 = time.perf_counter()
         batch = self.engine.generate(samples, cfg.rollout.group_size, params, seed=cfg.seed, step=step)
         batch.timings.setdefault("generate_s", time.perf_counter() - t0)
+        batch.timings["step"] = step
         from mmrlvr.rewards.base import score_batch
 
         results = score_batch(self.reward, batch.completions, batch.samples)
         rewards = torch.tensor([r.score for r in results], dtype=torch.float32)
         rewards = rewards + self._overlong(batch)
         advantages = self.advantages(rewards, results, batch, step)
-        images_per_row = (batch.input_ids == self.vision_start_id).sum(dim=1).tolist()
+        # count images in the prompt part only: a response may itself contain a <|vision_start|> token
+        images_per_row = (batch.input_ids[:, :batch.prompt_length] == self.vision_start_id).sum(dim=1).tolist()
         vision = None
         if cfg.model.freeze_vision:
             vision = VisionFeatureCache(self.policy, batch.vision, images_per_row, cfg.rollout.group_size)
@@ -326,27 +328,27 @@ class Trainer:
         return adv
 
     def credit_pass(self, batch: RolloutBatch, advantages: torch.Tensor, weights: torch.Tensor, step: int):
-        """Per-token signals (one extra forward on the perturbed image when the scheme needs it) -> credit."""
-        from mmrlvr.credit import PERTURBATIONS, token_signals_from_model
+        """Per-token signals (plus one forward on the perturbed image when the scheme needs it) -> credit."""
+        from mmrlvr.credit import perturb_vision, token_signals_from_model
 
         cc = self.cfg.credit
         scheme = self.credit
         pert_inputs = None
-        if getattr(scheme, "needs_perturbed", False):
-            gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step)
-            perturb = PERTURBATIONS.get(cc.perturbation)
-            vision = dict(batch.vision)
-            vision["pixel_values"] = perturb(batch.vision["pixel_values"], batch.vision.get("image_grid_thw"),
-                                             generator=gen, processor=self.processor, **cc.perturbation_params)
+        if scheme.needs_perturbed:
+            name, params = scheme.perturbation or ("gaussian", {})
+            if cc.perturbation:
+                name, params = cc.perturbation, {}
+            params = {**params, **cc.perturbation_params}
+            vision = perturb_vision(batch.vision, name, seed=self.cfg.seed * 1_000_003 + step,
+                                    processor=self.processor, **params)
             pert_inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, **vision}
         with torch.no_grad():
             signals = token_signals_from_model(
                 self.policy, batch.model_inputs(), pert_inputs, batch.prompt_length, batch.response_ids,
-                batch.response_mask, old_logprobs=batch.old_logprobs, temperature=self.cfg.rollout.temperature,
-                chunk_size=cc.chunk_size,
+                batch.response_mask, chunk_size=cc.chunk_size, temperature=self.cfg.rollout.temperature,
+                old_logprobs=batch.old_logprobs,
             )
-        credit = scheme(signals, weights, advantages, **cc.params)
-        return signals, credit
+        return signals, scheme(signals, weights, advantages, old_logprobs=batch.old_logprobs)
 
     def _inputs(self, batch: RolloutBatch, vision: VisionFeatureCache | None, images_per_row: list[int],
                 rows: slice) -> dict[str, Any]:
@@ -395,6 +397,8 @@ class Trainer:
         global_den = self._global_sum(float(weights.sum() if per_token else batch.num_rows))
         norm_constant = float(cfg.rollout.max_new_tokens)
         self.model.train()
+        # NSR's random rescue is seeded per step so a resumed run draws the same noise
+        self._loss_generator = torch.Generator().manual_seed(self.cfg.seed * 7_919 + int(batch.timings.get("step", 0)))
         totals: dict[str, float] = {}
         for _epoch in range(a.epochs):
             slices = self._micro_slices(batch.num_rows)
@@ -411,7 +415,7 @@ class Trainer:
 
     def _micro_step(self, data: StepData, rows: slice, loss_fn, kl_fn, global_den: float, per_token: bool,
                     norm_constant: float) -> dict[str, float]:
-        from mmrlvr.algos import agg_loss
+        from mmrlvr.algos import agg_loss, call_policy_loss
 
         cfg, a, batch = self.cfg, self.cfg.algo, data.batch
         w = data.token_weights[rows]
@@ -419,8 +423,8 @@ class Trainer:
         logp, ent = token_logprobs(self.model, inputs, batch.response_ids[rows], cfg.rollout.temperature,
                                    with_entropy=True)
         mask = batch.response_mask[rows]
-        loss_tok, lstats = loss_fn(logp, batch.old_logprobs[rows], data.advantages[rows], w,
-                                   **self._loss_params())
+        loss_tok, lstats = call_policy_loss(a.loss, logp, batch.old_logprobs[rows], data.advantages[rows], w,
+                                            generator=self._loss_generator, **self._loss_params())
         kl_val = 0.0
         if kl_fn is not None:
             kl_tok = kl_fn(logp, data.ref_logprobs[rows])
@@ -450,7 +454,7 @@ class Trainer:
     def _loss_params(self) -> dict[str, Any]:
         a = self.cfg.algo
         params: dict[str, Any] = {"eps_low": a.eps_low, "eps_high": a.eps_high}
-        if a.loss == "ppo_clip":
+        if a.loss in ("ppo_clip", "nsr"):
             params["dual_clip"] = a.dual_clip
         return params
 
