@@ -181,10 +181,11 @@ def nsr_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: tor
     The paper's exact rule is not public; ours [ours]: a token PPO would clip (A > 0, r > b = 1+eps_high,
     or A < 0, r < a = 1-eps_low) gets a noisy ratio r' = r(1 - noise*u) resp. r(1 + noise*u), u ~ U(0,1).
     If r' falls back inside the range, the token is rescued with the gradient of the surrogate at r',
-    -A r' grad log pi, so a rescued gradient is never larger than at the boundary. On the upper side
-    P(rescue) = 1 - (1 - b/r)/noise: 1 at r = b (continuous with PPO) falling to 0 at r = b/(1-noise),
-    a soft clip confined to a band near the boundary; ``noise=1`` gives P = b/r and an expected
-    gradient b^2/(2r) A, the O(1/r^2) decay (in d/dr) METHODS quotes.
+    -A r' grad log pi, so a rescued gradient is never larger than that of a token inside the range.
+    On the upper side P(rescue) = 1 - (1 - b/r)/noise: 1 at r = b (continuous with PPO), 0 from
+    r = b/(1-noise) on: a soft clip confined to a band near the boundary. ``noise=1`` gives P = b/r and
+    an expected coefficient A b^2/(2r) on grad log pi, i.e. A b^2/(2r^2) per unit of ratio: the
+    O(1/r^2) gradient decay METHODS quotes.
     """
     _check_eps(eps_low, eps_high)
     if not 0 < noise <= 1:
