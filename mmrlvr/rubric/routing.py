@@ -1,0 +1,113 @@
+"""Route each criterion to a program or a judge, exposing only what each needs.
+
+* Program criteria (regex, number, choice, math, iou, json_field): ``verifiers.extract`` reads the
+  response alone, then ``verifiers.verify`` compares with the expected value (the only step that may read
+  the ground truth). Programs never see images.
+* Judge criteria: ``judge_request`` builds a ``JudgeRequest`` holding the criterion, the targeted section
+  of the response, the question (unless ``show_question: false``), the reference answer only with
+  ``show_reference: true``, and the images only with ``needs_image: true``.
+
+``evaluate`` runs a whole batch: programs inline, every judge request in one ``judge.judge_batch`` call
+(so an HTTP judge can run them concurrently and a local judge can batch them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Protocol, Sequence
+
+from mmrlvr.errors import DataError
+from mmrlvr.rubric import verifiers
+from mmrlvr.rubric.prompts import JudgeRequest
+from mmrlvr.rubric.schema import ANSWER_REF, CHECK_PARAMS, JUDGE_KIND, Check, Criterion, Rubric
+from mmrlvr.rubric.verdicts import ERROR, Verdict
+from mmrlvr.types import Sample
+
+PROGRAM, JUDGE = "program", "judge"
+
+
+class JudgeLike(Protocol):
+    identity: str
+
+    def judge_batch(self, requests: Sequence[JudgeRequest]) -> list[Verdict]: ...
+
+
+def route(criterion: Criterion) -> str:
+    """"program" when a deterministic verifier can decide the criterion, else "judge"."""
+    return PROGRAM if criterion.check.is_program else JUDGE
+
+
+def run_program(criterion: Criterion, response: str, sample: Sample | None) -> Verdict:
+    """Extract from the response alone, then verify against the expected value."""
+    check = criterion.check
+    extracted = verifiers.extract(check, response)  # no sample, no ground truth here
+    try:
+        expected = verifiers.expected_value(check, sample)
+        met, why = verifiers.verify(check, extracted, expected)
+    except ValueError as exc:
+        sid = sample.id if sample is not None else "?"
+        raise DataError(f"criterion {criterion.id!r} ({criterion.where}): {exc}", source=f"sample {sid}",
+                        field="answer") from None
+    return Verdict(met=met, rationale=why, source=f"program:{check.kind}")
+
+
+def judge_request(criterion: Criterion, response: str, sample: Sample | None) -> JudgeRequest:
+    """The minimal view of a sample a judge gets for one criterion."""
+    check = criterion.check
+    question = sample.question if (sample is not None and check.param("show_question")) else None
+    reference = None
+    if check.param("show_reference"):
+        if sample is None or sample.answer is None:
+            sid = sample.id if sample is not None else "?"
+            raise DataError(f"criterion {criterion.id!r} ({criterion.where}) has show_reference: true "
+                            "but the sample has no answer", source=f"sample {sid}", field="answer")
+        reference = str(sample.answer)
+    images = tuple(sample.images) if (sample is not None and criterion.needs_image) else ()
+    return JudgeRequest(criterion=criterion, response_part=verifiers.section(response, check.param("target")),
+                        question=question or None, reference=reference, images=images)
+
+
+def evaluate(rubrics: Sequence[Rubric], responses: Sequence[str], samples: Sequence[Sample | None],
+             judge: JudgeLike | None) -> list[list[Verdict]]:
+    """Verdicts for every (response, criterion): ``out[i][j]`` for response i and its rubric's criterion j.
+
+    Judge criteria need ``judge``; without one they are an error naming the criterion (a silent
+    unknown would quietly turn the rubric into its programmatic part).
+    """
+    out: list[list[Verdict | None]] = []
+    pending: list[tuple[int, int, JudgeRequest]] = []
+    for i, (rubric, response, sample) in enumerate(zip(rubrics, responses, samples)):
+        row: list[Verdict | None] = []
+        for j, crit in enumerate(rubric.criteria):
+            if route(crit) == PROGRAM:
+                row.append(run_program(crit, response, sample))
+            else:
+                if judge is None:
+                    raise DataError(f"criterion {crit.id!r} ({crit.where}) needs a judge but none is "
+                                    "configured (set the reward's `judge`, or `--judge` on the command line)")
+                pending.append((i, j, judge_request(crit, response, sample)))
+                row.append(None)
+        out.append(row)
+    if pending:
+        verdicts = judge.judge_batch([req for _, _, req in pending])  # type: ignore[union-attr]
+        for (i, j, _), verdict in zip(pending, verdicts):
+            out[i][j] = verdict
+    for row in out:
+        for j, v in enumerate(row):
+            if v is None:  # a judge that returned too few verdicts: unknown, not a pass
+                row[j] = Verdict(None, "judge returned no verdict", ERROR, getattr(judge, "identity", ""))
+    return out  # type: ignore[return-value]
+
+
+def judge_twin(criterion: Criterion) -> Criterion:
+    """The same criterion put to a judge (for agreement statistics on criteria a program decides).
+
+    The judge sees the program's target section, and the reference answer only when the program compares
+    with the ground truth (``expected: "{answer}"``) - the minimum it needs to decide the same property.
+    """
+    if not criterion.check.is_program:
+        return criterion
+    params = dict(CHECK_PARAMS[JUDGE_KIND][1])
+    params.update(target=criterion.check.param("target"),
+                  show_reference=criterion.check.params.get("expected") == ANSWER_REF)
+    return replace(criterion, check=Check(JUDGE_KIND, params))

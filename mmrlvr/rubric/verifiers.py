@@ -1,0 +1,201 @@
+"""Extractors and verifiers for programmatic criteria (the one adapter onto ``mmrlvr.rewards``).
+
+Minimal exposure is structural here: ``extract(check, response)`` receives the check and the response text
+and nothing else - no sample, no ground truth - so what it pulls out of the response cannot depend on the
+answer. ``verify(check, extracted, expected)`` then compares; ``expected_value(check, sample)`` is the only
+place that reads the sample's ground truth (for ``expected: "{answer}"``).
+
+Answer parsing (``<think>``/``<answer>`` splitting, ``\\boxed{}``, numbers, math equivalence) comes from
+``mmrlvr.rewards.parsing`` and ``mmrlvr.rewards.mathverify``; this module adapts them to rubric checks and
+adds only what rubrics need on top (targets, ``pick``, regex, JSON fields, option letters, box IoU).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from mmrlvr.rewards import parsing
+from mmrlvr.rewards.choice import extract_choice
+from mmrlvr.rewards.grounding import iou, parse_boxes
+from mmrlvr.rewards.mathverify import math_equal as _mv_math_equal
+from mmrlvr.rubric.schema import ANSWER_REF, Check
+from mmrlvr.types import Sample
+
+@dataclass(frozen=True)
+class Extracted:
+    """What an extractor found in the response: ``value`` (None = nothing usable) and a note why."""
+
+    value: Any
+    note: str = ""
+
+
+# ------------------------------------------------------------------------------------------- sections
+def split_think_answer(response: str) -> tuple[str, str]:
+    """(thinking, answer) of a response, through ``mmrlvr.rewards.parsing``.
+
+    thinking: the closed ``<think>`` block ("" without one). answer: the single ``<answer>`` block; when the
+    response uses ``<answer>`` tags but has no single usable block (two answers, unclosed, only inside the
+    thinking) the answer is "" - a hedged or broken answer is no answer. Without any ``<answer>`` tag: the
+    single final ``\\boxed{}``, else the text after ``</think>`` (or the whole response).
+    """
+    parsed = parsing.split_think_answer(response)
+    thinking = parsed.thinking or ""
+    if parsed.answer is not None:
+        return thinking, parsed.answer
+    if parsing.ANSWER_OPEN in response:
+        return thinking, ""
+    boxed = parsing.extract_final_answer(response, template="boxed")
+    if boxed is not None:
+        return thinking, boxed
+    return thinking, response.rsplit(parsing.THINK_CLOSE, 1)[-1].strip()
+
+
+def section(response: str, target: str) -> str:
+    """The part of the response a check looks at: "response" (all of it), "thinking" or "answer"."""
+    if target == "response":
+        return response
+    thinking, answer = split_think_answer(response)
+    return thinking if target == "thinking" else answer
+
+
+# ----------------------------------------------------------------------------------------- extraction
+def extract(check: Check, response: str) -> Extracted:
+    """Pull the value a program check needs out of the response alone (never sees the ground truth)."""
+    text = section(response, check.param("target"))
+    kind = check.kind
+    if kind == "regex":
+        flags = re.I if check.param("ignore_case") else 0
+        return Extracted(len(re.findall(check.param("pattern"), text, flags)))
+    if not text.strip():
+        return Extracted(None, f"empty {check.param('target')}")
+    if kind == "number":
+        return _pick_number(text, check.param("pick"))
+    if kind == "choice":
+        letter, problem = extract_choice(text)
+        return Extracted(letter, problem or "")
+    if kind == "math":
+        boxed = parsing.extract_boxed(text)
+        return Extracted(boxed[-1] if boxed else text.strip())
+    if kind == "iou":
+        boxes = list(dict.fromkeys(parse_boxes(text)))
+        if len(boxes) > 1:
+            return Extracted(None, f"{len(boxes)} different boxes: ambiguous answer")
+        return Extracted(boxes[0] if boxes else None, "" if boxes else "no box found")
+    if kind == "json_field":
+        obj = _first_json(text)
+        if obj is None:
+            return Extracted(None, "no JSON value found")
+        found, value = _dig(obj, check.param("field"))
+        return Extracted(value if found else None, "" if found else f"no field {check.param('field')!r}")
+    raise ValueError(f"not a program check: {kind}")
+
+
+def numbers_in(text: str) -> list[float]:
+    """The numbers a text states: the whole text as one number (+ unit) if it is one, else every number."""
+    value, _ = parsing.split_number_unit(text)
+    return [value] if value is not None else parsing.find_numbers(text)
+
+
+def _pick_number(text: str, pick: str) -> Extracted:
+    nums = numbers_in(text)
+    if not nums:
+        return Extracted(None, "no number found")
+    if pick == "only":
+        distinct = sorted({round(n, 9) for n in nums})
+        if len(distinct) > 1:
+            return Extracted(None, f"several different numbers {distinct[:5]}: ambiguous answer")
+        return Extracted(nums[0])
+    return Extracted(nums[-1] if pick == "last" else nums[0])
+
+
+def _first_json(text: str) -> Any:
+    fenced = re.search(r"```(?:json)?\s*(.*?)```", text, re.S)
+    candidates = [fenced.group(1)] if fenced else []
+    candidates.append(text)
+    decoder = json.JSONDecoder()
+    for cand in candidates:
+        for i, ch in enumerate(cand):
+            if ch in "{[":
+                try:
+                    return decoder.raw_decode(cand, i)[0]
+                except json.JSONDecodeError:
+                    continue
+    return None
+
+
+def _dig(obj: Any, dotted: str) -> tuple[bool, Any]:
+    for part in dotted.split("."):
+        if isinstance(obj, dict) and part in obj:
+            obj = obj[part]
+        elif isinstance(obj, list) and part.lstrip("-").isdigit() and -len(obj) <= int(part) < len(obj):
+            obj = obj[int(part)]
+        else:
+            return False, None
+    return True, obj
+
+
+# ---------------------------------------------------------------------------------------- verification
+def expected_value(check: Check, sample: Sample | None) -> Any:
+    """The check's expected value; ``"{answer}"`` reads the sample's ground truth (the only place that does)."""
+    expected = check.params.get("expected")
+    if expected != ANSWER_REF:
+        return expected
+    if sample is None or sample.answer is None:
+        raise ValueError('the check uses expected: "{answer}" but the sample has no answer')
+    if check.kind == "iou":
+        boxes = parse_boxes(str(sample.answer))
+        if not boxes:
+            raise ValueError(f"the sample's answer {sample.answer!r} is not a box [x1, y1, x2, y2]")
+        return boxes[0]
+    return sample.answer
+
+
+def verify(check: Check, extracted: Extracted, expected: Any) -> tuple[bool, str]:
+    """Compare an extracted value with the expected one: (met, rationale)."""
+    kind, value = check.kind, extracted.value
+    if kind == "regex":
+        need = check.param("min_count")
+        return value >= need, f"pattern found {value} time(s), need {need}"
+    if value is None and not (kind == "json_field" and expected is None and extracted.note == ""):
+        return False, extracted.note or "nothing extracted"
+    if kind == "number":
+        exp = numbers_in(str(expected))[0] if not isinstance(expected, (int, float)) else float(expected)
+        tol = check.param("tolerance") + check.param("rel_tolerance") * abs(exp)
+        return abs(value - exp) <= tol + 1e-12, f"extracted {value:g}, expected {exp:g} ± {tol:g}"
+    if kind == "choice":
+        exp = str(expected).strip().strip("()").upper()[:1]
+        return value == exp, f"extracted option {value}, expected {exp}"
+    if kind == "math":
+        ok = math_equal(str(expected), str(value))
+        return ok, f"extracted {str(value)[:80]!r} {'is' if ok else 'is not'} equivalent to {str(expected)[:80]!r}"
+    if kind == "iou":
+        score = iou(tuple(value), tuple(float(v) for v in expected))
+        tau = check.param("threshold")
+        return score >= tau, f"IoU {score:.3f} vs threshold {tau:g}"
+    if kind == "json_field":
+        if expected is None:
+            return True, f"field {check.param('field')!r} present"
+        return _json_equal(value, expected, check.param("tolerance")), f"field = {value!r}, expected {expected!r}"
+    raise ValueError(f"not a program check: {kind}")
+
+
+def math_equal(expected: str, predicted: str) -> bool:
+    """Equivalence through ``mmrlvr.rewards.mathverify`` (safe on any thread), else normalised text."""
+    if _mv_math_equal(predicted, expected).equal:
+        return True
+    return _norm(expected) == _norm(predicted)
+
+
+def _norm(s: str) -> str:
+    return re.sub(r"\s+", " ", parsing.normalize_answer(str(s)))
+
+
+def _json_equal(value: Any, expected: Any, tol: float) -> bool:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and isinstance(expected, (int, float)):
+        return abs(float(value) - float(expected)) <= tol + 1e-12
+    if isinstance(value, str) and isinstance(expected, (str, int, float)):
+        return _norm(value) == _norm(str(expected))
+    return value == expected
