@@ -90,12 +90,13 @@ class AlgoConfig:
     eps_low: float = _f(0.2, "lower clip range (ratio >= 1 - eps_low)")
     eps_high: float = _f(0.2, "upper clip range (DAPO clip-higher: 0.28)")
     dual_clip: float | None = _f(None, "dual-clip constant c for A < 0 (e.g. 3.0); None = off")
+    nsr_noise: float = _f(0.2, "NSR: relative noise of the stochastic rescue of near-boundary ratios")
     agg: str = _f("token-mean", "loss aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm")
     kl_coef: float = _f(0.0, "beta: weight of the KL penalty to the reference policy (0 = no reference pass)")
     kl_estimator: str = _f("k3", "KL estimator: k1 | k2 | k3")
     epochs: int = _f(1, "gradient passes over each rollout batch (>1 = off-policy steps with importance ratios)")
     micro_batch_size: int = _f(64, "rows per forward/backward (gradient accumulation over the rest)")
-    dynamic_sampling: bool = _f(False, "DAPO: drop groups whose rewards are all equal")
+    dynamic_sampling: bool = _f(False, "DAPO: drop groups whose rewards are all equal from the loss and its normaliser")
     mask_truncated: bool = _f(False, "DAPO: drop responses that hit max_new_tokens from the loss")
     overlong_cache: int = _f(0, "DAPO overlong shaping: penalise linearly in the last N tokens (0 = off)")
     overlong_penalty: float = _f(1.0, "DAPO overlong shaping: penalty at max length")
@@ -364,8 +365,8 @@ def validate(cfg: RunConfig, where: str = "config") -> RunConfig:
         raise bad("rollout.temperature", "must be > 0")
     if cfg.rollout.engine not in ("hf", "vllm"):
         raise bad("rollout.engine", f"unknown engine {cfg.rollout.engine!r}; known: hf, vllm")
-    if not 0 <= cfg.algo.eps_low < 1 or cfg.algo.eps_high < 0:
-        raise bad("algo.eps_low/eps_high", "need 0 <= eps_low < 1 and eps_high >= 0")
+    if not 0 <= cfg.algo.eps_low <= 1 or cfg.algo.eps_high < 0:
+        raise bad("algo.eps_low/eps_high", "need 0 <= eps_low <= 1 and eps_high >= 0 (CISPO: eps_low 1 = no lower bound)")
     if cfg.algo.dual_clip is not None and cfg.algo.dual_clip <= 1:
         raise bad("algo.dual_clip", "must be > 1 (e.g. 3.0) or null")
     if cfg.algo.epochs < 1 or cfg.algo.micro_batch_size < 1:

@@ -121,6 +121,7 @@ class HFEngine:
         eos = eos if eos is not None else self.tokenizer.eos_token_id
         self.eos_ids: list[int] = [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
         self.pad_id: int = int(self.tokenizer.pad_token_id)
+        self.banned_ids: list[int] = vision_token_ids(self.tokenizer)
 
     # -- prompts ---------------------------------------------------------------------------------------
     def encode_prompts(self, samples: list[Sample]) -> dict[str, Any]:
@@ -157,7 +158,7 @@ class HFEngine:
         """(response ids [n, l], log-probs [n, l]) for one chunk of rows."""
         device = next(self.model.parameters()).device
         inputs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
-        sampler = RowSampler(seeds, params, device=device)
+        sampler = RowSampler(seeds, params, device=device, banned_ids=self.banned_ids)
         out = self.model.generate(**inputs, generation_config=self._generation_config(params),
                                   logits_processor=LogitsProcessorList([sampler]))
         sequences = out if isinstance(out, torch.Tensor) else out.sequences

@@ -63,10 +63,14 @@ class RowSampler:
     replaces their token with padding); the engine masks those positions.
     """
 
-    def __init__(self, seeds: list[int], params: SamplingParams, device: torch.device | str = "cpu") -> None:
+    def __init__(self, seeds: list[int], params: SamplingParams, device: torch.device | str = "cpu",
+                 banned_ids: list[int] | None = None) -> None:
         if params.temperature <= 0:
             raise ValueError(f"temperature must be > 0 (use greedy=True for argmax), got {params.temperature}")
         self.params = params
+        # never sampled (vision placeholders: a response holding <|image_pad|> cannot be teacher-forced);
+        # like top-k/top-p, the ban shapes the draw but not the recorded full-vocabulary log-probs
+        self.banned_ids = list(banned_ids or [])
         gen_device = torch.device(device)
         if gen_device.type not in ("cpu", "cuda"):  # e.g. mps: draw the noise on the CPU
             gen_device = torch.device("cpu")
@@ -81,10 +85,14 @@ class RowSampler:
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         logits = scores.float() / self.params.temperature  # [N, V]
         logprobs = torch.log_softmax(logits, dim=-1)
+        allowed = logits
+        if self.banned_ids:
+            allowed = logits.clone()
+            allowed[:, self.banned_ids] = float("-inf")
         if self.params.greedy:
-            chosen = logits.argmax(dim=-1)  # [N]
+            chosen = allowed.argmax(dim=-1)  # [N]
         else:
-            filtered = filter_logits(logits, self.params.top_k, self.params.top_p)
+            filtered = filter_logits(allowed, self.params.top_k, self.params.top_p)
             noise = torch.stack([gumbel_noise(g, logits.shape[-1]) for g in self.generators]).to(logits.device)
             chosen = (filtered + noise).argmax(dim=-1)  # [N]; -inf + noise stays -inf
         self.tokens.append(chosen)

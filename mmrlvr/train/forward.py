@@ -30,13 +30,11 @@ def token_logprobs(model: torch.nn.Module, inputs: dict[str, Any], response_ids:
                    chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(o_t) [N, L] (and entropy H_t [N, L], detached) at the sampling temperature."""
     logits = response_logits(model, inputs, response_ids.shape[1])
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = logprobs_from_logits(logits, response_ids, chunk_size=chunk_size)
+    logp = logprobs_from_logits(logits, response_ids, temperature=temperature, chunk_size=chunk_size)
     ent = None
     if with_entropy:
         with torch.no_grad():
-            ent = entropy_from_logits(logits.detach())
+            ent = entropy_from_logits(logits.detach(), temperature=temperature, chunk_size=chunk_size)
     return logp, ent
 
 

@@ -54,6 +54,15 @@ class NonFiniteLoss(RuntimeError):
     pass
 
 
+def _agg_denominator(weights: torch.Tensor, mode: str) -> float:
+    """What ``agg_loss(mode)`` divides by for these [n, L] weights: tokens, live rows, or rows."""
+    if mode == "token-mean":
+        return float(weights.sum())
+    if mode == "seq-mean-token-mean":
+        return float((weights.sum(dim=1) > 0).sum())
+    return float(weights.shape[0])
+
+
 def load_plugins(plugins: list[str]) -> None:
     """Import user modules (``pkg.module``) or files (``path/to/rewards.py``) so their registrations run."""
     import importlib
@@ -285,6 +294,13 @@ class Trainer:
         if cfg.algo.mask_truncated:
             trunc = torch.tensor([c.finish_reason == "length" for c in batch.completions])
             weights[trunc] = 0.0
+        if cfg.algo.dynamic_sampling:
+            # DAPO: groups whose rewards are all equal leave the loss and its normaliser (not refilled:
+            # the step trains on the groups that carry signal)
+            from mmrlvr.algos import dynamic_sampling_filter
+
+            keep = dynamic_sampling_filter(rewards, batch.group_index)[batch.group_index]  # [N] bool
+            weights[~keep] = 0.0
         signals, extra_loss, credit_stats = None, None, {}
         if cfg.credit.scheme != "none":
             signals, credit = self.credit_pass(batch, advantages, weights, step)
@@ -319,13 +335,7 @@ class Trainer:
             task = rewards - cons_w * cons
             beta = beta_schedule(step, cc.beta_warmup_steps, cc.beta_decay_steps, cc.beta, cc.beta_min)
             return split_advantages(task, cons, batch.group_index, cc.alpha, beta)
-        adv = ADVANTAGES.get(self.cfg.algo.advantage)(rewards, batch.group_index)
-        if self.cfg.algo.dynamic_sampling:
-            from mmrlvr.algos import dynamic_sampling_filter
-
-            keep_group = dynamic_sampling_filter(rewards, batch.group_index)  # [B] bool
-            adv = adv * keep_group[batch.group_index].float()
-        return adv
+        return ADVANTAGES.get(self.cfg.algo.advantage)(rewards, batch.group_index)
 
     def credit_pass(self, batch: RolloutBatch, advantages: torch.Tensor, weights: torch.Tensor, step: int):
         """Per-token signals (plus one forward on the perturbed image when the scheme needs it) -> credit."""
@@ -376,7 +386,9 @@ class Trainer:
                 lp, _ = token_logprobs(model, self._inputs(batch, vision, images_per_row, rows),
                                        batch.response_ids[rows], self.cfg.rollout.temperature)
                 out.append(lp)
-        return torch.cat(out) * batch.response_mask
+        from mmrlvr.algos import zero_masked
+
+        return zero_masked(torch.cat(out), batch.response_mask > 0)
 
     def _global_sum(self, value: float) -> float:
         if self.accel.num_processes == 1:
@@ -392,9 +404,8 @@ class Trainer:
         batch, weights = data.batch, data.token_weights
         loss_fn = POLICY_LOSSES.get(a.loss)
         kl_fn = KL_ESTIMATORS.get(a.kl_estimator) if a.kl_coef > 0 else None
-        per_token = a.agg == "token-mean"
         # normaliser of the whole global batch, so micro-batches and processes add up to one mean
-        global_den = self._global_sum(float(weights.sum() if per_token else batch.num_rows))
+        global_den = self._global_sum(_agg_denominator(weights, a.agg))
         norm_constant = float(cfg.rollout.max_new_tokens)
         self.model.train()
         # NSR's random rescue is seeded per step so a resumed run draws the same noise
@@ -405,7 +416,7 @@ class Trainer:
             for i, rows in enumerate(slices):
                 sync = contextlib.nullcontext() if i == len(slices) - 1 else self.accel.no_sync(self.model)
                 with sync:
-                    stats = self._micro_step(data, rows, loss_fn, kl_fn, global_den, per_token, norm_constant)
+                    stats = self._micro_step(data, rows, loss_fn, kl_fn, global_den, a.agg, norm_constant)
                 for k, v in stats.items():
                     totals[k] = totals.get(k, 0.0) + v
             grad_norm = self._optimizer_step()
@@ -413,7 +424,7 @@ class Trainer:
         passes = a.epochs
         return {k: (v / passes if k in ("grad_norm", "loss", "kl", "policy_loss") else v) for k, v in totals.items()}
 
-    def _micro_step(self, data: StepData, rows: slice, loss_fn, kl_fn, global_den: float, per_token: bool,
+    def _micro_step(self, data: StepData, rows: slice, loss_fn, kl_fn, global_den: float, agg_mode: str,
                     norm_constant: float) -> dict[str, float]:
         from mmrlvr.algos import agg_loss, call_policy_loss
 
@@ -427,12 +438,12 @@ class Trainer:
                                             generator=self._loss_generator, **self._loss_params())
         kl_val = 0.0
         if kl_fn is not None:
-            kl_tok = kl_fn(logp, data.ref_logprobs[rows])
+            kl_tok = kl_fn(logp, data.ref_logprobs[rows], mask=mask)
             loss_tok = loss_tok + a.kl_coef * kl_tok
             kl_val = float((kl_tok.detach() * mask).sum())
         if data.extra_loss is not None:
             loss_tok = loss_tok + data.extra_loss[rows]
-        local_den = float(w.sum()) if per_token else float(rows.stop - rows.start)
+        local_den = _agg_denominator(w, agg_mode)
         loss = agg_loss(loss_tok, w, a.agg, norm_constant=norm_constant)
         # agg_loss normalises by this micro-batch; rescale to the global normaliser (times world size,
         # because DDP averages gradients over processes)
@@ -456,6 +467,8 @@ class Trainer:
         params: dict[str, Any] = {"eps_low": a.eps_low, "eps_high": a.eps_high}
         if a.loss in ("ppo_clip", "nsr"):
             params["dual_clip"] = a.dual_clip
+        if a.loss == "nsr":
+            params["noise"] = a.nsr_noise
         return params
 
     def _optimizer_step(self) -> float:
