@@ -103,6 +103,8 @@ _ANSWER_IS = (r"\banswer\b[^.?!\n\d]{0,24}?(?:\bis\b|=|:|\bwould\s+be\b|\bshould
               r"\bwill\s+be\b)\s*")
 _OPS_AFTER = r"(?!\s*[a-z]*\s*[-+*/×÷^·=]\s*[\w(\\])"  # "= 3 + 1" is not a conclusion, "= 3." is
 
+# "is it 3", "could the answer be 3": asking, recorded as a candidate but never asserted
+_QUESTION = r"\b(?:is|are|could|would|might|can)\s+(?:it|the\s+answer|that|this|there)\s+(?:be\s+)?"
 _HEDGE = re.compile(r"\b(?:maybe|perhaps|possibly|might|could|if|suppose|assume|assuming|whether|guess|"
                     r"not\s+sure|unsure|check|wonder)\b", re.I)
 _NEGATION = re.compile(r"\bnot\b|n't\b|\bnever\b", re.I)
@@ -132,6 +134,8 @@ _NUMBER_PATTERNS = [
                    r"count\s+(?:is|of)|total\s+(?:is|of))\s+(?:only\s+|exactly\s+)?(?P<v>" + NUM + ")"),
     _p("is", 0, r"\b(?:is|are|was|be)\s+(?:about\s+|approximately\s+|exactly\s+)?\$?(?P<v>" + NUM + ")"
        + _OPS_AFTER),
+    _p("about", 0, r"\b(?:about|approximately|around|roughly)\s+(?P<v>" + NUM + ")" + _OPS_AFTER),
+    _p("question", 0, _QUESTION + r"(?P<v>" + NUM + ")"),
 ]
 
 _LETTER = r"(?P<v>[A-J])"
@@ -169,6 +173,7 @@ _TEXT_PATTERNS = [
     _p("so", 1, _SO + r"[,:]?\s*(?:it\s+is|it's|they\s+are|this\s+is|that\s+is|the\s+\w+\s+is|the\s+\w+\s+are)\s+"
        + _CLAUSE_VALUE),
     _p("it_is", 0, r"\b(?:it\s+is|it's|this\s+is)\s+" + _CLAUSE_VALUE),
+    _p("question", 0, _QUESTION + _CLAUSE_VALUE),
 ]
 
 _PATTERNS = {"number": _NUMBER_PATTERNS, "choice": _CHOICE_PATTERNS, "math": _MATH_PATTERNS,
@@ -281,7 +286,8 @@ def candidates(thinking: str, kind: str, options: Any = None) -> list[Candidate]
         if cleaned is None:
             return
         v, sp = cleaned
-        cand = Candidate(v, sp, cue, tier, _is_asserted(thinking, cue_start, sp[0], sp[1]))
+        asserted = cue != "question" and _is_asserted(thinking, cue_start, sp[0], sp[1])
+        cand = Candidate(v, sp, cue, tier, asserted)
         old = found.get(sp)
         if old is None or old.tier < tier:
             found[sp] = cand

@@ -149,7 +149,7 @@ def build_answer_inputs(processor: Any, completions: Sequence[Completion], sampl
     """
     tok = _tokenizer(processor)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
-    rows, prefixes, answers, vision_rows = [], [], [], []
+    rows, prefixes, answers, token_rows, vision_rows = [], [], [], [], []
     for i, (c, s) in enumerate(zip(completions, samples)):
         parsed = parse_response(c.text, think_prefilled)
         if parsed.answer is None or parsed.answer_span is None:
@@ -164,10 +164,15 @@ def build_answer_inputs(processor: Any, completions: Sequence[Completion], sampl
         ans = tok(c.text[a0:a1], add_special_tokens=False)["input_ids"]
         if not ans:
             continue
+        length = enc["input_ids"].shape[1]
         rows.append(i)
         prefixes.append(enc["input_ids"][0])
         answers.append(torch.tensor(ans, dtype=torch.long))
-        vision_rows.append({k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask")})
+        # per-token extras ([1, P], e.g. mm_token_type_ids) are padded like input_ids; the rest is vision
+        token_rows.append({k: v[0] for k, v in enc.items() if k not in ("input_ids", "attention_mask")
+                           and torch.is_tensor(v) and v.dim() == 2 and tuple(v.shape) == (1, length)})
+        vision_rows.append({k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask")
+                            and k not in token_rows[-1]})
     if not rows:
         return AnswerBatch([], {}, torch.zeros(0, 0, dtype=torch.long), torch.zeros(0, 0), 0)
     P = max(len(p) for p in prefixes)
@@ -177,6 +182,8 @@ def build_answer_inputs(processor: Any, completions: Sequence[Completion], sampl
     attention = torch.zeros((n, P + A), dtype=torch.long)
     answer_ids = torch.full((n, A), pad_id, dtype=torch.long)
     answer_mask = torch.zeros((n, A))
+    token_keys = sorted({k for t in token_rows for k in t})
+    per_token = {k: torch.zeros((n, P + A), dtype=torch.long) for k in token_keys}
     for r, (p, a) in enumerate(zip(prefixes, answers)):
         input_ids[r, P - len(p):P] = p  # left-padded prefix
         attention[r, P - len(p):P] = 1
@@ -184,7 +191,10 @@ def build_answer_inputs(processor: Any, completions: Sequence[Completion], sampl
         attention[r, P:P + len(a)] = 1
         answer_ids[r, :len(a)] = a
         answer_mask[r, :len(a)] = 1.0
-    inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention}
+        for k, v in token_rows[r].items():  # the answer is text: zeros there (as RolloutBatch does)
+            per_token[k] = per_token[k].to(v.dtype)
+            per_token[k][r, P - len(p):P] = v
+    inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention, **per_token}
     keys = {k for v in vision_rows for k in v}
     for k in sorted(keys):  # the Qwen processors concatenate image patches / grids along dim 0
         parts = [v[k] for v in vision_rows if k in v]

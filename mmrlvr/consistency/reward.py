@@ -127,15 +127,17 @@ class ConsistencyReward:
             hook(model, step)
 
     # ---- scoring -----------------------------------------------------------------------------------
-    def __call__(self, completion: Completion, sample: Sample) -> RewardResult:
+    def __call__(self, completion: Completion | str, sample: Sample) -> RewardResult:
         if self.variant == "care":
             raise UserError("consistency variant 'care' compares rollouts within a group: score it with "
                             "score_batch(completions, samples) (mmrlvr.rewards.base.score_batch does)")
         return self.score_batch([completion], [sample])[0]
 
-    def score_batch(self, completions: Sequence[Completion], samples: Sequence[Sample]) -> list[RewardResult]:
+    def score_batch(self, completions: Sequence[Completion | str], samples: Sequence[Sample]) -> list[RewardResult]:
         if len(completions) != len(samples):
             raise ValueError(f"{len(completions)} completions for {len(samples)} samples")
+        # like the other rewards, accept plain strings (notebooks, tests)
+        completions = [Completion(c) if isinstance(c, str) else c for c in completions]
         analyses = [analyse(c, s, self.think_prefilled) for c, s in zip(completions, samples)]
         if isinstance(self.judge, RuleJudge):
             p = [None if a.agrees is None else float(a.agrees) for a in analyses]
