@@ -60,12 +60,16 @@ class _Block:
     close_end: int | None
 
 
-def _pair_blocks(text: str, kind: str, problems: list[str]) -> list[_Block]:
-    """Pair ``<kind>`` with the next ``</kind>``; record nesting, stray closes and unclosed opens."""
+def _pair_blocks(text: str, kind: str, problems: list[str], skip: list[Span] = ()) -> list[_Block]:
+    """Pair ``<kind>`` with the next ``</kind>``; record nesting, stray closes and unclosed opens.
+
+    Tags starting inside a ``skip`` region (the thinking) are ignored here: the thinking may talk about
+    tags without breaking the structure that follows it.
+    """
     blocks: list[_Block] = []
     current: _Block | None = None
     for m in _TAG_RE.finditer(text):
-        if m.group(2) != kind:
+        if m.group(2) != kind or any(s <= m.start() < e for s, e in skip):
             continue
         closing = m.group(1) == "/"
         if not closing:
@@ -108,8 +112,6 @@ def split_think_answer(text: str, think_prefilled: bool = False) -> ParsedRespon
         text = THINK_OPEN + text
         offset = len(THINK_OPEN)
     problems: list[str] = []
-    thinks = _pair_blocks(text, "think", problems)
-    answers = _pair_blocks(text, "answer", problems)
     n = len(text)
 
     def inner(b: _Block) -> Span:
@@ -118,22 +120,16 @@ def split_think_answer(text: str, think_prefilled: bool = False) -> ParsedRespon
     def outer(b: _Block) -> Span:
         return (b.open_start, b.close_end if b.close_end is not None else n)
 
+    thinks = _pair_blocks(text, "think", problems)
     think_regions = [outer(b) for b in thinks]  # an unclosed think swallows the rest of the text
-
-    def inside_think(b: _Block) -> bool:
-        return any(s <= b.open_start and b.open_start < e for s, e in think_regions)
-
+    if any(m.group(2) == "answer" and any(s <= m.start() < e for s, e in think_regions) for m in _TAG_RE.finditer(text)):
+        problems.append("answer_inside_think")
+    candidates = _pair_blocks(text, "answer", problems, skip=think_regions)
+    answers = candidates
     if not thinks:
-        problems.append("no_think")
+        problems.insert(0, "no_think")
     elif len(thinks) > 1:
-        problems.append("several_think")
-    candidates = []
-    for b in answers:
-        if inside_think(b):
-            if "answer_inside_think" not in problems:
-                problems.append("answer_inside_think")
-        else:
-            candidates.append(b)
+        problems.insert(0, "several_think")
     closed_thinks = [b for b in thinks if b.close_end is not None]
     if candidates and closed_thinks and candidates[0].open_start < closed_thinks[0].open_start:
         problems.append("answer_before_think")
