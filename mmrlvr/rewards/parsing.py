@@ -122,10 +122,11 @@ def split_think_answer(text: str, think_prefilled: bool = False) -> ParsedRespon
 
     thinks = _pair_blocks(text, "think", problems)
     think_regions = [outer(b) for b in thinks]  # an unclosed think swallows the rest of the text
-    if any(m.group(2) == "answer" and any(s <= m.start() < e for s, e in think_regions) for m in _TAG_RE.finditer(text)):
+    in_thinking = [m for m in _TAG_RE.finditer(text)
+                   if m.group(2) == "answer" and any(s <= m.start() < e for s, e in think_regions)]
+    if in_thinking:
         problems.append("answer_inside_think")
-    candidates = _pair_blocks(text, "answer", problems, skip=think_regions)
-    answers = candidates
+    candidates = _pair_blocks(text, "answer", problems, skip=think_regions)  # answer blocks after the thinking
     if not thinks:
         problems.insert(0, "no_think")
     elif len(thinks) > 1:
@@ -160,7 +161,7 @@ def split_think_answer(text: str, think_prefilled: bool = False) -> ParsedRespon
         think_span = (s + lead - offset, s + lead + len(thinking) - offset)
 
     # Whatever is not inside a tag pair must be whitespace.
-    covered = sorted([outer(b) for b in thinks] + [outer(b) for b in answers])
+    covered = sorted([outer(b) for b in thinks] + [outer(b) for b in candidates])
     pos, outside = 0, []
     for s, e in covered:
         if s > pos:
@@ -208,8 +209,8 @@ def locate_answer(text: str, template: str = "r1", think_prefilled: bool = False
     ``template="r1"``: the single ``<answer>`` block (see ``split_think_answer``); a ``\\boxed{}`` inside it
     is unwrapped. ``template="boxed"``: the ``\\boxed{}`` contents after the thinking (text after the last
     ``</think>``, or all of it when there is no thinking). ``template="raw"``: the whole text after the
-    thinking, stripped (for responses without answer tags). In every template, two *different* boxed answers mean
-    there is no single final answer (``"several_boxed"``) — a model must commit to one.
+    thinking, stripped (for responses without answer tags). In every template, two *different* boxed
+    answers mean there is no single final answer (``"several_boxed"``) — a model must commit to one.
     Format problems that still leave one answer (missing think block, text outside tags) are returned but
     do not withhold the answer: the ``format`` reward scores those.
     """
@@ -232,7 +233,7 @@ def locate_answer(text: str, template: str = "r1", think_prefilled: bool = False
         if template == "raw" and "\\boxed" not in region and "\\fbox" not in region:
             region = region.strip()
             return (region, problems) if region else (None, ["empty_answer"])
-    boxed = [b for b in extract_boxed(region)]
+    boxed = extract_boxed(region)
     if not boxed:
         problems.append("no_boxed" if "\\boxed" not in region and "\\fbox" not in region else "unclosed_boxed")
         return None, problems
