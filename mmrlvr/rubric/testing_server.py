@@ -19,6 +19,8 @@ so one server covers every case a judge must survive:
 ``garbage``     a well-formed completion whose content is random words (no verdict)
 ``badjson``     HTTP 200 whose body is not JSON
 ``refuse``      "I'm sorry, but I can't help with that."
+``mixed``       the mode named by a ``(mode: NAME)`` tag in the criterion text, else ``rule`` (one run,
+                several failure kinds)
 ==============  ===========================================================================================
 
 Any other model name uses ``default_mode``. Every request body is recorded in ``server.requests`` so tests
@@ -40,7 +42,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-MODES = ("model", "rule", "rule-json", "coin", "timeout", "error500", "flaky", "garbage", "badjson", "refuse")
+MODES = ("model", "rule", "rule-json", "coin", "timeout", "error500", "flaky", "garbage", "badjson", "refuse",
+         "mixed")
+_MODE_TAG_RE = re.compile(r"^CRITERION:.*\(mode: ([a-z0-9-]+)\)", re.M)
 
 _OPEN_RE = re.compile(r"<<<RESPONSE[^\n]*?>>>")
 _CLOSE = "<<<END RESPONSE"  # sloppy on purpose: any key, the first one wins
@@ -157,6 +161,9 @@ class JudgeServer:
     def _answer(self, h: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
         mode = body.get("model") if body.get("model") in MODES else self.default_mode
         text = _user_text(body)
+        if mode == "mixed":
+            tag = _MODE_TAG_RE.search(text)
+            mode = tag.group(1) if tag and tag.group(1) in MODES and tag.group(1) != "mixed" else "rule"
         if mode == "timeout":
             if self._stop.wait(self.timeout_delay):
                 return
