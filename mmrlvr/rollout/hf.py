@@ -100,6 +100,15 @@ def _slice_rows(vision: dict[str, Any], images_per_row: list[int], start: int, s
     return out
 
 
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+
+
+def vision_token_ids(tokenizer: Any) -> list[int]:
+    """Ids of the vision placeholder tokens this tokenizer has (never sampled in a response)."""
+    vocab = tokenizer.get_vocab()
+    return sorted(vocab[t] for t in VISION_TOKENS if t in vocab)
+
+
 class HFEngine:
     """``RolloutEngine`` over a transformers model + processor (see the module docstring).
 
