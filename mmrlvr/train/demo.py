@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def format_table(before: dict[str, Any], after: dict[str, Any]) -> str:
     """A short before -> after table of the eval metrics that both sides have."""
-    rows = [("greedy accuracy", "greedy_accuracy"), ("avg@k accuracy (T=1)", "avg@k"), ("pass@k", "pass@k"),
+    k = before.get("k", after.get("k", 8))
+    rows = [("greedy accuracy", "greedy_accuracy"), (f"avg@{k} accuracy (T=1)", f"avg@{k}"), (f"pass@{k}", f"pass@{k}"),
             ("format rate", "format_rate"), ("inconsistency rate", "inconsistency_rate"),
             ("rubric score", "rubric")]
     lines = [f"{'metric':<24}{'before':>10}{'after':>10}{'change':>10}"]

@@ -7,7 +7,7 @@ from pathlib import Path
 from mmrlvr.train.metrics import read_metrics
 
 PANELS = [
-    ("reward/mean", "reward"), ("accuracy", "train accuracy (T=1)"), ("eval/avg@k", "held-out avg@k"),
+    ("reward/mean", "reward"), ("accuracy", "train accuracy (T=1)"), ("eval/avg@8", "held-out avg@8 (T=1)"),
     ("eval/greedy_accuracy", "held-out greedy"), ("inconsistency_rate", "inconsistency rate"),
     ("response_length/mean", "response length"), ("kl", "KL to reference"),
     ("credit/selected_fraction", "credit: selected fraction"), ("reward/rubric", "rubric score"),

@@ -527,6 +527,7 @@ class Trainer:
                                   max_new_tokens=self.cfg.rollout.max_new_tokens, seed=self.cfg.seed,
                                   progress=self.cfg.progress and self.is_main)
         metrics = {f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))}
+        metrics["eval/accuracy"] = result["greedy_accuracy"]  # DESIGN.md's name for the headline number
         self.metrics.log(step, metrics)
         return result
 
