@@ -166,3 +166,19 @@ def test_split_number_unit(raw, expected):
 
 def test_find_numbers_lists_every_candidate():
     assert find_numbers("2 or 3, maybe 1,000 or -4.5") == [2.0, 3.0, 1000.0, -4.5]
+
+
+@pytest.mark.parametrize("text", [
+    "<think></think><answer>1</answer>" * 2000,   # 2000 answer blocks
+    "<think>" * 3000 + "</think>" * 3000,          # deep nesting
+    "\\boxed{" * 5000,                              # thousands of unclosed boxes (was quadratic)
+    "<think>" + "<answer>" * 5000,
+])
+def test_repetitive_hostile_responses_parse_quickly(text):
+    import time
+
+    t0 = time.perf_counter()
+    for template in ("r1", "boxed"):
+        assert extract_final_answer(text, template=template) is None
+    extract_final_answer(text, template="raw")  # raw takes whatever follows the last </think>
+    assert time.perf_counter() - t0 < 1.0  # measured ~0.04 s; the quadratic versions took 2.6 s and 20 s

@@ -15,6 +15,7 @@ Deliberately not here: option letters (``choice``), boxes (``grounding``) and ma
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -60,7 +61,19 @@ class _Block:
     close_end: int | None
 
 
-def _pair_blocks(text: str, kind: str, problems: list[str], skip: list[Span] = ()) -> list[_Block]:
+class _Regions:
+    """Sorted, non-overlapping spans with O(log n) membership (hostile responses repeat tags thousands of times)."""
+
+    def __init__(self, spans: list[Span]) -> None:
+        self.starts = [s for s, _ in spans]
+        self.ends = [e for _, e in spans]
+
+    def __contains__(self, pos: int) -> bool:
+        i = bisect.bisect_right(self.starts, pos) - 1
+        return i >= 0 and pos < self.ends[i]
+
+
+def _pair_blocks(text: str, kind: str, problems: list[str], skip: _Regions | None = None) -> list[_Block]:
     """Pair ``<kind>`` with the next ``</kind>``; record nesting, stray closes and unclosed opens.
 
     Tags starting inside a ``skip`` region (the thinking) are ignored here: the thinking may talk about
@@ -69,7 +82,7 @@ def _pair_blocks(text: str, kind: str, problems: list[str], skip: list[Span] = (
     blocks: list[_Block] = []
     current: _Block | None = None
     for m in _TAG_RE.finditer(text):
-        if m.group(2) != kind or any(s <= m.start() < e for s, e in skip):
+        if m.group(2) != kind or (skip is not None and m.start() in skip):
             continue
         closing = m.group(1) == "/"
         if not closing:
@@ -121,10 +134,8 @@ def split_think_answer(text: str, think_prefilled: bool = False) -> ParsedRespon
         return (b.open_start, b.close_end if b.close_end is not None else n)
 
     thinks = _pair_blocks(text, "think", problems)
-    think_regions = [outer(b) for b in thinks]  # an unclosed think swallows the rest of the text
-    in_thinking = [m for m in _TAG_RE.finditer(text)
-                   if m.group(2) == "answer" and any(s <= m.start() < e for s, e in think_regions)]
-    if in_thinking:
+    think_regions = _Regions([outer(b) for b in thinks])  # an unclosed think swallows the rest of the text
+    if any(m.group(2) == "answer" and m.start() in think_regions for m in _TAG_RE.finditer(text)):
         problems.append("answer_inside_think")
     candidates = _pair_blocks(text, "answer", problems, skip=think_regions)  # answer blocks after the thinking
     if not thinks:
@@ -188,19 +199,29 @@ def extract_boxed(text: str) -> list[str]:
     >>> extract_boxed(r"\\boxed{unclosed")
     []
     """
-    out: list[str] = []
-    for m in _BOXED_RE.finditer(text):
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            c = text[i]
-            if c == "\\" and i + 1 < len(text):  # skip escaped characters such as \{ and \}
-                i += 2
-                continue
-            depth += (c == "{") - (c == "}")
-            i += 1
-        if depth == 0:
-            out.append(text[m.end() : i - 1].strip())
-    return out
+    starts = [m.end() - 1 for m in _BOXED_RE.finditer(text)]  # index of each box's "{"
+    if not starts:
+        return []
+    closing = _matching_braces(text)
+    return [text[i + 1 : closing[i]].strip() for i in starts if i in closing]
+
+
+def _matching_braces(text: str) -> dict[int, int]:
+    """Index of each "{" -> its matching "}" in one pass (escaped \\{ \\} do not count)."""
+    stack: list[int] = []
+    match: dict[int, int] = {}
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and i + 1 < len(text) and text[i + 1] in "{}":
+            i += 2
+            continue
+        if c == "{":
+            stack.append(i)
+        elif c == "}" and stack:
+            match[stack.pop()] = i
+        i += 1
+    return match
 
 
 def locate_answer(text: str, template: str = "r1", think_prefilled: bool = False) -> tuple[str | None, list[str]]:
