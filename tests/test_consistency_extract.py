@@ -42,6 +42,10 @@ CASES = [
     ("x^2 = 4, so x = 2.", "math", "2", "2"),
     (r"The area is 12\pi. So the answer is \boxed{12\pi}.", "math", r"12\pi", r"12\pi"),
     ("Then y = 2x + 1, and the answer is y = 2x + 1", "math", "2x + 1", "2x + 1"),
+    (r"The area is $\frac{1}{2} \cdot 6 \cdot 4 = 12$ square units.", "math", "12", "12"),
+    (r"Using Pythagoras, $c = \sqrt{3^2 + 4^2} = 5$.", "math", "5", "5"),
+    ("So x = 180 - 40 - 60 = 80.", "number", "80", "80"),
+    ("Therefore, the correct choice is B.", "choice", "B", "B"),
     # boxes
     ("It is at [10, 20, 30, 40]. Actually it is at [12, 22, 30, 40].", "box", "[12, 22, 30, 40]",
      "[12, 22, 30, 40]"),

@@ -99,7 +99,7 @@ _CLAUSE_END = (r"(?=\s*(?:[.;!?](?:\s|$)|\n|,\s+(?:so|which|and|but|because|sinc
 _CLAUSE_VALUE = r"(?P<v>[^\n]{1,80}?)" + _CLAUSE_END
 _LINK = r"(?:is|are|was|were|equals|=|gives|get|got|have|has|be|becomes|comes\s+to)"
 _SO = r"\b(?:so|therefore|thus|hence|overall|altogether|in\s+total)\b"
-_ANSWER_IS = (r"\banswer\b[^.?!\n\d]{0,24}?(?:\bis\b|=|:|\bwould\s+be\b|\bshould\s+be\b|\bmust\s+be\b|"
+_ANSWER_IS = (r"\b(?:answer|(?:correct|right|best)\s+(?:choice|option))\b[^.?!\n\d]{0,24}?(?:\bis\b|=|:|\bwould\s+be\b|\bshould\s+be\b|\bmust\s+be\b|"
               r"\bwill\s+be\b)\s*")
 _OPS_AFTER = r"(?!\s*[a-z]*\s*[-+*/×÷^·=]\s*[\w(\\])"  # "= 3 + 1" is not a conclusion, "= 3." is
 
@@ -230,6 +230,9 @@ def _clean_value(kind: str, raw: str, span: tuple[int, int]) -> tuple[str, tuple
     if kind == "box":
         nums = re.findall(_BOX_NUM, value)
         value = "[" + ", ".join(nums) + "]"
+    if kind == "math" and "$" in value:  # "$x = 12$ square units": the math ends at the closing $
+        value = value[:value.index("$")].rstrip()
+        end = start + len(value)
     if kind in ("math", "text"):
         boxed = re.fullmatch(r"\\boxed\s*\{(.*)\}", value)
         if boxed:  # "the answer is \boxed{x}": the value is x

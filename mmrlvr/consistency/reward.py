@@ -34,13 +34,18 @@ blocks of ``group_size`` (the trainer passes its group size), else runs of equal
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from mmrlvr.consistency.analysis import RolloutAnalysis, analyse
-from mmrlvr.consistency.judges import ConsistencyJudge, RuleJudge, build_judge
 from mmrlvr.errors import UserError
 from mmrlvr.rewards.base import REWARDS
 from mmrlvr.types import Completion, RewardResult, Sample
+
+if TYPE_CHECKING:
+    from mmrlvr.consistency.analysis import RolloutAnalysis
+    from mmrlvr.consistency.judges import ConsistencyJudge
+
+# The consistency internals (analysis, judges) import mmrlvr.rewards; this module is imported *by*
+# mmrlvr.rewards to register the reward, so it imports them lazily and works in either import order.
 
 __all__ = ["ConsistencyReward", "VARIANTS", "DEFAULT_VARIANT", "group_indices"]
 
@@ -89,7 +94,7 @@ class ConsistencyReward:
     1.0
     """
 
-    def __init__(self, variant: str = DEFAULT_VARIANT, judge: str | ConsistencyJudge | None = None,
+    def __init__(self, variant: str = DEFAULT_VARIANT, judge: "str | ConsistencyJudge | None" = None,
                  judge_params: dict[str, Any] | None = None, *, think_credit: float = 0.5,
                  acc_threshold: float = 0.1, margin: float = 0.01, care_scale: float = 0.5,
                  verdict_threshold: float = 0.5, group_size: int | None = None,
@@ -98,6 +103,8 @@ class ConsistencyReward:
             raise UserError(f"consistency: unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
         if not 0.0 <= think_credit <= 1.0:
             raise UserError(f"consistency: think_credit must be in [0, 1], got {think_credit}")
+        from mmrlvr.consistency.judges import build_judge
+
         self.variant = variant
         params = dict(judge_params or {})
         if judge is None:
@@ -138,6 +145,9 @@ class ConsistencyReward:
             raise ValueError(f"{len(completions)} completions for {len(samples)} samples")
         # like the other rewards, accept plain strings (notebooks, tests)
         completions = [Completion(c) if isinstance(c, str) else c for c in completions]
+        from mmrlvr.consistency.analysis import analyse
+        from mmrlvr.consistency.judges import RuleJudge
+
         analyses = [analyse(c, s, self.think_prefilled) for c, s in zip(completions, samples)]
         if isinstance(self.judge, RuleJudge):
             p = [None if a.agrees is None else float(a.agrees) for a in analyses]
