@@ -178,22 +178,24 @@ class Inspector:
         other = next((r for r in others if r.sample_index == int(sample)), others[0])
         other_images = views.load_images(self.run_dir, other) or images
         right = views.draw_boxes(other_images[0], other,
-                                 caption=f"step {other_step} #{other.sample_index} r={views.fmt(other.reward, 2)}")
+                                 caption=f"step {other_step} #{other.sample_index} r={views.fmt(other.reward, 2)}",
+                                 caption_right=True)
         return (left, right)
 
     # -- filter -----------------------------------------------------------------------------------------
-    def run_filter(self, step_lo: float | None, step_hi: float | None, reward_lo: float | None,
-                   reward_hi: float | None, component: str | None, passed: str | None, adv_sign: str | None,
+    def run_filter(self, step_lo: str | float | None, step_hi: str | float | None, reward_lo: str | float | None,
+                   reward_hi: str | float | None, component: str | None, passed: str | None, adv_sign: str | None,
                    finish: list[str] | None, regex: str | None, order: str | None,
                    limit: float | None) -> tuple[str, pd.DataFrame]:
-        """(count line, table) for the Filter tab."""
+        """(count line, table) for the Filter tab. Empty bounds mean "no bound"."""
         self.reader.refresh()
         component = None if component in (None, "", ANY) else component
         passed_flag = {"pass": True, "fail": False}.get(passed or "")
         try:
             rows = self.reader.filter(
-                step_range=(_int_or_none(step_lo), _int_or_none(step_hi)),
-                reward_range=(reward_lo, reward_hi), component=component,
+                step_range=(_bound(step_lo, "step ≥", int), _bound(step_hi, "step ≤", int)),
+                reward_range=(_bound(reward_lo, "reward ≥", float), _bound(reward_hi, "reward ≤", float)),
+                component=component,
                 passed=passed_flag if component else None,
                 advantage_sign=None if adv_sign in (None, "", ANY) else adv_sign,
                 finish_reason=finish or None, regex=regex or None,
@@ -243,8 +245,15 @@ class Inspector:
         return views.nearest_step(self.reader.steps(), float(x))
 
 
-def _int_or_none(x: float | None) -> int | None:
-    return None if x is None else int(x)
+def _bound(x: str | float | None, name: str, kind: type) -> Any:
+    """'' / None -> None; otherwise the number (UserError naming the box when it is not one)."""
+    if x is None or (isinstance(x, str) and not x.strip()):
+        return None
+    try:
+        number = float(x)
+    except (TypeError, ValueError):
+        raise UserError(f"{name}: {x!r} is not a number") from None
+    return int(number) if kind is int else number
 
 
 def build_app(run_dir: str | os.PathLike[str], *, refresh_s: float = 5.0) -> gr.Blocks:
@@ -299,10 +308,11 @@ def build_app(run_dir: str | os.PathLike[str], *, refresh_s: float = 5.0) -> gr.
                         heat_html = gr.HTML(elem_id="mm-heatmap-hover")
             with gr.Tab("Filter", id="filter"):
                 with gr.Row():
-                    step_lo = gr.Number(label="step ≥", precision=0)
-                    step_hi = gr.Number(label="step ≤", precision=0)
-                    reward_lo = gr.Number(label="reward ≥")
-                    reward_hi = gr.Number(label="reward ≤")
+                    # text boxes, not gr.Number: an empty box must mean "no bound" (a Number sends 0)
+                    step_lo = gr.Textbox(label="step ≥", placeholder="any", elem_id="mm-step-lo")
+                    step_hi = gr.Textbox(label="step ≤", placeholder="any", elem_id="mm-step-hi")
+                    reward_lo = gr.Textbox(label="reward ≥", placeholder="any", elem_id="mm-reward-lo")
+                    reward_hi = gr.Textbox(label="reward ≤", placeholder="any", elem_id="mm-reward-hi")
                     limit = gr.Number(label="show at most", value=200, precision=0)
                 with gr.Row():
                     component_dd = gr.Dropdown([ANY] + ins.reader.components(), value=ANY, label="component")

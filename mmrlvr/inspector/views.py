@@ -402,8 +402,12 @@ def annotated_value(image: Image.Image, rec: RolloutRecord) -> tuple[tuple[Image
     return (image, annotations), colours
 
 
-def draw_boxes(image: Image.Image, rec: RolloutRecord, caption: str | None = None) -> Image.Image:
-    """A copy of ``image`` with GT (blue) and predicted (red) boxes drawn in, for the step slider."""
+def draw_boxes(image: Image.Image, rec: RolloutRecord, caption: str | None = None,
+               caption_right: bool = False) -> Image.Image:
+    """A copy of ``image`` with GT (cyan) and predicted (magenta) boxes drawn in, for the step slider.
+
+    The caption goes bottom-left (or bottom-right for the slider's right-hand image, whose left half the
+    slider covers)."""
     img = image.convert("RGB").copy()
     scale = display_scale(img.size)  # small training images: enlarge so lines and labels stay visible
     if scale > 1:
@@ -416,9 +420,10 @@ def draw_boxes(image: Image.Image, rec: RolloutRecord, caption: str | None = Non
         draw.rectangle([x1, y1, x2, y2], outline=PRED_COLOUR, width=2)
         if iou is not None:
             draw.text((x1 + 2, max(0, y1 - 11)), f"IoU {iou:.2f}", fill=PRED_COLOUR)
-    if caption:
-        draw.rectangle([0, 0, img.width, 12], fill=(255, 255, 255))
-        draw.text((2, 0), caption, fill=(0, 0, 0))
+    if caption:  # bottom-left: Gradio's component label covers the top-left corner
+        draw.rectangle([0, img.height - 14, img.width, img.height], fill=(255, 255, 255))
+        width = draw.textlength(caption)
+        draw.text((img.width - width - 3 if caption_right else 3, img.height - 13), caption, fill=(0, 0, 0))
     return img
 
 

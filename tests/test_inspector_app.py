@@ -1,0 +1,208 @@
+"""The launched inspector: every API endpoint through gradio_client, file serving over real HTTP, CLI."""
+
+from __future__ import annotations
+
+import os
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+from gradio_client import Client  # noqa: E402
+
+from mmrlvr.errors import UserError  # noqa: E402
+from mmrlvr.inspector import cli  # noqa: E402
+from mmrlvr.inspector.app import build_app, launch  # noqa: E402
+from mmrlvr.store import RolloutReader, RolloutWriter  # noqa: E402
+from mmrlvr.store.fake import HOSTILE_TEXT, make_fake_run  # noqa: E402
+
+# outputs of every Browse event, in order (see app.build_app: browse_out)
+STEP, GROUP, SAMPLE_RADIO, SAMPLE, CARDS, PROMPT, ANNOTATED, GALLERY, COMPARE, SLIDER, TA, REWARD, HEAT, HEAT_HTML = range(14)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str, Path]]:
+    run = make_fake_run(tmp_path_factory.mktemp("runs") / "demo", steps=3, groups=4, group_size=4,
+                        include_hostile=True)
+    app = build_app(run, refresh_s=3600)
+    _, url, _ = launch(app, port=free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        yield app, url, run
+    finally:
+        app.close()
+
+
+@pytest.fixture()
+def client(served: tuple[Any, str, Path]) -> Client:
+    return Client(served[1], verbose=False)
+
+
+def value(update: Any) -> Any:
+    return update["value"] if isinstance(update, dict) and "__type__" in update else update
+
+
+def test_launch_binds_loopback_only(served: tuple[Any, str, Path]) -> None:
+    app, url, _ = served
+    assert url.startswith("http://127.0.0.1:") and app.server_name == "127.0.0.1"
+
+
+def test_every_endpoint_is_named(client: Client) -> None:
+    names = set(client.view_api(print_info=False, return_format="dict")["named_endpoints"])
+    assert names == {"/render", "/select_step", "/select_group", "/select_sample", "/next_sample", "/prev_sample",
+                     "/next_group", "/prev_group", "/heatmap", "/compare", "/refresh", "/filter", "/history",
+                     "/metrics", "/goto_step"}
+
+
+def test_render_defaults_to_last_step_best_sample(client: Client, served: tuple[Any, str, Path]) -> None:
+    out = client.predict(None, None, None, "entropy", None, api_name="/render")
+    reader = RolloutReader(served[2])
+    assert value(out[STEP]) == 2 and value(out[GROUP]) == "p00000"
+    best = max(reader.group(2, "p00000"), key=lambda r: (r.reward, -r.sample_index))
+    assert value(out[SAMPLE]) == best.sample_index
+    assert "mm-card" in out[CARDS] and "How many" in out[PROMPT]
+    assert value(out[COMPARE]) == 1  # compare with the previous step by default
+    assert len(out[SLIDER]) == 2 and all(Path(p).is_file() for p in out[SLIDER])
+    assert [t["token"] for t in out[HEAT]] == best.response_tokens
+    assert all(-1 <= t["class_or_confidence"] <= 1 for t in out[HEAT])
+
+
+def test_select_step_group_and_sample(client: Client) -> None:
+    out = client.predict(0, "vision sensitivity", api_name="/select_step")
+    assert value(out[STEP]) == 0
+    out = client.predict(0, "p00001", "logprob", api_name="/select_group")
+    assert value(out[GROUP]) == "p00001"
+    ann = value(out[ANNOTATED])
+    labels = [a["label"] for a in ann["annotations"]]
+    assert any(lbl.startswith("pred 1 IoU ") for lbl in labels) and "gt 1" in labels
+    assert Path(ann["image"]["path"] if isinstance(ann["image"], dict) else ann["image"]).is_file()
+    out = client.predict(0, "p00000", 1, "entropy", None, api_name="/select_sample")
+    assert value(out[SAMPLE]) == 1
+    # the hostile response arrives escaped in the HTML panes and as plain tokens in the heatmap
+    assert "<script" not in out[TA] and "&lt;script&gt;" in out[TA]
+    assert "".join(t["token"] for t in out[HEAT]) == HOSTILE_TEXT
+
+
+def test_next_and_previous_sample_and_group(client: Client, served: tuple[Any, str, Path]) -> None:
+    reader = RolloutReader(served[2])
+    order = [r.sample_index for r in sorted(reader.group(1, "p00002"), key=lambda r: (-r.reward, r.sample_index))]
+    out = client.predict(1, "p00002", order[0], "ratio", api_name="/next_sample")
+    assert value(out[SAMPLE]) == order[1]
+    out = client.predict(1, "p00002", order[0], "ratio", api_name="/prev_sample")
+    assert value(out[SAMPLE]) == order[-1]  # wraps around
+    out = client.predict(1, "p00002", order[0], "ratio", api_name="/next_group")
+    assert value(out[GROUP]) == "p00003"
+    out = client.predict(1, "p00000", 0, "ratio", api_name="/prev_group")
+    assert value(out[GROUP]) == "p00003"
+
+
+def test_heatmap_and_compare(client: Client, served: tuple[Any, str, Path]) -> None:
+    rec = RolloutReader(served[2]).record(2, "p00001", 3)
+    heat, hover = client.predict(2, "p00001", 3, "credit weight", api_name="/heatmap")
+    # credit weights are 0/1 with peak 1: the scores are the weights themselves
+    assert [t["class_or_confidence"] for t in heat] == rec.token_credit_weight
+    assert "credit weight 1" in hover and 'class="mm-tok"' in hover
+    pair = client.predict(2, "p00001", 3, 0, api_name="/compare")
+    assert len(pair) == 2 and all(Path(p).is_file() for p in pair)
+
+
+def test_filter_endpoint(client: Client, served: tuple[Any, str, Path]) -> None:
+    reader = RolloutReader(served[2])
+    expected = reader.filter(step_range=(1, 2), reward_range=(0.5, None), advantage_sign="+")
+    count, table = client.predict("1", "2", "0.5", "", "(any)", "(any)", "+", [], "", "round robin", 200,
+                                  api_name="/filter")
+    assert count.startswith(f"{len(expected)} rollouts match")
+    rows = table["data"]
+    assert len(rows) == len(expected) and all(1 <= r[0] <= 2 and r[3] >= 0.5 and r[4] > 0 for r in rows)
+    count, table = client.predict("", "", "", "", "(any)", "(any)", "(any)", [], r"onerror=alert",
+                                  "step order", 10, api_name="/filter")
+    assert count.startswith("1 rollouts match") and table["data"][0][:3] == [0, "p00000", 1]
+    with pytest.raises(Exception, match="invalid regular expression"):
+        client.predict("", "", "", "", "(any)", "(any)", "(any)", [], "(", "step order", 10,
+                       api_name="/filter")
+
+
+def test_history_metrics_and_goto(client: Client) -> None:
+    title, table, plot = client.predict("p00001", api_name="/history")
+    assert "p00001" in title and [r[0] for r in table["data"]] == [0, 1, 2]
+    plots = client.predict(["reward/mean", "accuracy"], api_name="/metrics")
+    assert len(plots) == 6
+    first = value(plots[0])
+    assert len(first["data"]) == 3  # one point per step
+    out = client.predict(1.4, "entropy", api_name="/goto_step")
+    assert value(out[STEP]) == 1  # nearest step to 1.4
+
+
+def test_refresh_picks_up_a_new_step(served: tuple[Any, str, Path]) -> None:
+    app, url, run = served
+    client = Client(url, verbose=False)
+    records = RolloutReader(run).read_step(2)
+    for r in records:
+        r.step = 3
+    try:
+        with RolloutWriter(run, "demo") as w:
+            w.write_step(3, records)
+        header, steps, _, _ = client.predict(2, api_name="/refresh")
+        assert "4 step files" in header
+        assert [c[1] for c in steps["choices"]] == [0, 1, 2, 3] and steps["value"] == 2
+    finally:
+        (run / "rollouts" / "step-00000003.parquet").unlink()
+        app.inspector.reader.refresh()
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, b""
+
+
+def test_http_serves_only_the_run_folder(served: tuple[Any, str, Path], tmp_path: Path) -> None:
+    _, url, run = served
+    base = url.rstrip("/") + "/gradio_api/file="
+    image = next((run / "images").rglob("*.png"))
+    status, body = _get(base + str(image))
+    assert status == 200 and body[:4] == b"\x89PNG"
+    outside = tmp_path / "secret.txt"
+    outside.write_text("secret")
+    repo_file = Path(__file__).resolve()  # inside the working directory, but not in the run
+    link = run / "images" / "link.txt"  # a symlink inside the run that leads out of it
+    link.symlink_to(outside)
+    for path in ["../../etc/passwd", "/etc/passwd", str(outside), str(repo_file), str(link),
+                 str(run) + "/../../../etc/passwd", urllib.parse.quote("../../etc/passwd", safe="")]:
+        status, body = _get(base + path)
+        assert status in (403, 404), (path, status)
+        assert b"secret" not in body and b"root:" not in body
+    link.unlink()
+
+
+def test_cli_validates_arguments(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="does not exist"):
+        cli.main([str(tmp_path / "missing")])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="does not look like a run folder"):
+        cli.main([str(tmp_path / "empty")])
+    run = make_fake_run(tmp_path / "run", steps=1, groups=1, group_size=2)
+    with pytest.raises(UserError, match="--port"):
+        cli.main([str(run), "--port", "0"])
+    args = cli.parse_args([str(run)])
+    assert (args.host, args.port) == ("127.0.0.1", 7860)
+
+
+def test_cli_dispatch_reports_user_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from mmrlvr.cli import main
+
+    assert main(["inspect", str(tmp_path / "missing")]) == 2
+    assert "mmrlvr inspect: error: run folder" in capsys.readouterr().err

@@ -1,0 +1,113 @@
+"""A real headless Chromium drives the inspector: navigate to a sample, see boxes and heatmap, no XSS.
+
+Needs Debian's /usr/bin/chromium (skipped without it; never `playwright install`). Saves screenshots to
+tmp_path and, when MMRLVR_SCREENSHOT_DIR is set, there too.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"needs Debian's chromium at {CHROMIUM}"),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def save_shot(page, tmp_path: Path, name: str) -> Path:
+    path = tmp_path / name
+    page.screenshot(path=str(path), full_page=True)
+    extra = os.environ.get("MMRLVR_SCREENSHOT_DIR")
+    if extra:
+        Path(extra).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(extra) / name)
+    return path
+
+
+def test_browser_navigates_to_a_sample_with_boxes_and_heatmap(tmp_path: Path) -> None:
+    playwright = pytest.importorskip("playwright.sync_api")
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    from mmrlvr.inspector.app import build_app, launch
+    from mmrlvr.store.fake import make_fake_run
+
+    run = make_fake_run(tmp_path / "run", steps=3, groups=4, group_size=4, include_hostile=True)
+    app = build_app(run, refresh_s=3600)
+    _, url, _ = launch(app, port=free_port(), prevent_thread_lock=True, quiet=True)
+    dialogs: list[str] = []
+    try:
+        with playwright.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+                "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+            page.goto(url)
+            page.wait_for_selector("#mm-group-cards .mm-card", timeout=60_000)
+            assert page.locator("#mm-group-cards .mm-card").count() == 4
+
+            # keyboard: "n" moves to the next group (p00001, a grounding prompt with boxes)
+            page.keyboard.press("n")
+            page.wait_for_function(
+                "() => document.querySelector('#mm-group-cards code')?.textContent === 'p00001'", timeout=30_000)
+            legend = page.locator("#mm-annotated").inner_text(timeout=30_000)
+            assert "gt 1" in legend and "pred 1 IoU" in legend
+            # the annotated image and the step slider both show an image
+            page.wait_for_selector("#mm-annotated img", timeout=30_000)
+            assert page.locator("#mm-slider img").count() >= 1
+            # heatmap: every response token is a span with a colour
+            heat = page.locator("#mm-heatmap")
+            assert heat.locator("text=</answer>").count() >= 1 or "</answer>" in heat.inner_text()
+            # "j" moves to the next sample of the group
+            first = page.locator("#mm-group-cards .mm-card[style*='3px solid']").get_attribute("data-sample")
+            page.keyboard.press("j")
+            page.wait_for_function(
+                f"() => document.querySelector(\"#mm-group-cards .mm-card[style*='3px solid']\")"
+                f"?.getAttribute('data-sample') !== '{first}'", timeout=30_000)
+            shot = save_shot(page, tmp_path, "inspector_sample.png")
+            assert shot.stat().st_size > 10_000
+
+            # the hostile response (step 0, p00000, sample 1) is shown as text and runs nothing
+            page.locator("#mm-step input").fill("step 0")
+            page.locator("#mm-step input").press("Enter")
+            page.wait_for_function(
+                "() => document.querySelector('#mm-group-cards .mm-group-head')?.textContent.includes('step 0')",
+                timeout=30_000)
+            page.locator("#mm-sample label").filter(has_text="#1 ").first.click()
+            page.wait_for_function(
+                "() => document.querySelector('#mm-thinking-answer .mm-thinking')?.textContent.includes('alert')",
+                timeout=30_000)
+            thinking = page.locator("#mm-thinking-answer .mm-thinking").inner_text()
+            assert "<script>alert('x')</script>" in thinking and "<img src=x onerror=alert(1)>" in thinking
+            assert "${7*7} {{7*7}}" in thinking and "**bold?**" in thinking
+            assert page.locator("#mm-thinking-answer script, #mm-thinking-answer img").count() == 0
+            save_shot(page, tmp_path, "inspector_hostile.png")
+
+            # drill-down: selecting the right end of the reward/mean plot opens step 2 in Browse
+            page.get_by_role("tab", name="Metrics").click()
+            plot = page.locator("#mm-metric-0 canvas, #mm-metric-0 svg").first
+            plot.wait_for(timeout=30_000)
+            box = plot.bounding_box()
+            y = box["y"] + box["height"] * 0.5
+            page.mouse.move(box["x"] + box["width"] * 0.75, y)
+            page.mouse.down()
+            page.mouse.move(box["x"] + box["width"] * 0.97, y, steps=8)
+            page.mouse.up()
+            page.wait_for_function(
+                "() => document.querySelector('#mm-group-cards .mm-group-head')?.textContent.includes('step 2')",
+                timeout=30_000)
+            assert page.get_by_role("tab", name="Browse").get_attribute("aria-selected") == "true"
+            browser.close()
+    finally:
+        app.close()
+    assert dialogs == []  # no alert() ever ran
