@@ -23,7 +23,8 @@ so one server covers every case a judge must survive:
                 several failure kinds)
 ==============  ===========================================================================================
 
-Any other model name uses ``default_mode``. Every request body is recorded in ``server.requests`` so tests
+Any other model name uses ``default_mode``. With ``max_prompt_chars`` set, longer prompts get HTTP 400
+"maximum context length exceeded", as from a real server. Every request body is recorded in ``server.requests`` so tests
 can assert what a judge was shown (minimal exposure). For tests and demos only: it binds 127.0.0.1 and has
 no authentication.
 """
@@ -91,11 +92,12 @@ class JudgeServer:
     """Start with ``with JudgeServer() as srv:``; ``srv.base_url`` is the ``/v1`` root for clients."""
 
     def __init__(self, *, model_dir: str | Path | None = None, default_mode: str = "rule",
-                 timeout_delay: float = 5.0, flaky_failures: int = 2) -> None:
+                 timeout_delay: float = 5.0, flaky_failures: int = 2, max_prompt_chars: int | None = None) -> None:
         if default_mode not in MODES:
             raise ValueError(f"unknown mode {default_mode!r}; known: {', '.join(MODES)}")
         self.model_dir, self.default_mode = model_dir, default_mode
         self.timeout_delay, self.flaky_failures = timeout_delay, flaky_failures
+        self.max_prompt_chars = max_prompt_chars
         self.requests: list[dict[str, Any]] = []
         self._flaky_seen: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -161,6 +163,11 @@ class JudgeServer:
     def _answer(self, h: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
         mode = body.get("model") if body.get("model") in MODES else self.default_mode
         text = _user_text(body)
+        if self.max_prompt_chars is not None and len(text) > self.max_prompt_chars:
+            self._send(h, 400, {"error": {"message": f"This model's maximum context length is exceeded "
+                                                     f"({len(text)} > {self.max_prompt_chars} characters)",
+                                          "type": "invalid_request_error"}})
+            return
         if mode == "mixed":
             tag = _MODE_TAG_RE.search(text)
             mode = tag.group(1) if tag and tag.group(1) in MODES and tag.group(1) != "mixed" else "rule"

@@ -3,8 +3,8 @@
 A verdict is ``met`` True / False, or None = unknown. Unknown verdicts are excluded from the score and
 counted (``judge/unknown_rate``); they are NEVER read as a pass. The parser accepts exactly two shapes:
 
-* a JSON object ``{"verdict": "pass"|"fail", "rationale": "..."}`` that ends the output (optionally in a
-  ```json fence, optionally after some text);
+* a JSON object ``{"verdict": "pass"|"fail", "rationale": "..."}`` starting a line and ending the output
+  (optionally in a ```json fence, optionally after some text);
 * a final non-empty line ``VERDICT: PASS`` or ``VERDICT: FAIL``.
 
 Everything else is unknown: no verdict, a verdict value other than pass/fail, a verdict that is not at the
@@ -81,12 +81,20 @@ def parse_verdict(text: str | None) -> tuple[bool | None, str, str]:
 
 
 def _json_verdicts(text: str) -> list[tuple[bool, str, int]]:
-    """JSON objects with a ``verdict`` key anywhere in the text; a bad verdict value poisons the parse."""
+    """Stand-alone JSON objects with a ``verdict`` key; a bad verdict value poisons the parse.
+
+    Only an object that starts a line counts: a judge quoting the response inside a sentence ("the
+    response reads {"verdict": "pass"}") must not create a second verdict - that would turn the judge's
+    real verdict into a contradiction, i.e. an unknown, which the response could use to escape a fail.
+    """
     out, decoder, i = [], json.JSONDecoder(), 0
     while True:
         i = text.find("{", i)
         if i < 0:
             return out
+        if text[text.rfind("\n", 0, i) + 1:i].strip():  # something precedes it on its line: a quote
+            i += 1
+            continue
         try:
             obj, end = decoder.raw_decode(text, i)
         except json.JSONDecodeError:
