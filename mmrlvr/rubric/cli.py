@@ -54,7 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     pv.add_argument("file", metavar="FILE", help="rubric YAML, or - for the sample's own rubric")
     pv.add_argument("--data", required=True, help="dataset (folder, Parquet, JSON/JSONL) as for training")
     pv.add_argument("--sample", type=int, default=0, metavar="ROW", help="row index (default 0)")
-    pv.add_argument("--response", help="response text to preview with (default: the row's solution)")
+    pv.add_argument("--response", help="response text to preview with (default: the row's solution, else a "
+                                       "placeholder)")
     pv.add_argument("--max-chars", type=int, default=8000, help="judge's max_response_chars (default 8000)")
 
     for name, helptext in (("score", "score responses: a per-criterion table"),
@@ -109,7 +110,10 @@ def _preview(args: argparse.Namespace) -> int:
 
     sample = _load_data(args.data, args.sample + 1)[args.sample]
     rubric = _rubrics(args.file, [sample], first_row=args.sample)[0]
-    response = args.response if args.response is not None else str(sample.meta.get("solution") or "")
+    response = args.response if args.response is not None else sample.meta.get("solution")
+    if response is None:
+        response = "<think>(the reasoning)</think><answer>(the answer)</answer>"
+        print("note: the row has no solution column and no --response was given; previewing a placeholder")
     print(f"rubric {rubric.name!r} ({rubric.source}): {summary(rubric)}")
     print(f"sample row {args.sample} (id {sample.id}); response ({len(response)} chars):\n{response}\n")
     for k, crit in enumerate(rubric.criteria, 1):
