@@ -1,0 +1,103 @@
+"""Evaluate a policy on Samples: greedy accuracy, avg@k and pass@k at a temperature, format rate.
+
+avg@k (the MathVista / EasyR1 protocol, METHODS.md §6) is the mean accuracy over k samples per prompt at
+temperature T; pass@k is the fraction of prompts with at least one correct sample among the k. Both come
+from the same k draws. Greedy accuracy is one argmax decode per prompt.
+
+The judge is pluggable: ``judge(completion_text, sample) -> (correct, formatted)``. The default is the
+strict R1 format ``<think>...</think><answer>X</answer>`` with X matched to ``sample.answer`` after light
+normalisation (case, spaces, trailing period, numbers compared as numbers). Reward-grade verifiers
+(math-verify, IoU for boxes) plug in the same way.
+
+Runs through any ``RolloutEngine``; ``batch_size`` counts response rows per ``generate`` call.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Callable
+
+from tqdm.auto import tqdm
+
+from mmrlvr.rollout.base import RolloutEngine, SamplingParams
+from mmrlvr.types import Sample
+
+Judge = Callable[[str, Sample], "tuple[bool, bool]"]
+
+R1_PATTERN = re.compile(r"^\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>\s*$", re.DOTALL)
+
+
+def normalise_answer(text: str) -> str:
+    """Lower-case, collapse spaces, drop a trailing period and spaces inside brackets; numbers canonical.
+
+    >>> normalise_answer(" Red. "), normalise_answer("2.0"), normalise_answer("[1,  2, 3 ,4]")
+    ('red', '2', '[1,2,3,4]')
+    """
+    t = " ".join(text.strip().lower().split()).rstrip(".").strip()
+    t = re.sub(r"\s*([\[\],()])\s*", r"\1", t)
+    try:
+        value = float(t)
+    except ValueError:
+        return t
+    if math.isfinite(value) and value == int(value):
+        return str(int(value))
+    return repr(value)
+
+
+def r1_judge(completion: str, sample: Sample) -> tuple[bool, bool]:
+    """(correct, formatted) under the strict R1 format; no answer is correct without the format."""
+    match = R1_PATTERN.match(completion)
+    if match is None:
+        return False, False
+    if sample.answer is None:
+        return False, True
+    return normalise_answer(match.group(2)) == normalise_answer(sample.answer), True
+
+
+def _batches(items: list[Sample], size: int) -> list[list[Sample]]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def evaluate(engine: RolloutEngine, samples: list[Sample], *, k: int = 8, temperature: float = 1.0,
+             max_new_tokens: int = 64, seed: int = 0, judge: Judge | None = None, batch_size: int = 32,
+             progress: bool = True) -> dict[str, Any]:
+    """Metrics over ``samples`` (each value in [0, 1] except the counts).
+
+    Returns ``{"n", "k", "greedy_accuracy", "greedy_format_rate", f"avg@{k}", f"pass@{k}", "format_rate"}``
+    (``format_rate`` over the k sampled responses). ``k=0`` skips sampling.
+    """
+    if not samples:
+        raise ValueError("evaluate() needs at least one sample")
+    judge = judge or r1_judge
+    greedy_batches = _batches(samples, max(1, batch_size))
+    sampled_batches = _batches(samples, max(1, batch_size // max(k, 1))) if k > 0 else []
+    bar = tqdm(total=len(greedy_batches) + len(sampled_batches), desc="eval", unit="batch", disable=not progress,
+               leave=False)
+    greedy_correct = greedy_formatted = 0
+    for batch in greedy_batches:
+        out = engine.generate(batch, 1, SamplingParams(max_new_tokens=max_new_tokens, greedy=True), seed=seed, step=0)
+        for completion, sample in zip(out.completions, out.samples):
+            correct, formatted = judge(completion.text, sample)
+            greedy_correct += int(correct)
+            greedy_formatted += int(formatted)
+        bar.update(1)
+    n = len(samples)
+    result: dict[str, Any] = {"n": n, "k": k, "greedy_accuracy": greedy_correct / n,
+                              "greedy_format_rate": greedy_formatted / n}
+    if k > 0:
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
+        acc_sum = passed = formatted_sum = 0.0
+        for batch in sampled_batches:
+            out = engine.generate(batch, k, params, seed=seed, step=0)
+            verdicts = [judge(c.text, s) for c, s in zip(out.completions, out.samples)]
+            for g in range(len(batch)):
+                group = verdicts[g * k:(g + 1) * k]
+                hits = sum(int(c) for c, _ in group)
+                acc_sum += hits / k
+                passed += float(hits > 0)
+                formatted_sum += sum(int(f) for _, f in group) / k
+            bar.update(1)
+        result.update({f"avg@{k}": acc_sum / n, f"pass@{k}": passed / n, "format_rate": formatted_sum / n})
+    bar.close()
+    return result
