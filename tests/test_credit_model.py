@@ -81,6 +81,15 @@ def test_hidden_path_equals_full_logits(batch, processor):
     torch.testing.assert_close(s2.jsd, full.jsd, atol=1e-5, rtol=1e-4)
     states, head = final_hidden_states(model, inputs)
     assert states.shape == (4, 16, 32) and head is model.lm_head
+    # sampled-only (VPPO / PAPO): only the perturbed pass runs; logq is the same, no clean-side signals
+    cheap = token_signals_from_model(model, None, pert, P, resp, mask, distribution=False,
+                                     old_logprobs=full.logp)
+    assert cheap.entropy is None and cheap.logp is None and cheap.jsd is None
+    torch.testing.assert_close(cheap.logq, full.logq, atol=1e-5, rtol=1e-4)
+    a = CREDIT_SCHEMES.get("vppo")(cheap, mask, torch.ones(4))
+    b = CREDIT_SCHEMES.get("vppo")(full, mask, torch.ones(4))
+    torch.testing.assert_close(a.adv_scale, b.adv_scale, atol=1e-4, rtol=1e-4)
+    assert "credit/entropy_topk_jaccard" not in a.stats
 
 
 def test_model_that_ignores_the_image(batch, processor):
@@ -116,3 +125,35 @@ def test_peft_wrapped_model_keeps_lora_active(batch):
     with lora.disable_adapter():
         base = token_signals_from_model(lora, inputs, None, P, resp, mask)
     assert not torch.allclose(base.logp, s.logp, atol=1e-4)  # the adapter really changed the policy
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_vision_tower_once_per_distinct_image_is_exact(family):
+    """G rows of a prompt share its image: the perturbed pass runs the vision tower once per distinct
+    image (mm_encoder_outputs) and must give exactly the hidden states of the plain call."""
+    from mmrlvr.credit.perturb import PatchLayout
+    from mmrlvr.credit.signals import _distinct_image_inputs
+    from mmrlvr.models.tiny import MODEL_CLASSES, build_tokenizer, make_config, make_processor
+
+    tok = build_tokenizer()
+    config = make_config(family, tok)
+    torch.manual_seed(0)
+    model = MODEL_CLASSES[family](config).eval()
+    ip = make_processor(family, tok, config).image_processor
+    rng = np.random.RandomState(1)
+    side = 2 * ip.patch_size * 2  # 2x2 merged tokens
+    imgs = [Image.fromarray(rng.randint(0, 256, (side, side, 3), dtype=np.uint8)) for _ in range(2)]
+    vis = ip([imgs[0], imgs[0], imgs[1], imgs[1]], return_tensors="pt")  # 2 prompts x G = 2
+    prompt = [5, config.vision_start_token_id] + [config.image_token_id] * 4 + [config.vision_end_token_id, 7]
+    ids = torch.cat([torch.tensor([prompt] * 4), torch.randint(20, 200, (4, 5))], 1)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+              "mm_token_type_ids": (ids == config.image_token_id).int(), **vis}  # Qwen2-VL asks for it
+    pert = {**inputs, **perturb_vision(inputs, "gaussian", seed=0, processor=ip)}
+    # identical images got the identical perturbation; different images different noise
+    blocks = torch.split(pert["pixel_values"], vis["image_grid_thw"].prod(-1).tolist())
+    assert torch.equal(blocks[0], blocks[1]) and torch.equal(blocks[2], blocks[3])
+    assert PatchLayout.from_processor(ip).patch_size == ip.patch_size
+    assert _distinct_image_inputs(model.model, pert) is not None  # the fast path is taken
+    fast, _ = final_hidden_states(model, pert)
+    plain, _ = final_hidden_states(model, pert, dedupe_images=False)
+    torch.testing.assert_close(fast, plain, atol=1e-5, rtol=1e-5)

@@ -161,3 +161,14 @@ def test_wrong_layout_is_a_clear_error(processed):
     qwen3 = PatchLayout(patch_size=16, image_mean=(0.5,) * 3, image_std=(0.5,) * 3)
     with pytest.raises(UserError, match="expected"):
         PERTURBATIONS.get("gaussian")(pv, grid, layout=qwen3)
+
+
+def test_distinct_images_groups_copies(processed):
+    from mmrlvr.credit.perturb import distinct_images
+
+    pv, grid = processed  # two different images a, b
+    blocks = torch.split(pv, grid.prod(-1).tolist())
+    order = [0, 0, 1, 0, 1]  # a a b a b
+    pv5 = torch.cat([blocks[i] for i in order])
+    unique, source = distinct_images(pv5, grid[order])
+    assert unique == [0, 2] and source == [0, 0, 1, 0, 1]

@@ -177,3 +177,12 @@ def test_sampled_only_mode_reads_logq_without_distributions(batch):
     cheap = token_signals(lp, lq, ids, mask, distribution=False)
     assert cheap.jsd is None and cheap.entropy_shift is None
     assert torch.equal(cheap.logq, full.logq) and torch.equal(cheap.entropy, full.entropy)
+
+
+def test_clean_pass_may_be_skipped_only_for_sampled_only(batch):
+    lp, lq, ids, mask = batch
+    s = token_signals(None, lq, ids, mask, distribution=False)
+    assert s.entropy is None and s.logp is None
+    torch.testing.assert_close(s.logq, token_signals(lp, lq, ids, mask).logq)
+    with pytest.raises(UserError, match="clean pass"):
+        token_signals(None, lq, ids, mask)

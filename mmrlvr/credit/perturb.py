@@ -256,13 +256,51 @@ def gaussian_blur(pixel_values: torch.Tensor, grid_thw: torch.Tensor, *, generat
     return pv.to(pixel_values.dtype)
 
 
+def distinct_images(pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[list[int], list[int]]:
+    """Find identical images in a batch (the G rollouts of a prompt carry G copies of its image).
+
+    pixel_values: [num_patches, D]; grid_thw: [n, 3]. Returns (unique, source): ``unique`` lists the index
+    of the first copy of every distinct image, ``source[i]`` the position in ``unique`` of image i's
+    content. Candidates are bucketed by grid and two cheap sums, then confirmed with ``torch.equal``."""
+    sizes = grid_thw.prod(-1).tolist()
+    blocks = torch.split(pixel_values, sizes)
+    buckets: dict[tuple, list[int]] = {}
+    unique: list[int] = []
+    source: list[int] = []
+    for i, block in enumerate(blocks):
+        key = (tuple(grid_thw[i].tolist()), float(block.sum()), float(block[::7].sum()))
+        for u in buckets.get(key, []):
+            if torch.equal(blocks[unique[u]], block):
+                source.append(u)
+                break
+        else:
+            buckets.setdefault(key, []).append(len(unique))
+            source.append(len(unique))
+            unique.append(i)
+    return unique, source
+
+
+def _per_distinct(fn: Perturbation, pv: torch.Tensor, grid: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    """Apply ``fn`` once per distinct image and copy the result to every copy of that image."""
+    unique, source = distinct_images(pv, grid)
+    if len(unique) == grid.shape[0]:
+        return fn(pv, grid, **kwargs)
+    blocks = torch.split(pv, grid.prod(-1).tolist())
+    sub = fn(torch.cat([blocks[i] for i in unique]), grid[unique], **kwargs)
+    sub_blocks = torch.split(sub, grid[unique].prod(-1).tolist())
+    return torch.cat([sub_blocks[u] for u in source])
+
+
 def perturb_vision(vision: dict[str, Any], name: str, *, seed: int, layout: PatchLayout | None = None,
                    processor: Any = None, **params: Any) -> dict[str, Any]:
     """Return a copy of the model's vision inputs with ``pixel_values`` (and ``pixel_values_videos``)
     perturbed by the registered perturbation ``name``; every other entry is passed through unchanged.
 
     vision: e.g. ``RolloutBatch.vision`` = {"pixel_values": [n, C*Tp*P*P], "image_grid_thw": [k, 3], ...}.
-    The same seed gives the same perturbation (a fresh ``torch.Generator`` on the tensor's device)."""
+    The same seed gives the same perturbation (a fresh ``torch.Generator`` on the tensor's device).
+    Identical images (the G rollouts of one prompt) get the identical perturbation: the counterfactual
+    is "this prompt with image I'", and the extra forward can then run the vision tower once per
+    distinct image (``signals.final_hidden_states``)."""
     fn = PERTURBATIONS.get(name)
     accepted = [k for k, v in inspect.signature(fn).parameters.items()
                 if v.kind is v.KEYWORD_ONLY and k not in ("generator", "layout", "processor")]
@@ -278,5 +316,6 @@ def perturb_vision(vision: dict[str, Any], name: str, *, seed: int, layout: Patc
             raise UserError(f"vision inputs have {key!r} but no {grid_key!r}; cannot perturb them")
         gen = torch.Generator(device=pv.device)
         gen.manual_seed(int(seed))
-        out[key] = fn(pv, vision[grid_key], generator=gen, layout=layout, processor=processor, **params)
+        out[key] = _per_distinct(fn, pv, vision[grid_key], generator=gen, layout=layout, processor=processor,
+                                 **params)
     return out

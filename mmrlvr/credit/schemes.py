@@ -143,6 +143,8 @@ def selection_stats(selected: torch.Tensor, signals: TokenSignals, mask: torch.T
     stats: dict[str, float] = {"credit/selected_fraction": n_sel / n_valid if n_valid else 0.0}
     if signals.jsd is not None:
         stats["credit/vision_sensitivity_mean"] = float(signals.jsd[valid].mean()) if n_valid else 0.0
+    if signals.entropy is None:  # sampled-only signals: no clean distribution, no entropy diagnostics
+        return stats
     low = _below_row_median(signals.entropy, mask)
     stats["credit/selected_low_entropy_share"] = int((selected & low).sum()) / n_sel if n_sel else 0.0
     ent_top = topk_per_row(signals.entropy, mask, topk_count(mask, reference_rho))
@@ -197,9 +199,15 @@ class CreditScheme(abc.ABC):
                old_logprobs: torch.Tensor | None) -> CreditResult:
         """The scheme itself (see ``__call__`` for the arguments)."""
 
+    def _require_entropy(self, signals: TokenSignals) -> None:
+        if signals.entropy is None or signals.logp is None:
+            raise UserError(f"credit scheme {type(self).__name__} needs the clean pass's entropy and log-probs; "
+                            "compute the signals with clean logits or inputs")
+
     def _require_perturbed(self, signals: TokenSignals) -> None:
         missing = signals.logq is None
         if self.needs_distribution:
+            self._require_entropy(signals)
             missing = missing or signals.jsd is None or signals.entropy_shift is None
         if missing:
             what = "with distribution=True" if self.needs_distribution else ""
@@ -258,6 +266,7 @@ class EntropyTopK(CreditScheme):
         _check_fraction("rho", self.rho)
 
     def _apply(self, signals, mask, advantages, old_logprobs) -> CreditResult:
+        self._require_entropy(signals)
         sel = topk_per_row(signals.entropy, mask, topk_count(mask, self.rho))
         return self._result(sel, sel.float(), signals, mask)
 
@@ -313,8 +322,9 @@ class VPPO(CreditScheme):
 
     def _apply(self, signals, mask, advantages, old_logprobs) -> CreditResult:
         self._require_perturbed(signals)
-        old = old_logprobs if old_logprobs is not None else signals.old_logp
-        old = old if old is not None else signals.logp
+        old = next((x for x in (old_logprobs, signals.old_logp, signals.logp) if x is not None), None)
+        if old is None:
+            raise UserError("credit scheme VPPO needs log pi_old: pass old_logprobs or clean signals")
         dep = vppo_dependency(signals.logq, old, mask)  # [N, L]
         sel = topk_per_row(dep, mask, topk_count(mask, self.k), tiebreak=signals.entropy)
         scale = vppo_advantage_scale(dep, mask, self.beta_min)
@@ -352,7 +362,8 @@ class PAPO(CreditScheme):
             term = -gamma * perception_k3(logp, logq, max_kl=max_kl)  # [N, L]
             return torch.where(valid, term, torch.zeros_like(term))
 
-        kl = perception_k3(signals.logp, logq, max_kl=max_kl)
+        ref = next((x for x in (signals.logp, old_logprobs, signals.old_logp) if x is not None), None)
+        kl = perception_k3(ref, logq, max_kl=max_kl) if ref is not None else torch.zeros_like(logq)
         return self._result(valid, valid.float(), signals, mask, extra_loss=extra_loss,
                             **{"credit/perception_kl": float(kl[valid].mean()) if valid.any() else 0.0})
 
@@ -381,6 +392,7 @@ class RSI(CreditScheme):
             raise UserError(f"credit.adapt must be in [0, 1], got {self.adapt}")
 
     def _apply(self, signals, mask, advantages, old_logprobs) -> CreditResult:
+        self._require_entropy(signals)
         rsi = -signals.logp / signals.entropy.clamp(min=self.eps)  # [N, L]
         widen = self.adapt * (1.0 - minmax_per_row(signals.entropy, mask))
         sel = (rsi >= self.low * (1.0 - widen)) & (rsi <= self.high * (1.0 + widen)) & (mask > 0)

@@ -24,6 +24,7 @@ Not done here: choosing tokens (``schemes``), perturbing images (``perturb``). M
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
@@ -38,18 +39,18 @@ LOG2 = math.log(2.0)
 class TokenSignals(NamedTuple):
     """Per-token signals for N responses of length L; every field is 0 at masked positions.
 
-    entropy:       [N, L] H(P_t), nats
+    entropy:       [N, L] H(P_t), nats; None when the clean pass was skipped (sampled-only VPPO/PAPO)
     jsd:           [N, L] JSD(P_t, Q_t), nats in [0, ln 2]; None without a perturbed pass
     entropy_shift: [N, L] H(Q_t) − H(P_t); None without a perturbed pass
-    logp:          [N, L] log P_t(o_t), the sampled token under the clean input
+    logp:          [N, L] log P_t(o_t), the sampled token under the clean input; None like entropy
     logq:          [N, L] log Q_t(o_t), the sampled token under the perturbed input; None without one
     old_logp:      [N, L] log π_old(o_t|I) from the sampler, passed through when known (VPPO reads it)
     """
 
-    entropy: torch.Tensor
+    entropy: torch.Tensor | None
     jsd: torch.Tensor | None
     entropy_shift: torch.Tensor | None
-    logp: torch.Tensor
+    logp: torch.Tensor | None
     logq: torch.Tensor | None
     old_logp: torch.Tensor | None = None
 
@@ -97,12 +98,13 @@ def _plogp_sum(p: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def token_signals(p: Source, q: Source | None, response_ids: torch.Tensor, mask: torch.Tensor, *,
+def token_signals(p: Source | None, q: Source | None, response_ids: torch.Tensor, mask: torch.Tensor, *,
                   chunk_size: int = 256, temperature: float = 1.0, distribution: bool = True) -> TokenSignals:
     """Entropy, JSD, entropy shift and sampled-token log-probs, chunked over valid tokens.
 
     p:            clean pass — logits [N, L, V] or ``Hidden`` ([N, L, H] + lm_head), aligned with responses
-                  (``logits[:, P-1:P-1+L]`` of the full sequence)
+                  (``logits[:, P-1:P-1+L]`` of the full sequence); None (only with distribution=False)
+                  skips the clean side: entropy and logp come back None
     q:            perturbed pass, same forms; None computes only entropy and logp (no vision signals)
     response_ids: [N, L] long, the sampled tokens o_t
     mask:         [N, L], > 0 on tokens that count; masked positions get 0 in every output
@@ -118,6 +120,8 @@ def token_signals(p: Source, q: Source | None, response_ids: torch.Tensor, mask:
     """
     if chunk_size < 1:
         raise UserError(f"chunk_size must be >= 1, got {chunk_size}")
+    if p is None and (q is None or distribution):
+        raise UserError("token_signals needs the clean pass p unless it only reads logq (q given, distribution=False)")
     N, L = response_ids.shape
     device = response_ids.device
     rows, cols = (mask > 0).nonzero(as_tuple=True)  # [M] each: the valid tokens, row-major
@@ -126,11 +130,12 @@ def token_signals(p: Source, q: Source | None, response_ids: torch.Tensor, mask:
         for s in range(0, rows.numel(), chunk_size):
             r, c = rows[s:s + chunk_size], cols[s:s + chunk_size]
             tok = response_ids[r, c].unsqueeze(-1)  # [c, 1]
-            lp = _chunk_log_probs(p, r, c, temperature)  # [c, V]
-            out["logp"][r, c] = lp.gather(-1, tok).squeeze(-1)
-            pp = lp.exp()
-            h_p = -_plogp_sum(pp, lp)
-            out["entropy"][r, c] = h_p
+            if p is not None:
+                lp = _chunk_log_probs(p, r, c, temperature)  # [c, V]
+                out["logp"][r, c] = lp.gather(-1, tok).squeeze(-1)
+                pp = lp.exp()
+                h_p = -_plogp_sum(pp, lp)
+                out["entropy"][r, c] = h_p
             if q is None:
                 continue
             lq = _chunk_log_probs(q, r, c, temperature)  # [c, V]
@@ -146,20 +151,56 @@ def token_signals(p: Source, q: Source | None, response_ids: torch.Tensor, mask:
             jsd = (h_m - 0.5 * (h_p + h_q)).clamp_(0.0, LOG2)
             out["jsd"][r, c] = torch.where(same, torch.zeros_like(jsd), jsd)
             out["shift"][r, c] = h_q - h_p
-    has_q, full = q is not None, q is not None and distribution
-    return TokenSignals(entropy=out["entropy"], jsd=out["jsd"] if full else None,
-                        entropy_shift=out["shift"] if full else None, logp=out["logp"],
+    has_p, has_q, full = p is not None, q is not None, q is not None and distribution
+    return TokenSignals(entropy=out["entropy"] if has_p else None, jsd=out["jsd"] if full else None,
+                        entropy_shift=out["shift"] if full else None, logp=out["logp"] if has_p else None,
                         logq=out["logq"] if has_q else None)
 
 
-def final_hidden_states(model: torch.nn.Module, inputs: dict[str, Any]) -> tuple[torch.Tensor, Callable]:
+def _distinct_image_inputs(backbone: torch.nn.Module, inputs: dict[str, Any]) -> dict[str, Any] | None:
+    """Inputs that run the vision tower once per distinct image, or None when that gains nothing or the
+    model cannot take precomputed features.
+
+    Uses transformers' ``get_image_features`` + ``mm_encoder_outputs`` (Qwen2/2.5/3-VL in transformers 5):
+    the per-image outputs (``pooler_output``, Qwen3-VL's per-layer ``deepstack_features``) of the distinct
+    images are handed to every copy. Exact: the features of an image do not depend on the other images."""
+    from mmrlvr.credit.perturb import distinct_images
+
+    pv, grid = inputs.get("pixel_values"), inputs.get("image_grid_thw")
+    if (pv is None or grid is None or inputs.get("pixel_values_videos") is not None
+            or not hasattr(backbone, "get_image_features")
+            or "mm_encoder_outputs" not in inspect.signature(backbone.forward).parameters):
+        return None
+    unique, source = distinct_images(pv, grid)
+    if len(unique) == grid.shape[0]:
+        return None
+    blocks = torch.split(pv, grid.prod(-1).tolist())
+    feats = backbone.get_image_features(torch.cat([blocks[i] for i in unique]), grid[unique], return_dict=True)
+
+    def expand(value: Any) -> Any:
+        if isinstance(value, (tuple, list)) and len(value) == len(unique) and all(torch.is_tensor(v) for v in value):
+            return tuple(value[u] for u in source)
+        if isinstance(value, (tuple, list)) and value and all(isinstance(v, (tuple, list)) for v in value):
+            return [expand(v) for v in value]  # Qwen3-VL deepstack: per layer, per image
+        return None  # concatenated tensors (last_hidden_state, ...) are not read by the forward
+
+    per_image = {k: expand(v) for k, v in feats.items()}
+    if per_image.get("pooler_output") is None:
+        return None
+    rest = {k: v for k, v in inputs.items() if k != "pixel_values"}
+    return {**rest, "mm_encoder_outputs": {"image": type(feats)(**per_image)}}
+
+
+def final_hidden_states(model: torch.nn.Module, inputs: dict[str, Any], *,
+                        dedupe_images: bool = True) -> tuple[torch.Tensor, Callable]:
     """Run ``model`` (no gradient) up to its final (normed) hidden states: ([N, S, H], lm_head).
 
     For transformers' *ForConditionalGeneration / *ForCausalLM models the backbone is ``model.model`` and
     the head ``get_output_embeddings()``; calling the backbone skips the [N, S, V] logits entirely. peft
     wrappers are unwrapped with ``get_base_model()`` (the LoRA layers stay active; inside
     ``disable_adapter()`` they are off, as for the reference model). Other models fall back to
-    ``output_hidden_states=True`` (which does compute their logits once)."""
+    ``output_hidden_states=True`` (which does compute their logits once). With ``dedupe_images`` the
+    vision tower runs once per distinct image when the model supports precomputed image features."""
     core = model.get_base_model() if hasattr(model, "get_base_model") else model
     head = core.get_output_embeddings() if hasattr(core, "get_output_embeddings") else None
     if head is None:
@@ -167,7 +208,8 @@ def final_hidden_states(model: torch.nn.Module, inputs: dict[str, Any]) -> tuple
     backbone = getattr(core, "model", None)
     with torch.no_grad():
         if isinstance(backbone, torch.nn.Module):
-            out = backbone(**inputs, use_cache=False)
+            fast = _distinct_image_inputs(backbone, inputs) if dedupe_images else None
+            out = backbone(**(fast or inputs), use_cache=False)
             states = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         else:
             states = model(**inputs, output_hidden_states=True, use_cache=False).hidden_states[-1]
@@ -192,7 +234,8 @@ def token_signals_from_model(model: torch.nn.Module, inputs_clean: dict[str, Any
     inputs_clean / inputs_pert: ``model(**inputs)`` keyword arguments (``RolloutBatch.model_inputs()``,
         the second with perturbed pixel values); inputs_pert None skips the vision signals.
     logits_clean: [N, L, V] response-aligned clean logits the trainer already has (then inputs_clean is
-        not run); otherwise the clean pass is run here, also chunked through lm_head.
+        not run); otherwise the clean pass is run here, also chunked through lm_head. With
+        distribution=False both may be None: only the perturbed pass runs (entropy / logp None).
     old_logprobs: [N, L] sampler log-probs, stored in the result as ``old_logp`` for VPPO.
     distribution: see ``token_signals`` (False: only logq from the perturbed pass; the scheme's
         ``needs_distribution`` says which it needs).
@@ -202,6 +245,8 @@ def token_signals_from_model(model: torch.nn.Module, inputs_clean: dict[str, Any
         p: Source = logits_clean.detach()
     elif inputs_clean is not None:
         p = response_hidden(model, inputs_clean, prompt_length, L)
+    elif not distribution and inputs_pert is not None:
+        p = None  # sampled-only: VPPO / PAPO read logq and take log pi_old from old_logprobs
     else:
         raise UserError("token_signals_from_model needs inputs_clean or logits_clean")
     q = response_hidden(model, inputs_pert, prompt_length, L) if inputs_pert is not None else None
