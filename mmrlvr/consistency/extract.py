@@ -99,8 +99,8 @@ _CLAUSE_END = (r"(?=\s*(?:[.;!?](?:\s|$)|\n|,\s+(?:so|which|and|but|because|sinc
 _CLAUSE_VALUE = r"(?P<v>[^\n]{1,80}?)" + _CLAUSE_END
 _LINK = r"(?:is|are|was|were|equals|=|gives|get|got|have|has|be|becomes|comes\s+to)"
 _SO = r"\b(?:so|therefore|thus|hence|overall|altogether|in\s+total)\b"
-_ANSWER_IS = (r"\b(?:answer|(?:correct|right|best)\s+(?:choice|option))\b[^.?!\n\d]{0,24}?(?:\bis\b|=|:|\bwould\s+be\b|\bshould\s+be\b|\bmust\s+be\b|"
-              r"\bwill\s+be\b)\s*")
+_ANSWER_IS = (r"\b(?:answer|(?:correct|right|best)\s+(?:choice|option))\b[^.?!\n\d]{0,24}?"
+              r"(?:\bis\b|=|:|\bwould\s+be\b|\bshould\s+be\b|\bmust\s+be\b|\bwill\s+be\b)\s*")
 _OPS_AFTER = r"(?!\s*[a-z]*\s*[-+*/×÷^·=]\s*[\w(\\])"  # "= 3 + 1" is not a conclusion, "= 3." is
 
 # "is it 3", "could the answer be 3": asking, recorded as a candidate but never asserted
@@ -436,8 +436,8 @@ def _largest_colour_hook(thinking: str, sample: Sample) -> Conclusion | None:
     stated = extract_conclusion(thinking, "text")
     if stated.value is not None:
         return None
-    rx = re.compile(r"\b(?:largest|biggest)\b[^.?!\n]{0,30}?\b(?:is|are)\s+(?:the\s+|a\s+)?(?P<v>" + _COLOUR_ALT + r")\b",
-                    re.I)
+    rx = re.compile(r"\b(?:largest|biggest)\b[^.?!\n]{0,30}?\b(?:is|are)\s+(?:the\s+|a\s+)?(?P<v>"
+                    + _COLOUR_ALT + r")\b", re.I)
     return _first_asserted(rx, thinking, lambda m: m.group("v").lower(), "largest_is")
 
 
