@@ -240,3 +240,33 @@ class TestRealTinyModel:
         assert all(v.met is None and len(v.votes) == 2 for row in out for v in row[1:])
         assert j.identity.startswith("local:") and ":t0.7:" in j.identity
         j.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_text_lm(tmp_path_factory):
+    """A text-only Qwen2 causal LM built from a config (random weights) with the tiny BPE tokenizer."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from mmrlvr.models.tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096)
+    out = tmp_path_factory.mktemp("tiny-text-judge")
+    Qwen2ForCausalLM(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def test_local_text_only_judge(tiny_text_lm):
+    from mmrlvr.errors import UserError
+
+    j = LocalJudge(tiny_text_lm, max_new_tokens=8)
+    assert not j.generator.is_vlm
+    text_only = load_rubric_text("criteria:\n  - {id: a, text: 'Mentions \"red\"', category: important}\n")
+    out = evaluate([text_only], ["red"], [sample()], j)
+    assert out[0][0].met is None and out[0][0].raw != ""
+    # a criterion that needs the image cannot go to a text-only judge: a clear error, not a silent unknown
+    with pytest.raises(UserError, match="text-only"):
+        evaluate([RUBRIC], [GOOD], [sample()], j)
+    j.close()

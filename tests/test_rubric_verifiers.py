@@ -11,7 +11,6 @@ from mmrlvr.errors import DataError
 from mmrlvr.rubric import load_rubric_text, parse_verdict
 from mmrlvr.rubric.prompts import escape_fences, openai_messages, render_user_text
 from mmrlvr.rubric.routing import evaluate, judge_request, judge_twin, route, run_program
-from mmrlvr.rubric.schema import Check
 from mmrlvr.rubric.verdicts import majority
 from mmrlvr.rubric.verifiers import expected_value, extract, section
 from mmrlvr.types import Sample

@@ -21,6 +21,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -67,8 +68,8 @@ class Outcome:
     detail: str = ""
 
 
-class Judge:
-    """Shared voting, caching, parsing and counting; subclasses implement ``_generate``."""
+class Judge(ABC):
+    """Shared voting, caching, parsing and counting; backends implement ``_generate``."""
 
     name = "judge"
 
@@ -137,8 +138,9 @@ class Judge:
                                     raws[0] if raws else ""))
         return verdicts
 
+    @abstractmethod
     def _generate(self, requests: list[JudgeRequest], votes: list[int]) -> list[Outcome]:
-        raise NotImplementedError  # abstract: each backend implements it
+        """One ``Outcome`` per (request, vote index); failures are returned as outcomes, never raised."""
 
     def close(self) -> None:
         if self.cache is not None:

@@ -13,7 +13,10 @@ run of consecutive samples with the same ``sample.id`` is a group. A batch of un
 Undetermined rollouts (every criterion the aggregation needs is unknown, e.g. the judge timed out) score
 the mean of the determined rollouts of their group - zero advantage, neither rewarded nor punished - or
 ``undetermined_score`` when the whole group is undetermined (``undetermined="zero"`` always uses it).
-They are counted in ``rubric/undetermined_rate``.
+They are counted in ``rubric/undetermined_rate``. Residual risk, by design of "unknown is excluded": a
+response that makes the judge fail (too long for its context, say) escapes those criteria for that step -
+watch ``judge/unknown_rate`` and keep programmatic essentials and pitfalls (length, format) in training
+rubrics; the strict parser already refuses to let quoted verdicts inside a rationale cause an unknown.
 
 What comes back per rollout: ``RewardResult.score`` (the rubric reward), ``components`` ``rubric`` and
 ``crit/<id>`` (1 = the criterion's property holds, so for a pitfall 1 = the mistake was made; unknown
