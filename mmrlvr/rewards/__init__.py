@@ -40,3 +40,8 @@ __all__ = [
     "extract_choice", "options_from_meta", "read_number", "within_tolerance", "iou", "match_boxes", "parse_boxes",
     "CombinedReward", "RewardSpec", "answer_judge", "make_answer_judge",
 ]
+
+# Rewards that live in their own packages register themselves on import; importing them here makes
+# every reward name usable from a config after `import mmrlvr.rewards` (their heavy parts load lazily).
+from mmrlvr.consistency import reward as _consistency_reward  # noqa: E402,F401  registers "consistency"
+from mmrlvr.rubric import reward as _rubric_reward  # noqa: E402,F401  registers "rubric"

@@ -142,6 +142,9 @@ class Trainer:
         self.policy = self.accel.unwrap_model(self.model)
         self.engine = self._build_engine()
         self.reward = self._build_reward()
+        for fn in self._reward_fns():
+            if getattr(fn, "needs_policy", False):
+                fn.attach_policy(self.policy, self.processor)  # e.g. GRPO-CARE's EMA reference
         self.train_samples = load_split(cfg.data.train, cfg.data, "train")
         self.eval_samples = load_split(cfg.data.eval, cfg.data, "test") if cfg.data.eval else []
         if cfg.eval.limit:
@@ -192,6 +195,9 @@ class Trainer:
             if spec.name in ("rubric", "consistency"):
                 spec.params.setdefault("group_size", self.cfg.rollout.group_size)
         return CombinedReward(specs)
+
+    def _reward_fns(self) -> list:
+        return list(getattr(self.reward, "fns", [self.reward]))
 
     def _build_credit(self):
         from mmrlvr.credit import build_scheme
@@ -484,6 +490,11 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self._optimizer_steps = getattr(self, "_optimizer_steps", 0) + 1
+        for fn in self._reward_fns():
+            hook = getattr(fn, "on_optimizer_step", None)
+            if hook is not None:
+                hook(self.policy, self._optimizer_steps)
         return float(norm)
 
     # --------------------------------------------------------------------------------- metrics/records
