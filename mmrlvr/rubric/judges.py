@@ -18,6 +18,7 @@ Prompts and fencing live in ``prompts``; what a judge may see is decided in ``ro
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -167,9 +168,7 @@ class OpenAIJudge(Judge):
                  concurrency: int = 8, max_tokens: int = 256, extra_body: dict[str, Any] | None = None,
                  **common: Any) -> None:
         super().__init__(**common)
-        import os
-
-        import openai
+        import openai  # imported here so `import mmrlvr.rubric` stays light
 
         self._openai = openai
         self.model, self.base_url = model, base_url
