@@ -640,6 +640,7 @@ def rows_to_samples(rows: Iterable[dict[str, Any]], template: str = "r1", system
             images=images,
             answer=str(row["answer"]),
             answer_type=row.get("answer_type", "math"),
+            rubric=row.get("rubric"),
             meta=meta,
         ))
     return samples

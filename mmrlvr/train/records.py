@@ -91,6 +91,7 @@ def build_records(step: int, data, processor, writer, cfg) -> list[RolloutRecord
                 flat.update({k: v for k, v in val.items() if k not in flat})
         cons = parsed.get("consistency") if isinstance(parsed.get("consistency"), dict) else None
         rubric = parsed.get("rubric") if isinstance(parsed.get("rubric"), dict) else {}
+        criteria = rubric.get("rubric") if isinstance(rubric.get("rubric"), list) else []
         records.append(RolloutRecord(
             run_id=run_id, step=step, prompt_id=str(sample.id), sample_index=int(batch.sample_index[i]),
             group_size=cfg.rollout.group_size, prompt_text=sample.question,
@@ -106,12 +107,22 @@ def build_records(step: int, data, processor, writer, cfg) -> list[RolloutRecord
             advantage=float(data.advantages[i]), finish_reason=comp.finish_reason,
             ground_truth=sample.answer, parsed_answer=_str_or_none(flat.get("answer")),
             parsed_boxes=_boxes(flat.get("boxes") or flat.get("pred_boxes")), gt_boxes=_gt_boxes(sample),
-            rubric_results=list(rubric.get("criteria", [])),
+            rubric_results=[_criterion(c) for c in criteria],
             consistency=_consistency(cons),
             config_hash=chash, git_commit=commit,
             extra={"task": sample.meta.get("task", ""), "answer_type": sample.answer_type},
         ))
     return records
+
+
+def _criterion(c: dict) -> dict:
+    """A rubric criterion result in the store's fixed struct layout."""
+    def num(v):
+        return None if v is None else float(v)
+
+    return {"id": str(c.get("id", "")), "text": str(c.get("text", "")), "category": str(c.get("category", "")),
+            "verdict": str(c.get("verdict", "unknown")), "score": num(c.get("score")), "weight": num(c.get("weight")),
+            "rationale": str(c.get("rationale") or ""), "judge": str(c.get("judge") or "")}
 
 
 def _str_or_none(v: Any) -> str | None:

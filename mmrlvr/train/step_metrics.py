@@ -36,8 +36,4 @@ def rollout_metrics(batch: RolloutBatch, rewards: torch.Tensor, results: list, g
         from mmrlvr.consistency.metrics import consistency_metrics
 
         m.update(consistency_metrics([r.parsed["consistency"] for r in results if isinstance(r.parsed.get("consistency"), dict)]))
-    unknown = [float(r.parsed.get("rubric", {}).get("unknown_rate", 0.0)) for r in results
-               if isinstance(r.parsed.get("rubric"), dict)]
-    if unknown:
-        m["judge/unknown_rate"] = _mean(unknown)
     return m

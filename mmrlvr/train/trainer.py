@@ -287,6 +287,10 @@ class Trainer:
         from mmrlvr.rewards.base import score_batch
 
         results = score_batch(self.reward, batch.completions, batch.samples)
+        self._reward_metrics = {}
+        for fn in self._reward_fns():  # per-call statistics of rewards that keep them (judge/unknown_rate, ...)
+            if hasattr(fn, "metrics"):
+                self._reward_metrics.update(fn.metrics())
         rewards = torch.tensor([r.score for r in results], dtype=torch.float32)
         rewards = rewards + self._overlong(batch)
         advantages = self.advantages(rewards, results, batch, step)
@@ -511,6 +515,7 @@ class Trainer:
                 "ratio/max": stats["ratio_max"],
             })
         m["skipped"] = stats.get("skipped", 0.0)
+        m.update(getattr(self, "_reward_metrics", {}))
         m.update(data.credit_stats)
         return m
 
@@ -550,9 +555,14 @@ class Trainer:
             if self.writer is not None:
                 self.writer.flush()
             save_checkpoint(self.run_dir, step, self.policy, self.optimizer, self.scheduler,
-                            {"config_hash": self.cfg.hash(), "lora": self._lora_info()},
+                            {"config_hash": self.cfg.hash(), "lora": self._lora_info(),
+                             "reward_state": self._reward_state()},
                             keep=self.cfg.keep_checkpoints)
         self.accel.wait_for_everyone()
+
+    def _reward_state(self) -> dict[str, Any]:
+        """JSON-able state of rewards that adapt during training (POW3R weights), by position."""
+        return {str(i): fn.state_dict() for i, fn in enumerate(self._reward_fns()) if hasattr(fn, "state_dict")}
 
     def _lora_info(self) -> dict[str, Any] | None:
         lc = self.cfg.model.lora
@@ -571,6 +581,10 @@ class Trainer:
             return
         state = load_checkpoint(found[-1], self.policy, self.optimizer, self.scheduler)
         self.start_step = int(state["step"])
+        for i, fn in enumerate(self._reward_fns()):  # e.g. POW3R criterion weights
+            saved = (state.get("reward_state") or {}).get(str(i))
+            if saved is not None and hasattr(fn, "load_state_dict"):
+                fn.load_state_dict(saved)
         self.metrics.truncate_after(self.start_step)
         if self.is_main:
             print(f"resume: continuing from {found[-1]} (step {self.start_step})")
