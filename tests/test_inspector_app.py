@@ -23,7 +23,8 @@ from mmrlvr.store import RolloutReader, RolloutWriter  # noqa: E402
 from mmrlvr.store.fake import HOSTILE_TEXT, make_fake_run  # noqa: E402
 
 # outputs of every Browse event, in order (see app.build_app: browse_out)
-STEP, GROUP, SAMPLE_RADIO, SAMPLE, CARDS, PROMPT, ANNOTATED, GALLERY, COMPARE, SLIDER, TA, REWARD, HEAT, HEAT_HTML = range(14)
+(STEP, GROUP, SAMPLE_RADIO, SAMPLE, CARDS, PROMPT, ANNOTATED, GALLERY, COMPARE, SLIDER, TA, REWARD, HEAT, HEAT_HTML,
+ SIGNAL) = range(15)
 
 
 def free_port() -> int:
@@ -74,8 +75,9 @@ def test_render_defaults_to_last_step_best_sample(client: Client, served: tuple[
     assert "mm-card" in out[CARDS] and "How many" in out[PROMPT]
     assert value(out[COMPARE]) == 1  # compare with the previous step by default
     assert len(out[SLIDER]) == 2 and all(Path(p).is_file() for p in out[SLIDER])
-    assert [t["token"] for t in out[HEAT]] == best.response_tokens
-    assert all(-1 <= t["class_or_confidence"] <= 1 for t in out[HEAT])
+    assert [t["token"] for t in value(out[HEAT])] == best.response_tokens
+    assert all(-1 <= t["class_or_confidence"] <= 1 for t in value(out[HEAT]))
+    assert value(out[SIGNAL]) == "entropy" and out[HEAT]["label"].startswith("entropy per token")
 
 
 def test_select_step_group_and_sample(client: Client) -> None:
@@ -91,7 +93,7 @@ def test_select_step_group_and_sample(client: Client) -> None:
     assert value(out[SAMPLE]) == 1
     # the hostile response arrives escaped in the HTML panes and as plain tokens in the heatmap
     assert "<script" not in out[TA] and "&lt;script&gt;" in out[TA]
-    assert "".join(t["token"] for t in out[HEAT]) == HOSTILE_TEXT
+    assert "".join(t["token"] for t in value(out[HEAT])) == HOSTILE_TEXT
 
 
 def test_next_and_previous_sample_and_group(client: Client, served: tuple[Any, str, Path]) -> None:
@@ -111,7 +113,7 @@ def test_heatmap_and_compare(client: Client, served: tuple[Any, str, Path]) -> N
     rec = RolloutReader(served[2]).record(2, "p00001", 3)
     heat, hover = client.predict(2, "p00001", 3, "credit weight", api_name="/heatmap")
     # credit weights are 0/1 with peak 1: the scores are the weights themselves
-    assert [t["class_or_confidence"] for t in heat] == rec.token_credit_weight
+    assert [t["class_or_confidence"] for t in value(heat)] == rec.token_credit_weight
     assert "credit weight 1" in hover and 'class="mm-tok"' in hover
     pair = client.predict(2, "p00001", 3, 0, api_name="/compare")
     assert len(pair) == 2 and all(Path(p).is_file() for p in pair)
@@ -206,3 +208,23 @@ def test_cli_dispatch_reports_user_errors(tmp_path: Path, capsys: pytest.Capture
 
     assert main(["inspect", str(tmp_path / "missing")]) == 2
     assert "mmrlvr inspect: error: run folder" in capsys.readouterr().err
+
+
+def test_render_falls_back_to_a_recorded_signal(tmp_path: Path) -> None:
+    from mmrlvr.inspector.app import Inspector
+    from mmrlvr.store import RolloutRecord
+
+    recs = [RolloutRecord(run_id="r", step=0, prompt_id="p", sample_index=i, group_size=2, response_text="ab",
+                          response_token_ids=[1, 2], response_tokens=["a", "b"], token_logprob=[-1.0, -0.5],
+                          reward=float(i)) for i in range(2)]
+    with RolloutWriter(tmp_path, "r") as w:
+        w.write_step(0, recs)
+    ins = Inspector(tmp_path)
+    out = ins.render(None, None, None, "vision sensitivity")
+    # only log-probs were recorded: the heatmap switches to them (peak |-1| -> scores -1, -0.5)
+    assert out[SIGNAL]["value"] == "logprob" and [(t["token"], t["class_or_confidence"]) for t in out[HEAT].value] == [
+        ("a", -1.0), ("b", -0.5)]
+    heat, hover = ins.heatmap(0, "p", 1, "entropy")
+    assert "not recorded" in heat.label and "not recorded" in hover
+    # no images in this run: the image panel is empty rather than an error
+    assert out[ANNOTATED].value is None and out[SLIDER] is None

@@ -340,3 +340,20 @@ def test_metrics_partial_last_line(tmp_path: Path) -> None:
 def test_missing_run_dir_is_a_user_error(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="does not exist"):
         RolloutReader(tmp_path / "nope")
+
+
+def test_loose_struct_values_are_coerced_not_fatal(tmp_path: Path) -> None:
+    rec = make_record(0, "p", 0)
+    rec.ground_truth = 3  # type: ignore[assignment]
+    rec.rubric_results = [{"id": 7, "text": "t", "verdict": "pass", "score": True, "weight": "heavy",
+                           "rationale": None, "judge": "j", "tokens_used": 12}]
+    rec.consistency = {"verdict": "consistent", "p_consistent": "0.5", "conclusion_span": (3, 5, 9),
+                       "thinking_correct": 1, "answer_correct": "yes", "raw": "ignored"}
+    with RolloutWriter(tmp_path, "r1") as w:
+        w.write_step(0, [rec])
+    back = RolloutReader(tmp_path).read_step(0)[0]
+    assert back.ground_truth == "3"
+    assert back.rubric_results == [{"id": "7", "text": "t", "category": None, "verdict": "pass", "score": 1.0,
+                                    "weight": None, "rationale": None, "judge": "j"}]
+    assert back.consistency == {"verdict": "consistent", "p_consistent": 0.5, "conclusion": None,
+                                "conclusion_span": None, "thinking_correct": True, "answer_correct": None}

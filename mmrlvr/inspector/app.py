@@ -88,7 +88,7 @@ class Inspector:
             empty = "<i>no rollouts yet — waiting for the first step file (press Refresh)</i>"
             return (gr.update(choices=[], value=None), gr.update(choices=[], value=None),
                     gr.update(choices=[], value=None), None, empty, "", None, gr.update(value=None, visible=False),
-                    gr.update(choices=[], value=None), None, "", "", [], "")
+                    gr.update(choices=[], value=None), None, "", "", [], "", gr.skip())
         step = int(step) if step is not None and int(step) in steps else steps[-1]
         groups = self.reader.groups(step)
         prompt_ids = [str(p) for p in groups["prompt_id"]]
@@ -106,6 +106,9 @@ class Inspector:
             earlier = [s for s in compare_steps if s < step]
             compare_step = earlier[-1] if earlier else (compare_steps[0] if compare_steps else None)
         slider = self.compare(step, prompt_id, sample, compare_step)
+        recorded = views.recorded_signals(rec)
+        if signal not in recorded and recorded:  # e.g. no vision sensitivity in this run: show what exists
+            signal = recorded[0]
         heat, heat_html = self.heatmap(step, prompt_id, sample, signal, rec=rec)
         prompt_html = (f'<div class="mm-prompt"><b>Prompt</b> <code>{views.esc(prompt_id)}</code>: '
                        f'<span style="white-space:pre-wrap">{views.esc(rec.prompt_text)}</span></div>')
@@ -124,6 +127,7 @@ class Inspector:
             views.reward_breakdown_html(rec),
             heat,
             heat_html,
+            gr.update(value=signal or DEFAULT_SIGNAL),
         )
 
     def _annotated(self, rec: RolloutRecord, images: list) -> Any:
@@ -150,18 +154,22 @@ class Inspector:
         return self.render(step, prompt_id, order[(pos + delta) % len(order)], signal)
 
     def heatmap(self, step: int, prompt_id: str, sample: int, signal: str | None,
-                rec: RolloutRecord | None = None) -> tuple[list[tuple[str, float | None]], str]:
-        """(HighlightedText value, hover HTML) for one sample and signal."""
+                rec: RolloutRecord | None = None) -> tuple[Any, str]:
+        """(HighlightedText, hover HTML) for one sample and signal; the label says when the signal is
+        missing for this sample (e.g. vision sensitivity with a credit scheme that doesn't compute it)."""
         signal = signal or DEFAULT_SIGNAL
         if rec is None:
             if step is None or prompt_id is None or sample is None:
-                return [], ""
+                return gr.HighlightedText(value=[]), ""
             rec = self.reader.record(int(step), prompt_id, int(sample))
         tokens = views.heatmap_tokens(rec, signal)
-        if not getattr(rec, views.SIGNALS[signal]):
-            note = f"<i>{views.esc(signal)} was not recorded for this run</i>"
-            return views.heatmap_highlighted(tokens), note + views.heatmap_html(tokens, signal)
-        return views.heatmap_highlighted(tokens), views.heatmap_html(tokens, signal)
+        if signal in views.recorded_signals(rec):
+            label, note = f"{signal} per token (scaled to [-1, 1])", ""
+        else:
+            label = f"{signal}: not recorded for this sample (tokens shown uncoloured)"
+            note = f"<i>{views.esc(label)}</i>"
+        return (gr.HighlightedText(value=views.heatmap_highlighted(tokens), label=label),
+                note + views.heatmap_html(tokens, signal))
 
     def compare(self, step: int, prompt_id: str, sample: int, other_step: int | None) -> Any:
         """ImageSlider value: this sample's boxes at ``step`` vs the same prompt at ``other_step``."""
@@ -349,7 +357,7 @@ def build_app(run_dir: str | os.PathLike[str], *, refresh_s: float = 5.0) -> gr.
                     goto_btn = gr.Button("Show samples of this step", scale=0, min_width=200)
 
         browse_out = [step_dd, group_dd, sample_radio, sample_num, group_html, prompt_html, annotated, gallery,
-                      compare_dd, slider, ta_html, reward_html, heat, heat_html]
+                      compare_dd, slider, ta_html, reward_html, heat, heat_html, signal_radio]
         sel = [step_dd, group_dd, sample_num]
 
         # --- browse

@@ -258,6 +258,11 @@ class HeatToken:
     count: int = 1
 
 
+def recorded_signals(rec: RolloutRecord) -> list[str]:
+    """The heatmap signals this record has values for, in ``SIGNALS`` order."""
+    return [name for name, field in SIGNALS.items() if len(getattr(rec, field))]
+
+
 def scale_signal(values: Sequence[float], signal: str) -> list[float | None]:
     """Scale raw per-token values to [-1, 1] for colouring (None for non-finite values).
 

@@ -160,16 +160,6 @@ class RolloutRecord:
             for i, box in enumerate(getattr(self, name)):
                 if len(box) != 4:
                     raise ValueError(f"{where}: {name}[{i}] must be [x1, y1, x2, y2], got {box!r}")
-        for i, crit in enumerate(self.rubric_results):
-            unknown = set(crit) - set(RUBRIC_KEYS)
-            if unknown:
-                raise ValueError(f"{where}: rubric_results[{i}] has unknown keys {sorted(unknown)}; "
-                                 f"allowed: {list(RUBRIC_KEYS)}")
-        if self.consistency is not None:
-            unknown = set(self.consistency) - set(CONSISTENCY_KEYS)
-            if unknown:
-                raise ValueError(f"{where}: consistency has unknown keys {sorted(unknown)}; "
-                                 f"allowed: {list(CONSISTENCY_KEYS)}")
         if not (0 <= self.sample_index < max(self.group_size, 1)):
             raise ValueError(f"{where}: sample_index must be in [0, group_size={self.group_size})")
 
@@ -182,15 +172,18 @@ class RolloutRecord:
             if f.name in ("reward_components", "extra"):
                 value = json.dumps(_jsonable(value), sort_keys=True, allow_nan=True)
             elif f.name == "rubric_results":
-                value = [{k: crit.get(k) for k in RUBRIC_KEYS} for crit in value]
+                value = [_coerce(crit, _RUBRIC_KINDS) for crit in value]
             elif f.name == "consistency":
-                value = None if value is None else {k: value.get(k) for k in CONSISTENCY_KEYS}
+                value = None if not value else _coerce(value, _CONSISTENCY_KINDS)
             elif hasattr(value, "tolist"):  # numpy array / torch tensor of per-token values
                 value = value.tolist()
             elif isinstance(value, (list, tuple)):
                 value = [v.tolist() if hasattr(v, "tolist") else list(v) if isinstance(v, (list, tuple)) else v
                          for v in value]
             row[f.name] = value
+        for name in _STR_FIELDS:  # e.g. an int ground truth: store its text, don't fail the writer
+            if row[name] is not None and not isinstance(row[name], str):
+                row[name] = str(row[name])
         row["step"] = int(self.step)
         row["sample_index"] = int(self.sample_index)
         row["group_size"] = int(self.group_size)
@@ -232,6 +225,40 @@ def records_to_table(records: list[RolloutRecord]) -> pa.Table:
 def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
     """Rows from ``RolloutRecord.to_row`` -> an Arrow table with ``ROLLOUT_SCHEMA``."""
     return pa.Table.from_pylist(rows, schema=ROLLOUT_SCHEMA)
+
+
+_STR_FIELDS = ("run_id", "prompt_id", "prompt_text", "response_text", "finish_reason", "ground_truth",
+               "parsed_answer", "config_hash", "git_commit")
+# Field kinds of the struct columns. Values are coerced (a bool score becomes 1.0, a number id becomes a
+# string, anything unconvertible becomes null) and unknown keys are dropped: a display-only field must never
+# make the background writer fail and cost the trainer a step of rollouts.
+_RUBRIC_KINDS = {"id": str, "text": str, "category": str, "verdict": str, "score": float, "weight": float,
+                 "rationale": str, "judge": str}
+_CONSISTENCY_KINDS = {"verdict": str, "p_consistent": float, "conclusion": str, "conclusion_span": "span",
+                      "thinking_correct": bool, "answer_correct": bool}
+
+
+def _coerce(d: dict[str, Any], kinds: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, kind in kinds.items():
+        v = d.get(key)
+        if v is None:
+            out[key] = None
+        elif kind == "span":
+            try:
+                out[key] = [int(v[0]), int(v[1])] if len(v) == 2 else None
+            except (TypeError, ValueError, IndexError):
+                out[key] = None
+        elif kind is float:
+            try:
+                out[key] = float(v)
+            except (TypeError, ValueError):
+                out[key] = None
+        elif kind is bool:
+            out[key] = bool(v) if isinstance(v, (bool, int, float)) or hasattr(v, "item") else None
+        else:
+            out[key] = str(v)
+    return out
 
 
 def _jsonable(value: Any) -> Any:
