@@ -262,7 +262,10 @@ class RolloutReader:
     def _read_index_table(self, item: tuple[int, Path, os.stat_result]) -> _Shard | None:
         step, path, st = item
         try:
-            table = pq.read_table(path, columns=list(INDEX_COLUMNS))
+            # ParquetFile.read skips the dataset layer of read_table (~2x faster per small file); the
+            # parallelism is across shards (refresh's thread pool), so no threads inside one read
+            with pq.ParquetFile(path) as pf:
+                table = pf.read(columns=list(INDEX_COLUMNS), use_threads=False)
         except Exception as exc:  # noqa: BLE001 - a bad shard must not hide the others
             self.errors[str(path)] = f"{type(exc).__name__}: {exc}"
             self._bad[str(path)] = (st.st_mtime_ns, st.st_size)
