@@ -99,7 +99,9 @@ def build_records(step: int, data, processor, writer, cfg) -> list[RolloutRecord
             response_text=comp.text, response_token_ids=ids,
             response_tokens=[tok.decode([t]) for t in ids],
             token_logprob=_list(batch.old_logprobs[i, :n]),
-            token_entropy=_list(sig.entropy[i, :n]) if sig is not None else [],
+            token_entropy=(_list(sig.entropy[i, :n]) if sig is not None
+                           else _list(data.token_entropy[i, :n]) if data.token_entropy is not None else []),
+            token_ratio=_list(data.token_ratio[i, :n]) if data.token_ratio is not None else [],
             token_vision_sensitivity=_list(sig.jsd[i, :n]) if sig is not None and getattr(sig, "jsd", None) is not None else [],
             token_credit_weight=_list(data.token_weights[i, :n]),
             token_advantage=[float(data.advantages[i])] * n,

@@ -48,6 +48,8 @@ class StepData:
     credit_stats: dict[str, float]
     vision: VisionFeatureCache | None
     images_per_row: list[int]
+    token_entropy: torch.Tensor | None = None  # [N, L] from the first update pass (for the store)
+    token_ratio: torch.Tensor | None = None  # [N, L] pi/pi_old in the first update pass
 
 
 class NonFiniteLoss(RuntimeError):
@@ -421,6 +423,7 @@ class Trainer:
         # NSR's random rescue is seeded per step so a resumed run draws the same noise
         self._loss_generator = torch.Generator().manual_seed(self.cfg.seed * 7_919 + int(batch.timings.get("step", 0)))
         totals: dict[str, float] = {}
+        self._recorded_rows: dict[int, bool] = {}  # rows whose first-pass entropy/ratio are stored
         for _epoch in range(a.epochs):
             slices = self._micro_slices(batch.num_rows)
             for i, rows in enumerate(slices):
@@ -444,6 +447,16 @@ class Trainer:
         logp, ent = token_logprobs(self.model, inputs, batch.response_ids[rows], cfg.rollout.temperature,
                                    with_entropy=True)
         mask = batch.response_mask[rows]
+        if data.token_ratio is None:
+            data.token_entropy = torch.zeros_like(batch.old_logprobs)
+            data.token_ratio = torch.zeros_like(batch.old_logprobs)
+        if not self._recorded_rows.get(rows.start):
+            self._recorded_rows[rows.start] = True
+            with torch.no_grad():
+                valid = mask > 0
+                data.token_ratio[rows] = torch.where(valid, (logp.detach() - batch.old_logprobs[rows]).clamp(-20, 20).exp(), 0.0)
+                if ent is not None:
+                    data.token_entropy[rows] = torch.where(valid, ent, 0.0)
         loss_tok, lstats = call_policy_loss(a.loss, logp, batch.old_logprobs[rows], data.advantages[rows], w,
                                             generator=self._loss_generator, **self._loss_params())
         kl_val = 0.0
