@@ -194,7 +194,8 @@ class TestGroundingFrames:
     def test_processor_frame(self, tiny_processor):
         image = Image.new("RGB", (200, 100), "white")
         assert seen_size(image.size, tiny_processor) == [196, 112]
-        kwargs = dict(prompts=[conv_prompt("Box the square.", image)], completions=[conv("<answer>[19.6, 11.2, 98, 56]</answer>")],
+        kwargs = dict(prompts=[conv_prompt("Box the square.", image)],
+                      completions=[conv("<answer>[19.6, 11.2, 98, 56]</answer>")],
                       answer=[[20, 10, 100, 50]], answer_type=["box"])
         assert trl_reward("grounding", processor=tiny_processor)(**kwargs) == pytest.approx([1.0])
         assert trl_reward("grounding")(**kwargs) == pytest.approx([3026.4 / (3512.32 + 3200 - 3026.4)])
@@ -203,12 +204,17 @@ class TestGroundingFrames:
 # ------------------------------------------------------------------------------- the real GRPOTrainer
 
 @pytest.fixture(scope="module")
-def tiny_processor(tmp_path_factory):
-    from mmrlvr.models import load_policy
+def tiny_model_dir(tmp_path_factory):
     from mmrlvr.models.tiny import build_tiny
 
-    _, processor = load_policy(build_tiny("qwen2_5_vl", tmp_path_factory.mktemp("tiny") / "m"))
-    return processor
+    return build_tiny("qwen2_5_vl", tmp_path_factory.mktemp("tiny") / "m")
+
+
+@pytest.fixture(scope="module")
+def tiny_processor(tiny_model_dir):
+    from mmrlvr.models import load_policy
+
+    return load_policy(tiny_model_dir)[1]
 
 
 @pytest.fixture(scope="module")
@@ -292,6 +298,36 @@ def test_importing_the_integrations_pulls_in_neither_trl_nor_torch():
     import subprocess
     import sys
 
-    code = "import sys, mmrlvr.integrations; print(sorted(m for m in ('torch', 'trl', 'transformers') if m in sys.modules))"
+    code = ("import sys, mmrlvr.integrations; "
+            "print(sorted(m for m in ('torch', 'trl', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_callback_saves_reward_state_with_checkpoints(tiny_model_dir, tmp_path):
+    """A real GRPOTrainer saving at step 1: POW3R's per-criterion α lands beside the checkpoint and loads back."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from mmrlvr.data import rows_to_samples
+    from mmrlvr.integrations.trl import STATE_FILE, load_reward_state, reward_callback
+    from mmrlvr.models import load_policy
+
+    rows = rubric_rows(2)
+    samples = rows_to_samples(rows)
+    ds = Dataset.from_list([{"prompt": s.messages, "image": s.images[0], "answer": s.answer,
+                             "rubric": json.dumps(r["rubric"])} for s, r in zip(samples, rows)])
+    model, processor = load_policy(tiny_model_dir)
+    rewards = [trl_reward("rubric", group_size=2, pow3r=True)]
+    args = GRPOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=4, num_generations=2,
+                      max_completion_length=8, bf16=False, gradient_checkpointing=False, use_cpu=True,
+                      report_to=[], save_strategy="steps", save_steps=1, logging_steps=1, seed=0)
+    GRPOTrainer(model=model, reward_funcs=rewards, args=args, train_dataset=ds, processing_class=processor,
+                callbacks=[reward_callback(rewards)]).train()
+    saved = json.loads((tmp_path / "checkpoint-1" / STATE_FILE).read_text())
+    assert saved == {"rubric": rewards[0].reward.state_dict()}
+    assert set(saved["rubric"]["alphas"]) and all(math.isfinite(a) for a in saved["rubric"]["alphas"].values())
+
+    fresh = [trl_reward("rubric", group_size=2, pow3r=True)]
+    load_reward_state(fresh, tmp_path / "checkpoint-1")
+    assert fresh[0].reward.state_dict() == saved["rubric"]

@@ -128,7 +128,8 @@ class TestNaiveManager:
 
         Image.new("RGB", (64, 32), "white").save(tmp_path / "a.png")
         fn = load_like_verl(MODULE_PATH, reward_kwargs={"reward": "grounding"})
-        out = naive_call(fn, data_source="ref", ground_truth="[10, 10, 30, 20]", response="<answer>[10, 10, 30, 20]</answer>",
+        out = naive_call(fn, data_source="ref", ground_truth="[10, 10, 30, 20]",
+                         response="<answer>[10, 10, 30, 20]</answer>",
                          extra_info={"answer_type": "box", "images": [str(tmp_path / "a.png")]})
         assert out == {"score": 1.0, "grounding": 1.0}
         with pytest.raises(UserError, match="images"):

@@ -30,7 +30,8 @@ otherwise, e.g. when a process's batch does not hold whole groups); without it, 
 ``id`` column or, failing that, by prompt content (text, answer, image pixels). The group-aware rewards
 (``rubric`` saturation/POW3R, ``consistency`` with ``variant="care"``) then see whole groups. On several
 processes, keep ``per_device_train_batch_size * steps_per_generation`` a multiple of ``num_generations``
-so no group is split between processes.
+so no group is split between processes. An eval set generated with a different
+``num_generations_eval`` breaks the block check: leave ``group_size`` unset there (content grouping).
 
 Logging: besides TRL's ``rewards/<name>/mean``, each call logs through TRL's ``log_metric`` hook the
 means of the reward's sub-components (``rewards/rubric/crit/count``), the reward's own metrics
@@ -70,7 +71,8 @@ from mmrlvr.rewards.base import score_batch
 from mmrlvr.rewards.combine import RewardSpec
 from mmrlvr.types import Completion, RewardResult, Sample
 
-__all__ = ["TRLReward", "ScoredBatch", "load_reward_state", "trl_reward", "trl_rewards", "reward_callback", "completion_text", "STATE_FILE"]
+__all__ = ["TRLReward", "ScoredBatch", "trl_reward", "trl_rewards", "reward_callback", "load_reward_state",
+           "completion_text", "seen_size", "STATE_FILE"]
 
 COLUMN_ROLES = ("answer", "answer_type", "image", "images", "rubric", "options", "meta", "id")
 TRL_CONTROL_KWARGS = ("trainer_state", "log_extra", "log_metric", "environments")
