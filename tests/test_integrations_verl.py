@@ -115,7 +115,7 @@ class TestNaiveManager:
 
     def test_extra_info_fields_reach_the_sample(self):
         sample, key = verl_module.sample_from_verl(
-            "geo", np.str_("B"), {"question": "Which?", "options": np.array(["red", "blue"], dtype=object),
+            "geo", np.str_("B"), {"question": "<image>Which?", "options": np.array(["red", "blue"], dtype=object),
                                   "answer_type": "choice", "split": "test", "index": np.int64(3),
                                   "meta": json.dumps({"tolerance": 0.5}), "num_turns": None})
         assert sample.answer == "B" and sample.meta["options"] == ["red", "blue"]

@@ -104,7 +104,7 @@ def messages_from_prompt(prompt: Any, n_images: int) -> list[dict[str, Any]]:
     the images travel in ``Sample.images``).
     """
     if prompt is None or isinstance(prompt, str):
-        text = prompt or ""
+        text = (prompt or "").replace("<image>", "").strip()  # verl-style placeholders become image parts
         parts = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": text}]
         return [{"role": "user", "content": parts}]
     messages = []
