@@ -224,3 +224,20 @@ def test_qwen_vl_utils_image_helpers_import():
     assert qvu.smart_resize(112, 112, factor=28) == (112, 112)
     if not HAS_TORCHVISION:
         assert "torchvision" not in sys.modules  # the stand-in is gone after the import
+
+
+@pytest.mark.skipif(HAS_TORCHVISION, reason="the fallback is for machines without torchvision")
+def test_load_policy_handles_a_checkpoint_naming_the_stock_processor(tiny_dirs, tmp_path):
+    """Real Qwen checkpoints name ``Qwen2_5_VLProcessor``, whose loading needs a video processor."""
+    import shutil
+
+    folder = tmp_path / "realish"
+    shutil.copytree(tiny_dirs["qwen2_5_vl"], folder)
+    config = json.loads((folder / "processor_config.json").read_text())
+    (folder / "processor_config.json").write_text(json.dumps({**config, "processor_class": "Qwen2_5_VLProcessor"}))
+    with pytest.raises(Exception):
+        AutoProcessor.from_pretrained(str(folder))  # the stock path fails without torchvision
+    _, processor = load_policy(folder)
+    assert type(processor).__name__ == "Qwen2_5_VLImageProcessorOnly"
+    assert processor(text=["<|vision_start|><|image_pad|><|vision_end|>hi"], images=[[_image()]],
+                     return_tensors="pt")["image_grid_thw"].tolist() == [[1, 8, 8]]

@@ -16,7 +16,17 @@ from mmrlvr.models.tiny import FAMILIES, build_tiny
 
 register_image_only_processors()
 
+
+def __getattr__(name: str):
+    # warm_start pulls in data + evaluation; import it only when asked for
+    if name == "warm_start":
+        from mmrlvr.models.warmstart import warm_start
+
+        return warm_start
+    raise AttributeError(name)
+
+
 __all__ = [
     "FAMILIES", "HAS_TORCHVISION", "apply_lora", "build_tiny", "freeze_vision", "load_policy",
-    "load_processor", "reference_logits_context", "register_image_only_processors",
+    "load_processor", "reference_logits_context", "register_image_only_processors", "warm_start",
 ]

@@ -40,6 +40,7 @@ from mmrlvr.types import Sample
 
 WARMSTART_VERSION = 1  # bump when the recipe changes: invalidates every cache
 RESULT_FILE = "warmstart.json"
+IN_PROGRESS = ".warmstart-in-progress"
 
 
 def answer_space(task: str, rng: random.Random) -> str:
@@ -170,7 +171,13 @@ def warm_start(out_dir: str | Path, *, family: str = "qwen2_5_vl", task: str = "
     out = Path(out_dir)
     if not force and (hit := cached_result(out, digest)) is not None:
         return {**hit, "cached": True}
+    marker = out / IN_PROGRESS
+    if (out / "config.json").exists() and not force and not (out / RESULT_FILE).exists() and not marker.exists():
+        raise UserError(f"{str(out)!r} holds a model that is not a warm start; pass force=True (--force) to "
+                        "overwrite it")
     t_start = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    marker.touch()  # lets a rerun overwrite an interrupted build without --force
     (out / RESULT_FILE).unlink(missing_ok=True)
     build_tiny(family, out, seed=seed)
     model, processor = load_policy(out)
@@ -224,6 +231,7 @@ def warm_start(out_dir: str | Path, *, family: str = "qwen2_5_vl", task: str = "
               "steps_run": step, "train_s": round(train_s, 2), "total_s": round(time.perf_counter() - t_start, 2),
               "val_history": history, "chance": _chance(task), "options": options, "options_hash": digest}
     _write_json_atomic(out / RESULT_FILE, result)
+    marker.unlink(missing_ok=True)
     return {**result, "cached": False}
 
 

@@ -158,11 +158,26 @@ class VLLMEngine:
 
     model_path: the folder vLLM loads first (the policy's starting weights). processor: the HF processor
     of the same folder (prompt tensors for teacher forcing). sync: "weights" or "lora".
-    llm_kwargs: passed to ``vllm.LLM`` (e.g. gpu_memory_utilization, max_model_len, dtype).
+    policy: the trainer's model; when given, every ``generate`` first syncs its current weights (so a
+    trainer that never calls ``sync_weights``, or one that resumed from a checkpoint, still samples from
+    the current policy). llm_kwargs: passed to ``vllm.LLM`` (e.g. gpu_memory_utilization, max_model_len).
     """
 
+    @classmethod
+    def from_config(cls, cfg: Any, policy: torch.nn.Module, processor: Any) -> "VLLMEngine":
+        """The engine for a ``RunConfig`` (rollout.engine = vllm), colocated with the trainer's policy."""
+        from mmrlvr.train.model_path import resolve_model_path
+
+        gen = getattr(policy, "generation_config", None)
+        eos = getattr(gen, "eos_token_id", None)
+        eos_ids = list(eos) if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else None)
+        dtype = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}.get(cfg.model.dtype, "auto")
+        return cls(resolve_model_path(cfg.model.path), processor, policy=policy, eos_ids=eos_ids, dtype=dtype,
+                   gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization, seed=cfg.seed)
+
     def __init__(self, model_path: str | Path, processor: Any, *, sync: str = "weights",
-                 eos_ids: list[int] | None = None, **llm_kwargs: Any) -> None:
+                 eos_ids: list[int] | None = None, policy: torch.nn.Module | None = None,
+                 **llm_kwargs: Any) -> None:
         if sync not in ("weights", "lora"):
             raise UserError(f"unknown vLLM weight sync {sync!r}; use 'weights' or 'lora'")
         vllm = import_vllm()
@@ -181,10 +196,14 @@ class VLLMEngine:
         self._lora_request = None
         self._lora_version = 0
         self._lora_dir = Path(tempfile.mkdtemp(prefix="mmrlvr-lora-"))
+        self.policy = policy
 
     def generate(self, samples: list[Sample], group_size: int, params: SamplingParams, *, seed: int,
                  step: int) -> RolloutBatch:
         t0 = time.perf_counter()
+        if self.policy is not None:
+            self.sync_weights(self.policy)
+        t_sync = time.perf_counter()
         requests = build_requests(self.processor, samples, group_size, params, seed=seed, step=step,
                                   stop_token_ids=self.eos_ids)
         prompts = [to_vllm_prompt(r) for r in requests]
@@ -210,7 +229,8 @@ class VLLMEngine:
         return assemble_batch(samples, group_size, inputs, vision, pad_rows(rows, self.pad_id, torch.long),
                               pad_rows(lps, 0.0, torch.float), eos_ids=self.eos_ids, pad_id=self.pad_id,
                               tokenizer=tokenizer, finish_reasons=finish,
-                              timings={"generate_s": t1 - t0, "total_s": time.perf_counter() - t0})
+                              timings={"sync_s": t_sync - t0, "generate_s": t1 - t_sync,
+                                       "total_s": time.perf_counter() - t0})
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Push the trainer's current weights into vLLM (call after every optimizer step)."""

@@ -1,0 +1,84 @@
+"""Warm start: SFT batches, answer noise, caching; the full CLI run is a slow learning check."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from mmrlvr.data import make_rows, rows_to_samples
+from mmrlvr.errors import UserError
+from mmrlvr.models import build_tiny, load_policy
+from mmrlvr.models.warmstart import RESULT_FILE, collate_sft, encode_sft, noisy_target, warm_start
+
+
+def test_noisy_target_keeps_thinking_and_randomises_answers():
+    solution = "<think>I see 2 red, 1 blue.</think><answer>2</answer>"
+    rng = random.Random(0)
+    assert noisy_target(solution, "count", 0.0, rng) == solution
+    outs = [noisy_target(solution, "count", 1.0, rng) for _ in range(200)]
+    assert all(o.startswith("<think>I see 2 red, 1 blue.</think><answer>") for o in outs)
+    answers = {re.search(r"<answer>(.*)</answer>", o).group(1) for o in outs}
+    assert answers == {"0", "1", "2", "3"}  # uniform over the count answers, the true one included
+
+
+def test_sft_batch_labels_cover_only_the_response(tmp_path):
+    _, processor = load_policy(build_tiny("qwen2_5_vl", tmp_path / "m"))
+    rows = make_rows("count", "train", 3, seed=0)
+    examples = encode_sft(processor, rows_to_samples(rows), [r["solution"] for r in rows])
+    tok = processor.tokenizer
+    batch = collate_sft(examples, tok.pad_token_id)
+    for i, row in enumerate(rows):
+        labelled = batch["labels"][i][batch["labels"][i] != -100]
+        assert tok.decode(labelled) == row["solution"] + "<|im_end|>"
+        assert batch["input_ids"][i, -len(labelled):].tolist() == labelled.tolist()
+    assert batch["attention_mask"].sum() == sum(len(e["input_ids"]) for e in examples)
+    assert batch["pixel_values"].shape[0] == 3 * 64 and batch["image_grid_thw"].shape == (3, 3)
+    assert batch["mm_token_type_ids"].shape == batch["input_ids"].shape
+
+
+def test_short_warm_start_runs_and_is_cached(tmp_path):
+    out = tmp_path / "ws"
+    opts = dict(steps=4, eval_every=2, n_train=64, n_val=8, n_test=8, k=2, batch_size=8, stop_at=None, progress=False)
+    first = warm_start(out, **opts)
+    assert not first["cached"] and first["steps_run"] == 4 and len(first["val_history"]) == 2
+    for key in ("greedy_accuracy", "avg@2", "pass@2", "format_rate"):
+        assert 0.0 <= first[key] <= 1.0
+    assert json.loads((out / RESULT_FILE).read_text())["options_hash"] == first["options_hash"]
+    t0 = time.perf_counter()
+    second = warm_start(out, **opts)
+    assert second["cached"] and time.perf_counter() - t0 < 1.0
+    assert {k: v for k, v in second.items() if k != "cached"} == {k: v for k, v in first.items() if k != "cached"}
+    model, _ = load_policy(out)  # the saved folder is the trained model
+    assert torch.isfinite(next(model.parameters())).all()
+
+
+def test_warm_start_refuses_to_overwrite_another_model(tmp_path):
+    build_tiny("qwen2_vl", tmp_path)
+    with pytest.raises(UserError, match="force"):
+        warm_start(tmp_path, steps=1, progress=False)
+    with pytest.raises(UserError, match="answer_noise"):
+        warm_start(tmp_path / "x", answer_noise=1.5)
+
+
+@pytest.mark.slow
+def test_cli_warm_start_beats_chance_and_second_call_is_cached(tmp_path):
+    """The real recipe (~1.5-3 min on 2 cores): held-out greedy accuracy above chance (25% for count)."""
+    out = tmp_path / "tiny"
+    cmd = [sys.executable, "-m", "mmrlvr.cli", "tiny", "build", "--family", "qwen2_5_vl", "--out", str(out),
+           "--warm-start", "--quiet"]
+    first = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    metrics = json.loads(re.search(r"^metrics: (.*)$", first.stdout, re.M).group(1))
+    assert not metrics["cached"]
+    assert 0.30 <= metrics["greedy_accuracy"] <= 0.65, first.stdout
+    assert metrics["format_rate"] > 0.9
+    t0 = time.perf_counter()
+    second = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    assert time.perf_counter() - t0 < 20  # interpreter + imports; no training
+    assert json.loads(re.search(r"^metrics: (.*)$", second.stdout, re.M).group(1)) == {**metrics, "cached": True}
