@@ -200,3 +200,19 @@ def test_assemble_batch_from_token_lists(policy, samples):
     assert torch.equal(rebuilt.response_ids, hf.response_ids[:, :length])
     torch.testing.assert_close(rebuilt.old_logprobs, hf.old_logprobs[:, :length])
     assert [c.text for c in rebuilt.completions] == [c.text for c in hf.completions]
+
+
+def test_checkpoint_generation_defaults_do_not_leak(policy, samples):
+    """A checkpoint's repetition penalty / n-gram ban would change tokens but not the recorded log-probs."""
+    model, processor = policy
+    params = SamplingParams(max_new_tokens=16, temperature=1.0)
+    plain = HFEngine(model, processor).generate(samples[:2], 4, params, seed=0, step=0)
+    saved = model.generation_config
+    model.generation_config = type(saved)(**{**saved.to_dict(), "repetition_penalty": 5.0, "no_repeat_ngram_size": 1,
+                                             "do_sample": True, "temperature": 0.1, "top_k": 1})
+    try:
+        batch = HFEngine(model, processor).generate(samples[:2], 4, params, seed=0, step=0)
+    finally:
+        model.generation_config = saved
+    assert torch.equal(batch.response_ids, plain.response_ids)
+    assert model.generation_config is saved

@@ -14,8 +14,9 @@ The result (``RolloutBatch``) can be teacher-forced without running the processo
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
@@ -161,6 +162,22 @@ class HFEngine:
         return GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=params.max_new_tokens,
                                 eos_token_id=self.eos_ids, pad_token_id=self.pad_id, use_cache=True)
 
+    @contextlib.contextmanager
+    def _own_generation_defaults(self) -> Iterator[None]:
+        """Hide the checkpoint's generation_config while we generate.
+
+        ``generate`` fills every field our config leaves unset from ``model.generation_config`` (a real Qwen
+        checkpoint sets repetition_penalty 1.05, top_k 1, ...), and such processors would change the tokens
+        without changing the log-probs we record. A blank default config leaves only ours.
+        """
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        saved = getattr(base, "generation_config", None)
+        base.generation_config = GenerationConfig(eos_token_id=self.eos_ids, pad_token_id=self.pad_id)
+        try:
+            yield
+        finally:
+            base.generation_config = saved
+
     @torch.no_grad()
     def _generate_rows(self, inputs: dict[str, Any], seeds: list[int], params: SamplingParams
                        ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,8 +185,9 @@ class HFEngine:
         device = next(self.model.parameters()).device
         inputs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
         sampler = RowSampler(seeds, params, device=device, banned_ids=self.banned_ids)
-        out = self.model.generate(**inputs, generation_config=self._generation_config(params),
-                                  logits_processor=LogitsProcessorList([sampler]))
+        with self._own_generation_defaults():
+            out = self.model.generate(**inputs, generation_config=self._generation_config(params),
+                                      logits_processor=LogitsProcessorList([sampler]))
         sequences = out if isinstance(out, torch.Tensor) else out.sequences
         response = sequences[:, inputs["input_ids"].shape[1]:]  # [n, l]
         length = response.shape[1]
