@@ -8,7 +8,9 @@
 - ``bonus``: GRPO-CARE bonus, CORA split advantages, β schedule (pure tensor functions);
 - ``reward``: the ``consistency`` reward (variants ``accurate_only`` [default], ``plain``,
   ``follow_correct_thinking``, ``care``), registered in ``mmrlvr.rewards.base.REWARDS`` on import;
-- ``metrics``: inconsistency rate and the thinking/answer four-way breakdown.
+- ``metrics``: inconsistency rate and the thinking/answer four-way breakdown (``score_completions`` for
+  completions no reward scored);
+- ``evaluate``: held-out accuracy plus greedy/sampled consistency metrics (``evaluate_consistency``).
 
 Importing this package registers the reward and does not import torch; the torch-based names
 (``EMAReference``, ``care_bonus``, ...) load on first use.
@@ -36,7 +38,7 @@ from mmrlvr.consistency.judges import (
     RuleJudge,
     build_judge,
 )
-from mmrlvr.consistency.metrics import consistency_metrics
+from mmrlvr.consistency.metrics import consistency_metrics, score_completions
 from mmrlvr.consistency.reward import DEFAULT_VARIANT, VARIANTS, ConsistencyReward, group_indices
 
 _LAZY = {
@@ -47,6 +49,7 @@ _LAZY = {
     "answer_probs": "mmrlvr.consistency.likelihood",
     "answer_likelihoods": "mmrlvr.consistency.likelihood",
     "build_answer_inputs": "mmrlvr.consistency.likelihood",
+    "evaluate_consistency": "mmrlvr.consistency.evaluate",
 }
 
 
@@ -61,5 +64,6 @@ __all__ = [
     "CONCLUSION_HOOKS", "RolloutAnalysis", "analyse",
     "ConsistencyJudge", "CONSISTENCY_JUDGES", "RuleJudge", "NLIJudge", "LikelihoodJudge", "build_judge",
     "ConsistencyReward", "VARIANTS", "DEFAULT_VARIANT", "group_indices", "consistency_metrics",
+    "score_completions",
     *_LAZY,
 ]

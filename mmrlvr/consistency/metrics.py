@@ -14,13 +14,21 @@
 - ``consistency/verifiable_fraction``: share of rollouts in the four-way set.
 
 A rate whose denominator is empty is left out (no data is not 0, and JSON has no NaN).
+
+``score_completions(completions, samples)`` gives the same metrics for completions that were never
+scored by the reward (held-out eval, another trainer's samples): it runs the rule analysis
+(``mmrlvr.consistency.analysis.analyse``) on each and aggregates its verdicts.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-__all__ = ["consistency_metrics"]
+if TYPE_CHECKING:
+    from mmrlvr.consistency.analysis import RolloutAnalysis
+    from mmrlvr.types import Completion, Sample
+
+__all__ = ["consistency_metrics", "analysis_fields", "score_completions"]
 
 
 def _rate(num: int, den: int) -> float | None:
@@ -59,3 +67,30 @@ def consistency_metrics(parsed_list: Iterable[Mapping[str, Any]]) -> dict[str, f
         "consistency/verifiable_fraction": _rate(len(both), len(rows)),
     }
     return {k: float(v) for k, v in values.items() if v is not None}
+
+
+def analysis_fields(a: "RolloutAnalysis") -> dict[str, Any]:
+    """The fields ``consistency_metrics`` reads, from one rule analysis (verdict by the rule comparison)."""
+    return {"verdict": a.rule_verdict, "agrees": a.agrees, "thinking_correct": a.thinking_correct,
+            "answer_correct": a.answer_correct}
+
+
+def score_completions(completions: Sequence["Completion | str"], samples: Sequence["Sample"],
+                      think_prefilled: bool = False) -> dict[str, float]:
+    """``consistency_metrics`` of completions judged by the rule analysis alone (no reward, no judge model).
+
+    >>> from mmrlvr.types import Sample
+    >>> s = Sample(id="q", messages=[], images=[], answer="2", answer_type="number")
+    >>> m = score_completions(["<think>I count 2.</think><answer>2</answer>",
+    ...                        "<think>I count 2.</think><answer>3</answer>"], [s, s])
+    >>> m["inconsistency_rate"], m["consistency/think_right_answer_wrong"]
+    (0.5, 0.5)
+    """
+    from mmrlvr.consistency.analysis import analyse
+    from mmrlvr.types import Completion
+
+    if len(completions) != len(samples):
+        raise ValueError(f"{len(completions)} completions for {len(samples)} samples")
+    rows = [analysis_fields(analyse(Completion(c) if isinstance(c, str) else c, s, think_prefilled))
+            for c, s in zip(completions, samples)]
+    return consistency_metrics(rows)

@@ -1,0 +1,188 @@
+"""Which consistency reward fixes thinking–answer inconsistency without rewriting correct thinking?
+
+From the inconsistent warm start (``tiny:qwen2_5_vl:warm:noise0.9``: thinking mostly right, answers
+mostly random), trains one arm per reward with the same seed, data order and budget, and measures on the
+held-out set, before -> after, for greedy and sampled (T = 1, k = 8) completions: inconsistency rate,
+thinking accuracy, the four-way breakdown (thinking right/wrong x answer right/wrong) and
+"both wrong but consistent", plus greedy accuracy and avg@8.
+
+Arms (``--arms``; all use ``configs/consistency-tiny.yaml`` and differ only in the consistency reward):
+  accuracy       format + accuracy; the consistency reward at weight 0 (metrics only)
+  plain          + consistency ``plain`` (the known failure, STACK.md)
+  accurate_only  + consistency ``accurate_only`` (the default variant)
+  follow         + consistency ``follow_correct_thinking``
+  cora           + ``accurate_only`` with CORA advantage splitting
+  care           + consistency ``care`` (GRPO-CARE bonus) with the rule judge
+
+Acceptance (docs/consistency.md): the default arm lowers the sampled inconsistency rate vs the warm start,
+loses at most 3 points of sampled thinking accuracy, and ends no lower than the accuracy arm in greedy
+accuracy and avg@8.
+
+    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/consistency_study.py \
+        [--steps 200] [--seeds 0] [--arms accuracy plain accurate_only follow cora] [--out runs/consistency-study]
+
+Writes ``results.json`` and ``results.md`` (the table) to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_ARM = "accurate_only"
+
+ARMS: dict[str, list[str]] = {
+    "accuracy": ["rewards.2.weight=0"],
+    "plain": ["rewards.2.params.variant=plain"],
+    "accurate_only": ["rewards.2.params.variant=accurate_only"],
+    "follow": ["rewards.2.params.variant=follow_correct_thinking"],
+    "cora": ["rewards.2.params.variant=accurate_only", "consistency.split_advantage=true"],
+    "care": ["rewards.2.params.variant=care", "rewards.2.params.judge=rule"],
+}
+
+# the study does its own held-out eval (accuracy and consistency from the same draws): the trainer's is off
+QUIET = ["eval.at_start=false", "eval.at_end=false", "eval.every=0", "log_rollouts=false", "tensorboard=false",
+         "save_every=0", "progress=false"]
+
+# (label, key in the evaluate_consistency result) for the table; "s/" = sampled, "g/" = greedy
+COLUMNS = [
+    ("IR s", "sampled/inconsistency_rate"),
+    ("IR g", "greedy/inconsistency_rate"),
+    ("think acc s", "sampled/thinking_accuracy"),
+    ("think acc g", "greedy/thinking_accuracy"),
+    ("TR/AR s", "sampled/think_right_answer_right"),
+    ("TR/AW s", "sampled/think_right_answer_wrong"),
+    ("TW/AR s", "sampled/think_wrong_answer_right"),
+    ("TW/AW s", "sampled/think_wrong_answer_wrong"),
+    ("both wrong cons s", "sampled/both_wrong_consistent"),
+    ("greedy acc", "greedy_accuracy"),
+    ("avg@8", "avg@8"),
+]
+
+
+def load(config: str, seed: int, steps: int, out: Path, arm: str, extra: list[str]):
+    from mmrlvr.config import load_config
+
+    overrides = [f"output_dir={out}", f"seed={seed}", f"max_steps={steps}", *QUIET, *ARMS[arm], *extra]
+    return load_config(config, overrides)
+
+
+def held_out(trainer) -> dict[str, Any]:
+    from mmrlvr.consistency.evaluate import evaluate_consistency
+
+    cfg = trainer.cfg
+    return evaluate_consistency(trainer.engine, trainer.eval_samples, k=cfg.eval.k, temperature=cfg.eval.temperature,
+                                max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed)
+
+
+def tail_metrics(run_dir: Path, last: int = 20) -> dict[str, float]:
+    """Mean of a few training metrics over the last ``last`` steps (KL to the warm start, train IR, ...)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if "reward/mean" in r][-last:]
+    out = {}
+    for key in ("kl", "inconsistency_rate", "accuracy", "consistency/thinking_accuracy", "reward/consistency"):
+        vals = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+        if vals:
+            out[key] = sum(vals) / len(vals)
+    return out
+
+
+def run_arm(config: str, seed: int, steps: int, out: Path, arm: str, extra: list[str],
+            before_cache: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    from mmrlvr.train.trainer import Trainer
+
+    cfg = load(config, seed, steps, out, arm, extra)
+    t0 = time.perf_counter()
+    trainer = Trainer(cfg)
+    if seed not in before_cache:  # every arm of a seed starts from the same model and evaluates alike
+        before_cache[seed] = held_out(trainer)
+    trainer.train()
+    train_s = time.perf_counter() - t0
+    after = held_out(trainer)
+    return {"arm": arm, "seed": seed, "steps": steps, "overrides": ARMS[arm] + extra, "before": before_cache[seed],
+            "after": after, "train_tail": tail_metrics(out), "wall_s": time.perf_counter() - t0,
+            "train_s": train_s}
+
+
+def acceptance(results: dict[str, dict[str, Any]], default: str = DEFAULT_ARM) -> dict[str, Any]:
+    """The default variant's bar, per seed (see the module docstring)."""
+    checks: dict[str, Any] = {}
+    for key, res in results.items():
+        if res["arm"] != default:
+            continue
+        b, a = res["before"], res["after"]
+        base = results.get(f"accuracy/seed{res['seed']}")
+        c = {
+            "ir_lowered": a["sampled/inconsistency_rate"] < b["sampled/inconsistency_rate"],
+            "thinking_drop_pts": 100 * (b["sampled/thinking_accuracy"] - a["sampled/thinking_accuracy"]),
+        }
+        c["thinking_ok"] = c["thinking_drop_pts"] <= 3.0
+        if base is not None:
+            c["greedy_vs_accuracy_pts"] = 100 * (a["greedy_accuracy"] - base["after"]["greedy_accuracy"])
+            c["avg8_vs_accuracy_pts"] = 100 * (a["avg@8"] - base["after"]["avg@8"])
+            c["not_below_accuracy"] = c["greedy_vs_accuracy_pts"] >= 0 and c["avg8_vs_accuracy_pts"] >= 0
+        c["pass"] = c["ir_lowered"] and c["thinking_ok"] and c.get("not_below_accuracy", True)
+        checks[key] = c
+    return checks
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    """Markdown: one row for the warm start per seed, then one row per arm (after training)."""
+    head = "| run | " + " | ".join(label for label, _ in COLUMNS) + " | KL (last 20) | min |"
+    sep = "|" + "---|" * (len(COLUMNS) + 3)
+    lines = [head, sep]
+    seen: set[int] = set()
+    for res in results.values():
+        if res["seed"] not in seen:
+            seen.add(res["seed"])
+            vals = " | ".join(f"{res['before'].get(k, float('nan')):.3f}" for _, k in COLUMNS)
+            lines.append(f"| warm start (seed {res['seed']}) | {vals} | 0 | - |")
+        vals = " | ".join(f"{res['after'].get(k, float('nan')):.3f}" for _, k in COLUMNS)
+        kl = res["train_tail"].get("kl", float("nan"))
+        lines.append(f"| {res['arm']} (seed {res['seed']}, {res['steps']} steps) | {vals} | {kl:.4f} | "
+                     f"{res['wall_s'] / 60:.1f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", default=str(ROOT / "configs" / "consistency-tiny.yaml"))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--arms", nargs="+", default=["accuracy", "plain", "accurate_only", "follow", "cora"],
+                   choices=list(ARMS))
+    p.add_argument("--out", default="runs/consistency-study")
+    p.add_argument("overrides", nargs="*", help="extra key=value overrides for every arm")
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict[str, Any]] = {}
+    before: dict[int, dict[str, Any]] = {}
+    for seed in args.seeds:
+        for arm in args.arms:
+            key = f"{arm}/seed{seed}"
+            res = run_arm(args.config, seed, args.steps, out / f"{arm}-seed{seed}", arm, args.overrides, before)
+            results[key] = res
+            b, a = res["before"], res["after"]
+            print(f"[{key}] {res['wall_s'] / 60:.1f} min: IR(s) {b['sampled/inconsistency_rate']:.3f} -> "
+                  f"{a['sampled/inconsistency_rate']:.3f}, thinking acc(s) {b['sampled/thinking_accuracy']:.3f} -> "
+                  f"{a['sampled/thinking_accuracy']:.3f}, greedy {b['greedy_accuracy']:.3f} -> "
+                  f"{a['greedy_accuracy']:.3f}, avg@8 {b['avg@8']:.3f} -> {a['avg@8']:.3f}", flush=True)
+            # rewrite after every arm: a long study interrupted keeps what it measured
+            checks = acceptance(results)
+            (out / "results.json").write_text(json.dumps({"results": results, "acceptance": checks}, indent=2,
+                                                         default=float))
+            (out / "results.md").write_text(table(results) + "\n")
+    print()
+    print(table(results))
+    print("\nacceptance of the default variant (accurate_only):")
+    for key, c in acceptance(results).items():
+        print(f"  {key}: {json.dumps(c, default=float)}")
+
+
+if __name__ == "__main__":
+    main()
