@@ -5,18 +5,24 @@
   chunked over tokens so full-vocabulary logits of both passes never exist at once
 - ``schemes``: the credit schemes by name (none, entropy_topk, vepo, vppo, papo, rsi)
 
-Typical use in a trainer::
+Typical use in a trainer (``logits`` = the policy forward's response logits [N, L, V], with grad)::
 
     scheme = build_scheme(cfg.credit.scheme, **cfg.credit.params)
     inputs_pert = None
     if scheme.needs_perturbed:
-        name, params = scheme.perturbation
-        vision = perturb_vision(batch.vision, name, layout, seed=seed, **params)
-        inputs_pert = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, **vision}
-    signals = token_signals_from_model(model, batch.model_inputs(), inputs_pert, batch.prompt_length,
-                                       batch.response_ids, batch.response_mask)
-    credit = scheme(signals, batch.response_mask, advantages, old_logprobs=batch.old_logprobs)
-    # loss: advantages * credit.adv_scale, credit.token_weights as the loss mask, + credit.extra_loss(logp)
+        name, params = scheme.perturbation                      # or the config's choice
+        vision = perturb_vision(batch.vision, name, seed=seed, processor=processor, **params)
+        inputs_pert = {**batch.model_inputs(), **vision}
+    full = scheme.needs_distribution or not scheme.needs_perturbed
+    signals = token_signals_from_model(model, None, inputs_pert, batch.prompt_length, batch.response_ids,
+                                       mask, logits_clean=logits.detach() if full else None,
+                                       old_logprobs=batch.old_logprobs, distribution=scheme.needs_distribution,
+                                       temperature=temperature)
+    credit = scheme(signals, mask, advantages)
+    # loss: advantages * credit.adv_scale, mask * credit.token_weights as the loss mask,
+    #       per-token loss + credit.extra_loss(logp) when it is not None (PAPO)
+
+``benchmarks/credit_overhead.py`` measures what this adds to a training step.
 """
 
 from mmrlvr.credit.perturb import (

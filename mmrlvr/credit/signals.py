@@ -142,10 +142,13 @@ def token_signals(p: Source | None, q: Source | None, response_ids: torch.Tensor
             out["logq"][r, c] = lq.gather(-1, tok).squeeze(-1)
             if not distribution:
                 continue
-            same = (lp == lq).all(-1)  # [c]
-            del lp
             qq = lq.exp()
             h_q = -_plogp_sum(qq, lq)
+            # Identical rows have bitwise-equal entropies; only those candidates get the full comparison.
+            same = h_p == h_q  # [c]
+            if bool(same.any()):
+                same[same.clone()] = (lp[same] == lq[same]).all(-1)
+            del lp
             mm = pp.add_(qq).mul_(0.5)  # M = (P + Q)/2, in P's buffer
             h_m = -_plogp_sum(mm, torch.log(mm, out=lq))  # log M in lq's buffer
             jsd = (h_m - 0.5 * (h_p + h_q)).clamp_(0.0, LOG2)
