@@ -108,12 +108,14 @@ def test_auto_processor_returns_a_full_processor(tiny_dirs):
         assert type(processor).__name__ == "Qwen2_5_VLImageProcessorOnly"
 
 
-def test_saved_folder_names_no_custom_processor_class(tiny_dirs):
-    """Without processor_class the folder loads with the stock processor where torchvision exists."""
+def test_saved_folder_looks_like_a_stock_checkpoint(tiny_dirs):
+    """No processor_class and a video processor entry: the stock processor loads it where torchvision exists."""
     for name in ("processor_config.json", "tokenizer_config.json"):
         path = tiny_dirs["qwen2_vl"] / name
         if path.exists():
             assert "processor_class" not in json.loads(path.read_text())
+    video = json.loads((tiny_dirs["qwen3_vl"] / "processor_config.json").read_text())["video_processor"]
+    assert (video["video_processor_type"], video["patch_size"]) == ("Qwen3VLVideoProcessor", 16)
     config = json.loads((tiny_dirs["qwen3_vl"] / "config.json").read_text())
     assert config["vision_config"]["patch_size"] == 16
     assert config["vision_config"]["out_hidden_size"] == config["text_config"]["hidden_size"]

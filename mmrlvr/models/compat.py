@@ -92,30 +92,25 @@ def register_image_only_processors() -> None:
     _registered = True
 
 
-def processor_class_for(model_type: str) -> type:
-    """The processor class to build for a Qwen family here: stock with torchvision, image-only without."""
-    _, stock, image_only = PROCESSORS[model_type]
-    return stock if HAS_TORCHVISION else image_only
-
-
 def load_processor(path: str | Path, model_type: str | None = None, **kwargs: Any) -> Any:
     """``AutoProcessor.from_pretrained`` that also works for real Qwen checkpoints without torchvision.
 
     A real checkpoint names its stock processor class in ``preprocessor_config.json``, which bypasses the
-    registration above; for those we build the image-only subclass from the same files instead.
+    registration above, and a folder without a video processor config cannot build the stock processor
+    even with torchvision; for Qwen families we then build the image-only processor from the same files.
     """
     register_image_only_processors()
     try:
         processor = AutoProcessor.from_pretrained(str(path), **kwargs)
     except Exception:  # noqa: BLE001 - retried below with the image-only class, re-raised if that fails
-        if HAS_TORCHVISION or model_type not in PROCESSORS:
+        if model_type not in PROCESSORS:
             raise
         processor = None
     if model_type in PROCESSORS and not isinstance(processor, ProcessorMixin):
         image_processor = AutoImageProcessor.from_pretrained(str(path), **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(str(path), **kwargs)
-        processor = processor_class_for(model_type)(image_processor, tokenizer,
-                                                    chat_template=getattr(tokenizer, "chat_template", None))
+        processor = PROCESSORS[model_type][2](image_processor, tokenizer,
+                                              chat_template=getattr(tokenizer, "chat_template", None))
     return processor
 
 

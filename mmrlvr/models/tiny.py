@@ -37,7 +37,7 @@ from transformers import (
 )
 
 from mmrlvr.errors import UserError
-from mmrlvr.models.compat import processor_class_for, register_image_only_processors
+from mmrlvr.models.compat import PROCESSORS, register_image_only_processors
 
 FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
@@ -236,6 +236,8 @@ def make_config(family: str, tokenizer: PreTrainedTokenizerFast, **overrides: An
     raise UserError(f"unknown tiny-model family {family!r}; known: {', '.join(FAMILIES)}")
 
 
+IMAGE_ONLY_PROCESSORS = {family: classes[2] for family, classes in PROCESSORS.items()}
+
 MODEL_CLASSES = {
     "qwen2_vl": Qwen2VLForConditionalGeneration,
     "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
@@ -254,14 +256,19 @@ def make_processor(family: str, tokenizer: PreTrainedTokenizerFast, config, imag
         patch_size=patch, merge_size=merge, temporal_patch_size=config.vision_config.temporal_patch_size,
         min_pixels=factor * factor, max_pixels=4 * image_size * image_size, **norm,
     )
-    return processor_class_for(family)(image_processor, tokenizer, chat_template=tokenizer.chat_template)
+    # the image-only class builds with or without torchvision; the saved files are the same as the stock
+    # processor's once ``_finish_processor_files`` adds the video processor's config
+    return IMAGE_ONLY_PROCESSORS[family](image_processor, tokenizer, chat_template=tokenizer.chat_template)
 
 
-def _strip_processor_class(out: Path) -> None:
-    """Remove ``processor_class`` from the saved JSON files.
+def _finish_processor_files(out: Path, family: str, config) -> None:
+    """Make the saved processor files those of a stock Qwen checkpoint.
 
-    Then ``AutoProcessor`` picks the processor by config type: the stock Qwen processor where torchvision
-    is installed (e.g. a GPU box running vLLM), the registered image-only one where it is not.
+    - no ``processor_class``: ``AutoProcessor`` then picks the processor by config type, i.e. the stock Qwen
+      processor where torchvision is installed (e.g. a GPU box running vLLM) and the registered image-only
+      one where it is not;
+    - a ``video_processor`` entry (written as JSON: building one needs torchvision), which the stock
+      processor loads; it shares the vision tower's patch / merge sizes.
     """
     for name in ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json"):
         path = out / name
@@ -269,9 +276,14 @@ def _strip_processor_class(out: Path) -> None:
             continue
         data = json.loads(path.read_text())
         data.pop("processor_class", None)
-        if name == "processor_config.json" and not data:
-            path.unlink()
-            continue
+        if name == "processor_config.json":
+            image = data.get("image_processor", {})
+            data.setdefault("video_processor", {
+                "video_processor_type": "Qwen3VLVideoProcessor" if family == "qwen3_vl" else "Qwen2VLVideoProcessor",
+                "patch_size": config.vision_config.patch_size, "merge_size": config.vision_config.spatial_merge_size,
+                "temporal_patch_size": config.vision_config.temporal_patch_size,
+                **{k: image[k] for k in ("image_mean", "image_std") if k in image},
+            })
         path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
@@ -299,5 +311,5 @@ def build_tiny(family: str, out_dir: str | Path, *, seed: int = 0, **overrides: 
     model.save_pretrained(out)
     processor = make_processor(family, tokenizer, config, overrides.get("image_size", DEFAULTS["image_size"]))
     processor.save_pretrained(out)
-    _strip_processor_class(out)
+    _finish_processor_files(out, family, config)
     return out
