@@ -48,6 +48,8 @@ class RolloutBatch:
                      already expanded to N rows in the processor's own layout
     prompt_length:   P
     completions:     N Completions (decoded text, finish_reason "stop" | "length", token ids)
+    image_features:  optional per-image vision-tower outputs for the N rows' images (in image_grid_thw
+                     order), computed once per distinct prompt; reusable while the vision tower is frozen
     """
 
     samples: list[Sample]
@@ -62,6 +64,7 @@ class RolloutBatch:
     prompt_length: int
     completions: list[Completion]
     timings: dict[str, float] = field(default_factory=dict)
+    image_features: list[torch.Tensor] | None = None
 
     @property
     def num_rows(self) -> int:

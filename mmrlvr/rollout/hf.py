@@ -25,6 +25,7 @@ from mmrlvr.errors import UserError
 from mmrlvr.rollout.base import RolloutBatch, SamplingParams
 from mmrlvr.rollout.batch import assemble_batch
 from mmrlvr.rollout.sampling import RowSampler, row_seed
+from mmrlvr.rollout.vision import encode_images, encoder_outputs, repeat_per_row, supports_precomputed_vision
 from mmrlvr.types import Sample
 
 # Processor outputs that hold one row of patches per image, with per-image grid sizes (Qwen layout).
@@ -210,6 +211,15 @@ class HFEngine:
         rows = [(s, g) for s in samples for g in range(group_size)]
         seeds = [row_seed(seed, step, s.id, g) for s, g in rows]
         images_per_row = [len(s.images) for s, _ in rows]
+        features = None
+        if "pixel_values" in inputs and "image_grid_thw" in inputs and supports_precomputed_vision(self.model):
+            # one vision-tower run per distinct prompt instead of one per row
+            device = next(self.model.parameters()).device
+            distinct = encode_images(self.model, inputs["pixel_values"].to(device), inputs["image_grid_thw"].to(device))
+            features = repeat_per_row(distinct, images_per_prompt, group_size)
+        first_image = [0]
+        for k in images_per_row:
+            first_image.append(first_image[-1] + k)
         t1 = time.perf_counter()
 
         was_training = self.model.training
@@ -221,6 +231,9 @@ class HFEngine:
                 stop = min(n, start + chunk)
                 part = {"input_ids": prompt_ids[start:stop], "attention_mask": prompt_mask[start:stop],
                         **_slice_rows(vision, images_per_row, start, stop)}
+                if features is not None:
+                    part.pop("pixel_values", None)
+                    part["mm_encoder_outputs"] = encoder_outputs(features[first_image[start]:first_image[stop]])
                 pieces.append(self._generate_rows(part, seeds[start:stop], params))
         finally:
             self.model.train(was_training)
@@ -234,10 +247,12 @@ class HFEngine:
             response_ids[row:row + ids.shape[0], :ids.shape[1]] = ids
             old_logprobs[row:row + ids.shape[0], :ids.shape[1]] = lps
             row += ids.shape[0]
-        return assemble_batch(samples, group_size, inputs, vision, response_ids, old_logprobs,
-                              eos_ids=self.eos_ids, pad_id=self.pad_id, tokenizer=self.tokenizer,
-                              timings={"processor_s": t1 - t0, "generate_s": t2 - t1,
-                                       "total_s": time.perf_counter() - t0})
+        batch = assemble_batch(samples, group_size, inputs, vision, response_ids, old_logprobs,
+                               eos_ids=self.eos_ids, pad_id=self.pad_id, tokenizer=self.tokenizer,
+                               timings={"processor_s": t1 - t0, "generate_s": t2 - t1,
+                                        "total_s": time.perf_counter() - t0})
+        batch.image_features = features
+        return batch
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """No-op: this engine generates with the trainer's model object itself."""

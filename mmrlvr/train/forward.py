@@ -11,12 +11,12 @@ every later pass (reference, policy, perturbed-free passes) through transformers
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
 
 from mmrlvr.algos import entropy_from_logits, logprobs_from_logits
+from mmrlvr.rollout.vision import encode_images, encoder_outputs, find_vlm_core, supports_precomputed_vision
 
 
 def response_logits(model: torch.nn.Module, inputs: dict[str, Any], response_length: int) -> torch.Tensor:
@@ -38,21 +38,6 @@ def token_logprobs(model: torch.nn.Module, inputs: dict[str, Any], response_ids:
     return logp, ent
 
 
-def _find_vlm_core(model: torch.nn.Module) -> torch.nn.Module | None:
-    """The inner module that owns ``get_image_features`` (works through peft / DDP wrappers)."""
-    for module in model.modules():
-        if hasattr(module, "get_image_features") and hasattr(module, "visual"):
-            return module
-    return None
-
-
-def supports_precomputed_vision(model: torch.nn.Module) -> bool:
-    core = _find_vlm_core(model)
-    if core is None:
-        return False
-    return "mm_encoder_outputs" in inspect.signature(core.forward).parameters
-
-
 class VisionFeatureCache:
     """Vision-tower outputs computed once for the distinct prompts of a step, expanded to N rows.
 
@@ -62,46 +47,41 @@ class VisionFeatureCache:
     """
 
     def __init__(self, model: torch.nn.Module, vision: dict[str, Any], images_per_row: list[int],
-                 rows_per_prompt: int) -> None:
+                 rows_per_prompt: int, features: list[torch.Tensor] | None = None) -> None:
         self.ok = False
         self.images_per_row = images_per_row
-        core = _find_vlm_core(model)
-        if (core is None or not supports_precomputed_vision(model) or "pixel_values" not in vision
-                or "image_grid_thw" not in vision):
+        grid = vision.get("image_grid_thw")
+        if (find_vlm_core(model) is None or not supports_precomputed_vision(model) or "pixel_values" not in vision
+                or grid is None or sum(images_per_row) != grid.shape[0]):
             return
-        grid = vision["image_grid_thw"]  # [n_images, 3]
-        if sum(images_per_row) != grid.shape[0]:
-            return
-        offsets = [0]
-        for p in grid.prod(-1).tolist():
-            offsets.append(offsets[-1] + p)
         first_image = [0]
         for k in images_per_row:
             first_image.append(first_image[-1] + k)
-        # distinct images: those of the first row of every group
-        keep = [i for r in range(0, len(images_per_row), rows_per_prompt)
-                for i in range(first_image[r], first_image[r + 1])]
-        if not keep:
+        if features is None:  # encode the distinct images (first row of every group) and expand
+            offsets = [0]
+            for p in grid.prod(-1).tolist():
+                offsets.append(offsets[-1] + p)
+            keep = [i for r in range(0, len(images_per_row), rows_per_prompt)
+                    for i in range(first_image[r], first_image[r + 1])]
+            if not keep:
+                return
+            pixels = torch.cat([vision["pixel_values"][offsets[i]:offsets[i + 1]] for i in keep], dim=0)
+            distinct = encode_images(model, pixels, grid[keep])
+            features, cursor = [], 0
+            for r, k in enumerate(images_per_row):
+                if r % rows_per_prompt == 0:
+                    group = distinct[cursor:cursor + k]
+                    cursor += k
+                features.extend(group)
+        if len(features) != grid.shape[0]:
             return
-        pixels = torch.cat([vision["pixel_values"][offsets[i]:offsets[i + 1]] for i in keep], dim=0)
-        with torch.no_grad():
-            distinct = list(core.get_image_features(pixels, grid[keep], return_dict=True).pooler_output)
-        expanded: list[torch.Tensor] = []
-        cursor = 0
-        for r, k in enumerate(images_per_row):
-            if r % rows_per_prompt == 0:
-                group = distinct[cursor:cursor + k]
-                cursor += k
-            expanded.extend(group)
-        self.features = expanded
+        self.features = features
         self.first_image = first_image
         self.extra = {k: v for k, v in vision.items() if k != "pixel_values"}
         self.ok = True
 
     def inputs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: slice) -> dict[str, Any]:
         """Model kwargs for ``rows`` that reuse the cached features instead of ``pixel_values``."""
-        from transformers.modeling_outputs import BaseModelOutputWithPooling
-
         i0, i1 = self.first_image[rows.start], self.first_image[rows.stop]
         n = input_ids.shape[0]
         extra: dict[str, Any] = {}
@@ -112,9 +92,8 @@ class VisionFeatureCache:
                 extra[k] = v[rows]
             else:
                 extra[k] = v
-        feats = BaseModelOutputWithPooling(pooler_output=tuple(self.features[i0:i1]))
         return {"input_ids": input_ids[rows], "attention_mask": attention_mask[rows],
-                "mm_encoder_outputs": {"image": feats}, **extra}
+                "mm_encoder_outputs": encoder_outputs(self.features[i0:i1]), **extra}
 
 
 def slice_inputs(inputs: dict[str, Any], rows: slice, images_per_row: list[int]) -> dict[str, Any]:

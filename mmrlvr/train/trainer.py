@@ -300,7 +300,8 @@ class Trainer:
         images_per_row = (batch.input_ids[:, :batch.prompt_length] == self.vision_start_id).sum(dim=1).tolist()
         vision = None
         if cfg.model.freeze_vision:
-            vision = VisionFeatureCache(self.policy, batch.vision, images_per_row, cfg.rollout.group_size)
+            vision = VisionFeatureCache(self.policy, batch.vision, images_per_row, cfg.rollout.group_size,
+                                        features=batch.image_features)
             vision = vision if vision.ok else None
         weights = batch.response_mask.clone()
         if cfg.algo.mask_truncated:
