@@ -129,7 +129,7 @@ def train_step(b: dict[str, Any], arm: str, step: int, chunk_size: int) -> dict[
     loss.backward()
     grad_norm = torch.sqrt(sum((p.grad.float() ** 2).sum() for p in model.parameters() if p.grad is not None))
     model.zero_grad(set_to_none=True)
-    return {"loss": float(loss), "grad_norm": float(grad_norm),
+    return {"loss": float(loss.detach()), "grad_norm": float(grad_norm),
             "weighted_fraction": float((weights > 0).sum() / (mask > 0).sum())}
 
 
