@@ -115,7 +115,7 @@ class OptimConfig:
 @dataclass
 class CreditConfig:
     scheme: str = _f("none", "token credit: none | entropy_topk | vepo | vppo | papo | rsi")
-    params: dict[str, Any] = _f({}, "scheme parameters (see docs/credit.md), e.g. {alpha: 0.7, top_ratio: 0.2}")
+    params: dict[str, Any] = _f({}, "scheme parameters (see docs/credit.md), e.g. vepo {alpha: 0.7, rho: 0.2, mode: mask}")
     perturbation: str | None = _f(None, "perturbed image for the counterfactual pass: gaussian | zero | patch_blackout | blur (None = the scheme's paper default)")
     perturbation_params: dict[str, Any] = _f({}, "perturbation parameters, e.g. {std: 1.0}")
     chunk_size: int = _f(256, "tokens per chunk for full-vocabulary signals (memory bound)")

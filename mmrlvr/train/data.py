@@ -14,6 +14,8 @@ from mmrlvr.errors import UserError
 from mmrlvr.types import Sample
 
 SYNTH_PREFIX = "synth:"
+#: synthetic tasks whose rows carry an instance rubric (``mmrlvr.rubric.synth``), for the ``rubric`` reward
+RUBRIC_SYNTH_TASKS: tuple[str, ...] = ("rubric_count",)
 #: content seed of generated data; fixed so runs with different training seeds see the same data
 SYNTH_DATA_SEED = 0
 
@@ -25,9 +27,13 @@ def load_split(spec: str, cfg: DataConfig, split: str) -> list[Sample]:
         from mmrlvr.data.synth import TASKS, make_rows
 
         task = spec[len(SYNTH_PREFIX):]
-        if task not in TASKS:
-            raise UserError(f"data: unknown synthetic task {task!r}; known: {', '.join(TASKS)}")
         n = cfg.train_size if split == "train" else cfg.eval_size
+        if task == "rubric_count":  # counting scenes with an all-programmatic instance rubric per row
+            from mmrlvr.rubric.synth import rubric_samples
+
+            return rubric_samples(n, split, seed=SYNTH_DATA_SEED, image_size=cfg.image_size, template=cfg.template)
+        if task not in TASKS:
+            raise UserError(f"data: unknown synthetic task {task!r}; known: {', '.join(TASKS + RUBRIC_SYNTH_TASKS)}")
         rows = make_rows(task, split, n, seed=SYNTH_DATA_SEED, image_size=cfg.image_size)
         return rows_to_samples(rows, template=cfg.template)
     from mmrlvr.data import load_samples

@@ -99,10 +99,10 @@ def build_records(step: int, data, processor, writer, cfg) -> list[RolloutRecord
             response_text=comp.text, response_token_ids=ids,
             response_tokens=[tok.decode([t]) for t in ids],
             token_logprob=_list(batch.old_logprobs[i, :n]),
-            token_entropy=(_list(sig.entropy[i, :n]) if sig is not None
+            token_entropy=(_list(sig.entropy[i, :n]) if sig is not None and sig.entropy is not None
                            else _list(data.token_entropy[i, :n]) if data.token_entropy is not None else []),
             token_ratio=_list(data.token_ratio[i, :n]) if data.token_ratio is not None else [],
-            token_vision_sensitivity=_list(sig.jsd[i, :n]) if sig is not None and getattr(sig, "jsd", None) is not None else [],
+            token_vision_sensitivity=_vision_sensitivity(sig, i, n),
             token_credit_weight=_list(data.token_weights[i, :n]),
             token_advantage=[float(data.advantages[i])] * n,
             reward=float(data.rewards[i]), reward_components={k: float(v) for k, v in res.components.items()},
@@ -115,6 +115,19 @@ def build_records(step: int, data, processor, writer, cfg) -> list[RolloutRecord
             extra={"task": sample.meta.get("task", ""), "answer_type": sample.answer_type},
         ))
     return records
+
+
+def _vision_sensitivity(sig, i: int, n: int) -> list[float]:
+    """JSD(P, Q) per token when the scheme compared full distributions, else VPPO's sampled-token k3."""
+    if sig is None:
+        return []
+    if sig.jsd is not None:
+        return _list(sig.jsd[i, :n])
+    if sig.logq is not None and sig.old_logp is not None:
+        from mmrlvr.credit import vppo_dependency
+
+        return _list(vppo_dependency(sig.logq[i:i + 1, :n], sig.old_logp[i:i + 1, :n])[0])
+    return []
 
 
 def _criterion(c: dict) -> dict:

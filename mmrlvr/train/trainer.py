@@ -316,7 +316,8 @@ class Trainer:
             weights[~keep] = 0.0
         signals, extra_loss, credit_stats = None, None, {}
         if cfg.credit.scheme != "none":
-            signals, credit = self.credit_pass(batch, advantages, weights, step)
+            clean = self._inputs(batch, vision, images_per_row, slice(0, batch.num_rows))
+            signals, credit = self.credit_pass(batch, clean, advantages, weights, step)
             weights = weights * credit.token_weights
             advantages = advantages * credit.adv_scale
             extra_loss = credit.extra_loss
@@ -350,7 +351,8 @@ class Trainer:
             return split_advantages(task, cons, batch.group_index, cc.alpha, beta)
         return ADVANTAGES.get(self.cfg.algo.advantage)(rewards, batch.group_index)
 
-    def credit_pass(self, batch: RolloutBatch, advantages: torch.Tensor, weights: torch.Tensor, step: int):
+    def credit_pass(self, batch: RolloutBatch, clean_inputs: dict[str, Any], advantages: torch.Tensor,
+                    weights: torch.Tensor, step: int):
         """Per-token signals (plus one forward on the perturbed image when the scheme needs it) -> credit."""
         from mmrlvr.credit import perturb_vision, token_signals_from_model
 
@@ -365,11 +367,15 @@ class Trainer:
             vision = perturb_vision(batch.vision, name, seed=self.cfg.seed * 1_000_003 + step,
                                     processor=self.processor, **params)
             pert_inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, **vision}
+        # the clean full-vocabulary pass is needed for entropy/JSD (VEPO, entropy top-k, RSI); VPPO and
+        # PAPO read only the perturbed pass's sampled-token log-probs
+        distribution = scheme.needs_distribution or not scheme.needs_perturbed
         with torch.no_grad():
             signals = token_signals_from_model(
-                self.policy, batch.model_inputs(), pert_inputs, batch.prompt_length, batch.response_ids,
-                batch.response_mask, chunk_size=cc.chunk_size, temperature=self.cfg.rollout.temperature,
-                old_logprobs=batch.old_logprobs,
+                self.policy, clean_inputs if distribution else None, pert_inputs, batch.prompt_length,
+                batch.response_ids, batch.response_mask, chunk_size=cc.chunk_size,
+                temperature=self.cfg.rollout.temperature, old_logprobs=batch.old_logprobs,
+                distribution=distribution,
             )
         return signals, scheme(signals, weights, advantages, old_logprobs=batch.old_logprobs)
 
@@ -466,7 +472,10 @@ class Trainer:
             loss_tok = loss_tok + a.kl_coef * kl_tok
             kl_val = float((kl_tok.detach() * mask).sum())
         if data.extra_loss is not None:
-            loss_tok = loss_tok + data.extra_loss[rows]
+            # the scheme's term is defined over the whole batch: place this micro-batch's log-probs
+            # (with gradient) into a full-size tensor, then keep its rows
+            full = batch.old_logprobs.index_copy(0, torch.arange(rows.start, rows.stop), logp)
+            loss_tok = loss_tok + data.extra_loss(full)[rows]
         local_den = _agg_denominator(w, agg_mode)
         loss = agg_loss(loss_tok, w, a.agg, norm_constant=norm_constant)
         # agg_loss normalises by this micro-batch; rescale to the global normaliser (times world size,
