@@ -61,11 +61,13 @@ def _batches(items: list[Sample], size: int) -> list[list[Sample]]:
 
 def evaluate(engine: RolloutEngine, samples: list[Sample], *, k: int = 8, temperature: float = 1.0,
              max_new_tokens: int = 64, seed: int = 0, judge: Judge | None = None, batch_size: int = 32,
-             progress: bool = True) -> dict[str, Any]:
+             progress: bool = True, observe: Callable[[str, list, list], None] | None = None) -> dict[str, Any]:
     """Metrics over ``samples`` (each value in [0, 1] except the counts).
 
     Returns ``{"n", "k", "greedy_accuracy", "greedy_format_rate", f"avg@{k}", f"pass@{k}", "format_rate"}``
     (``format_rate`` over the k sampled responses). ``k=0`` skips sampling.
+    ``observe(kind, completions, samples)`` (kind "greedy" or "sampled") sees every generated batch, so a
+    caller can compute more metrics (inconsistency rate, rubric score) on the same responses.
     """
     if not samples:
         raise ValueError("evaluate() needs at least one sample")
@@ -77,6 +79,8 @@ def evaluate(engine: RolloutEngine, samples: list[Sample], *, k: int = 8, temper
     greedy_correct = greedy_formatted = 0
     for batch in greedy_batches:
         out = engine.generate(batch, 1, SamplingParams(max_new_tokens=max_new_tokens, greedy=True), seed=seed, step=0)
+        if observe is not None:
+            observe("greedy", out.completions, out.samples)
         for completion, sample in zip(out.completions, out.samples):
             correct, formatted = judge(completion.text, sample)
             greedy_correct += int(correct)
@@ -90,6 +94,8 @@ def evaluate(engine: RolloutEngine, samples: list[Sample], *, k: int = 8, temper
         acc_sum = passed = formatted_sum = 0.0
         for batch in sampled_batches:
             out = engine.generate(batch, k, params, seed=seed, step=0)
+            if observe is not None:
+                observe("sampled", out.completions, out.samples)
             verdicts = [judge(c.text, s) for c, s in zip(out.completions, out.samples)]
             for g in range(len(batch)):
                 group = verdicts[g * k:(g + 1) * k]

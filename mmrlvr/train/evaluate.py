@@ -15,13 +15,49 @@ from mmrlvr.errors import UserError
 
 
 def evaluate_samples(engine, samples, *, k: int = 8, temperature: float = 1.0, max_new_tokens: int = 64,
-                     seed: int = 0, progress: bool = True, batch_size: int = 32) -> dict[str, Any]:
+                     seed: int = 0, progress: bool = True, batch_size: int = 32, observe=None) -> dict[str, Any]:
     """Evaluate with the project's answer verifiers (same normalisation as the accuracy reward)."""
     from mmrlvr.evaluation import evaluate
     from mmrlvr.rewards import answer_judge
 
     return evaluate(engine, samples, k=k, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
-                    judge=answer_judge, batch_size=batch_size, progress=progress)
+                    judge=answer_judge, batch_size=batch_size, progress=progress, observe=observe)
+
+
+class EvalExtras:
+    """Collects eval responses to add the inconsistency rate (rule analysis: thinking's conclusion vs the
+    answer) and, when given a rubric reward, the mean rubric score of the sampled responses."""
+
+    def __init__(self, rubric=None, group_size: int = 8) -> None:
+        self.rubric = rubric
+        self.group_size = group_size
+        self.seen: dict[str, tuple[list, list]] = {"greedy": ([], []), "sampled": ([], [])}
+        self.rubric_scores: list[float] = []
+
+    def __call__(self, kind: str, completions: list, samples: list) -> None:
+        comps, samps = self.seen[kind]
+        comps.extend(completions)
+        samps.extend(samples)
+        if kind == "sampled" and self.rubric is not None:
+            from mmrlvr.rewards.base import score_batch
+
+            self.rubric_scores.extend(r.score for r in score_batch(self.rubric, completions, samples))
+
+    def metrics(self) -> dict[str, float]:
+        from mmrlvr.consistency.metrics import score_completions
+
+        out: dict[str, float] = {}
+        for kind, (comps, samps) in self.seen.items():
+            if not comps:
+                continue
+            m = score_completions(comps, samps)
+            prefix = "" if kind == "sampled" else "greedy_"
+            for key in ("inconsistency_rate", "consistency/thinking_accuracy"):
+                if key in m:
+                    out[prefix + key.removeprefix("consistency/")] = m[key]
+        if self.rubric_scores:
+            out["rubric"] = sum(self.rubric_scores) / len(self.rubric_scores)
+        return out
 
 
 def build_parser() -> argparse.ArgumentParser:

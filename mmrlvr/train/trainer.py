@@ -558,17 +558,27 @@ class Trainer:
 
     # ---------------------------------------------------------------------------------- eval/ckpt
     def evaluate(self, step: int) -> dict[str, float]:
-        from mmrlvr.train.evaluate import evaluate_samples
+        """Held-out greedy accuracy, avg@k, pass@k, plus the inconsistency rate (and the rubric score when a
+        rubric reward is configured) on the very same responses."""
+        from mmrlvr.train.evaluate import EvalExtras, evaluate_samples
 
         self.model.eval()
+        extras = EvalExtras(rubric=self._rubric_fn(), group_size=self.cfg.eval.k)
         result = evaluate_samples(self.engine, self.eval_samples, k=self.cfg.eval.k,
                                   temperature=self.cfg.eval.temperature,
                                   max_new_tokens=self.cfg.rollout.max_new_tokens, seed=self.cfg.seed,
-                                  progress=self.cfg.progress and self.is_main)
+                                  progress=self.cfg.progress and self.is_main, observe=extras)
+        result.update(extras.metrics())
         metrics = {f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))}
         metrics["eval/accuracy"] = result["greedy_accuracy"]  # DESIGN.md's name for the headline number
         self.metrics.log(step, metrics)
         return result
+
+    def _rubric_fn(self):
+        for spec, fn in zip(self.cfg.rewards, self._reward_fns()):
+            if spec.name == "rubric":
+                return fn
+        return None
 
     def save(self, step: int) -> None:
         from mmrlvr.train.checkpoint import save_checkpoint
