@@ -253,6 +253,7 @@ class Trainer:
         t1 = time.perf_counter()
         try:
             stats = self.update(data)
+            self.engine.sync_weights(self.policy)  # no-op for hf; pushes weights / adapter into vLLM
             self.bad_steps = 0
         except NonFiniteLoss as exc:
             self.optimizer.zero_grad(set_to_none=True)
