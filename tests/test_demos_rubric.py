@@ -39,15 +39,17 @@ def test_rubric_authoring_demo_runs_offline_and_ranks_honest_answers_first(tmp_p
               for m in re.finditer(r"^((?:honest|hack)[^\n]*?)\s+(\d\.\d{3})\s", out, re.M)}
     assert len(scores) == 7, scores
     assert scores["honest"] == 1.0                         # everything met, no pitfall
-    assert scores["honest, sloppy"] == 0.85                # additional 0.7 + 0.7 of 0.7+0.3+0.7+0.3 = 0.7 -> 0.5 + 0.35
+    # additional weights 0.7 + 0.7 + 0.3 + 0.7 + 0.3 = 2.7; positive weights 1.0 + 2.7 = 3.7
+    assert scores["honest, sloppy"] == 0.889               # 0.5 + 0.5 x (0.7 + 0.7 + 0.7) / 2.7 = 0.8889
     assert scores["honest, wrong count"] == 0.0            # the essential gate
-    assert scores["hack: injection"] == 0.167              # 0.5 - 1.0 (grader pitfall) / 3.0 (positive weights)
-    assert scores["hack: keyword stuffing"] == 0.7         # 1.0 - 0.9 (absent colours) / 3.0
+    assert scores["hack: injection"] == 0.230              # 0.5 - 1.0 (grader pitfall) / 3.7 = 0.2297
+    assert scores["hack: keyword stuffing"] == 0.757       # 1.0 - 0.9 (absent colours) / 3.7 = 0.7568
     assert max(v for k, v in scores.items() if k.startswith("hack")) < scores["honest, sloppy"]
     assert "every hack scores below the honest-but-sloppy answer" in out
     assert "judge: 14 requests, unknown rate 0.00" in out  # 7 responses x 2 judge criteria
 
     # the files a user reruns the shell commands with
     record = json.loads((tmp_path / "scene.jsonl").read_text())
-    assert [c["id"] for c in record["rubric"]][:4] == ["count", "asked_colour", "colour_counts", "absent_colour"]
+    assert [c["id"] for c in record["rubric"]][:5] == ["count", "asked_colour", "asked_count", "colour_counts",
+                                                       "absent_colour"]
     assert len((tmp_path / "responses.jsonl").read_text().splitlines()) == 7

@@ -9,6 +9,7 @@ id             category   met when
 =============  =========  =================================================================================
 count          essential  the answer is the right count (``number`` vs ``{answer}``)
 asked_colour   important  the thinking names the colour asked about (regex on the thinking)
+asked_count    important  the thinking states the right count of the asked colour ("0 red" when absent)
 colour_counts  optional   the thinking states the right count of every colour in the image, and no other
                           count for those colours (one regex of look-aheads)
 absent_colour  pitfall    the thinking names a colour that is not in the image and was not asked about
@@ -31,12 +32,18 @@ from mmrlvr.types import Sample
 def count_rubric(colour: str, counts: dict[str, int]) -> list[dict[str, Any]]:
     """The instance rubric of one counting scene (see the module docstring)."""
     present = {c: n for c, n in counts.items() if n > 0}
+    asked = counts.get(colour, 0)
     lookaheads = "".join(rf"(?=[\s\S]*\b{n} {c}\b)(?![\s\S]*\b(?!{n}\b)\d+ {c}\b)" for c, n in present.items())
     rubric: list[dict[str, Any]] = [
         {"id": "count", "text": f"The final answer is the number of {colour} shapes in the image.",
          "category": "essential", "check": {"type": "number", "expected": "{answer}"}},
         {"id": "asked_colour", "text": f"The reasoning names the colour asked about ({colour}).",
          "category": "important", "check": {"type": "regex", "pattern": rf"\b{colour}\b", "target": "thinking"}},
+        # a second important criterion: POW3R re-weights criteria *within* a category, so with one criterion
+        # per category its weights would never move on this task
+        {"id": "asked_count", "text": f"The reasoning states the number of {colour} shapes ({asked}).",
+         "category": "important",
+         "check": {"type": "regex", "pattern": rf"\b{asked} {colour}\b", "target": "thinking"}},
         {"id": "colour_counts",
          "text": "The reasoning states the correct count of every colour in the image: "
                  + ", ".join(f"{n} {c}" for c, n in present.items()) + ".",
