@@ -165,7 +165,7 @@ class TestSynthTask:
     def test_criteria_mean_what_they_say(self):
         counts = {"red": 2, "blue": 1}
         rub = count_rubric("red", counts)
-        assert [c["id"] for c in rub] == ["count", "asked_colour", "colour_counts", "absent_colour"]
+        assert [c["id"] for c in rub] == ["count", "asked_colour", "asked_count", "colour_counts", "absent_colour"]
         sample = s(rubric=rub, answer="2")
         r = RubricReward(group_size=1)
 
@@ -173,14 +173,16 @@ class TestSynthTask:
             return {c["id"]: c["verdict"] for c in r.score_batch([text], [sample])[0].parsed["rubric"]}
 
         assert crit(reference_response("red", counts, "2")) == {
-            "count": "met", "asked_colour": "met", "colour_counts": "met", "absent_colour": "not_met"}
+            "count": "met", "asked_colour": "met", "asked_count": "met", "colour_counts": "met",
+            "absent_colour": "not_met"}
         # a wrong count for blue, plus a second count for red, plus an absent colour
         assert crit("<think>I see 2 red, 3 red, 2 blue, 1 green.</think><answer>2</answer>") == {
-            "count": "met", "asked_colour": "met", "colour_counts": "not_met", "absent_colour": "met"}
+            "count": "met", "asked_colour": "met", "asked_count": "met", "colour_counts": "not_met",
+            "absent_colour": "met"}
         # "12 red" is not "2 red"
         assert crit("<think>I see 12 red, 1 blue.</think><answer>2</answer>")["colour_counts"] == "not_met"
 
     def test_absent_colour_omitted_when_all_present(self):
         rub = count_rubric("red", {"red": 1, "green": 1, "blue": 1, "yellow": 1})
-        assert [c["id"] for c in rub] == ["count", "asked_colour", "colour_counts"]
+        assert [c["id"] for c in rub] == ["count", "asked_colour", "asked_count", "colour_counts"]
         assert reference_response("green", {"red": 1}, "0") == "<think>I see 0 green, 1 red.</think><answer>0</answer>"
