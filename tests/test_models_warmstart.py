@@ -70,15 +70,20 @@ def test_warm_start_refuses_to_overwrite_another_model(tmp_path):
 @pytest.mark.slow
 def test_cli_warm_start_beats_chance_and_second_call_is_cached(tmp_path):
     """The real recipe (~1.5-3 min on 2 cores): held-out greedy accuracy above chance (25% for count)."""
-    out = tmp_path / "tiny"
+    # built where `model.path: tiny:qwen2_5_vl:warm` looks, so the learning tests reuse it
+    from mmrlvr.train.model_path import cache_dir
+
+    out = cache_dir() / "tiny" / "qwen2_5_vl-warm"
     cmd = [sys.executable, "-m", "mmrlvr.cli", "tiny", "build", "--family", "qwen2_5_vl", "--out", str(out),
            "--warm-start", "--quiet"]
     first = subprocess.run(cmd, capture_output=True, text=True, check=True)
     metrics = json.loads(re.search(r"^metrics: (.*)$", first.stdout, re.M).group(1))
-    assert not metrics["cached"]
+    # (the first call may find a build made earlier in this checkout; a fresh clone builds it here)
     assert 0.30 <= metrics["greedy_accuracy"] <= 0.65, first.stdout
     assert metrics["format_rate"] > 0.9
     t0 = time.perf_counter()
     second = subprocess.run(cmd, capture_output=True, text=True, check=True)
     assert time.perf_counter() - t0 < 20  # interpreter + imports; no training
-    assert json.loads(re.search(r"^metrics: (.*)$", second.stdout, re.M).group(1)) == {**metrics, "cached": True}
+    second_metrics = json.loads(re.search(r"^metrics: (.*)$", second.stdout, re.M).group(1))
+    assert second_metrics["cached"] is True
+    assert {k: v for k, v in second_metrics.items() if k != "cached"} == {k: v for k, v in metrics.items() if k != "cached"}
