@@ -75,14 +75,7 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     """Restore weights, optimizer, scheduler and RNG from ``path``; returns ``state.json``."""
     import json
 
-    state = torch.load(path / "trainable.pt", map_location="cpu", weights_only=True)
-    params = dict(model.named_parameters())
-    missing = [n for n in state if n not in params]
-    if missing:
-        raise RuntimeError(f"{path}: checkpoint has weights the model lacks, e.g. {missing[0]}")
-    with torch.no_grad():
-        for n, t in state.items():
-            params[n].copy_(t.to(params[n].device, params[n].dtype))
+    _copy_trainable(model, path)
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False))
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", map_location="cpu", weights_only=False))
     set_rng_state(torch.load(path / "rng.pt", map_location="cpu", weights_only=False))
@@ -97,18 +90,23 @@ def load_trainable_into(model: torch.nn.Module, path: Path) -> torch.nn.Module:
     """
     import json
 
-    state = torch.load(Path(path) / "trainable.pt", map_location="cpu", weights_only=True)
     info = json.loads((Path(path) / "state.json").read_text())
     lora = info.get("lora")
     if lora:
         from mmrlvr.models.lora import apply_lora
 
         model = apply_lora(model, **lora)
+    _copy_trainable(model, Path(path))
+    return model
+
+
+def _copy_trainable(model: torch.nn.Module, path: Path) -> None:
+    """Copy ``path/trainable.pt`` into the model's parameters of the same names (errors name a misfit)."""
+    state = torch.load(path / "trainable.pt", map_location="cpu", weights_only=True)
     params = dict(model.named_parameters())
     missing = [n for n in state if n not in params]
     if missing:
-        raise RuntimeError(f"{path}: weights {missing[:2]} do not fit this model")
+        raise RuntimeError(f"{path}: checkpoint has weights this model lacks, e.g. {missing[0]}")
     with torch.no_grad():
         for n, t in state.items():
-            params[n].copy_(t.to(params[n].dtype))
-    return model
+            params[n].copy_(t.to(params[n].device, params[n].dtype))
