@@ -14,6 +14,16 @@ PANELS = [
 ]
 
 
+def _moving_average(ys: list[float], window: int) -> list[float]:
+    out, total = [], 0.0
+    for i, y in enumerate(ys):
+        total += y
+        if i >= window:
+            total -= ys[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
 def plot_run(run_dir: Path, out: Path | None = None) -> Path | None:
     """Write ``curves.png`` with one panel per metric the run logged; returns its path (None if empty)."""
     rows = read_metrics(Path(run_dir) / "metrics.jsonl")
@@ -31,7 +41,11 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path | None:
     for ax, (key, title) in zip(axes.flat, panels):
         pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
         xs, ys = zip(*pts)
-        ax.plot(xs, ys, marker="o" if len(pts) < 20 else None, linewidth=1.2)
+        if len(pts) < 20:
+            ax.plot(xs, ys, marker="o", linewidth=1.2)
+        else:  # noisy per-step values: thin raw line + a moving average over ~5% of the run
+            ax.plot(xs, ys, linewidth=0.6, alpha=0.35)
+            ax.plot(xs, _moving_average(list(ys), max(3, len(ys) // 20)), linewidth=1.8)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step", fontsize=8)
         ax.grid(alpha=0.3)

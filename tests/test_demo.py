@@ -1,0 +1,36 @@
+"""`mmrlvr demo` end to end on a short budget: the table, the run directory, the curves PNG."""
+
+from __future__ import annotations
+
+import json
+
+from mmrlvr.config import load_config
+from mmrlvr.train.demo import demo_config_dict, format_table, main
+
+
+def test_embedded_demo_config_turns_on_every_headline_feature():
+    cfg = load_config(data=demo_config_dict())
+    names = {r.name for r in cfg.rewards}
+    assert cfg.credit.scheme == "vepo"
+    assert {"consistency", "rubric", "auto_accuracy", "format"} <= names
+    assert cfg.model.path.startswith("tiny:")
+
+
+def test_format_table_shows_only_shared_metrics():
+    table = format_table({"k": 8, "greedy_accuracy": 0.4, "avg@8": 0.3, "rubric": 0.2},
+                         {"k": 8, "greedy_accuracy": 0.5, "avg@8": 0.45})
+    assert "greedy accuracy" in table and "+0.100" in table and "+0.150" in table
+    assert "rubric" not in table  # missing after: not shown rather than shown as a fake change
+
+
+def test_demo_runs_and_writes_table_plots_and_summary(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["--out", str(out), "--steps", "3", "data.eval_size=8", "eval.k=2", "eval.every=0",
+                 "progress=false", "rollout.prompts_per_step=4"]) == 0
+    printed = capsys.readouterr().out
+    assert "greedy accuracy" in printed and "inconsistency rate" in printed and "rubric score" in printed
+    assert f"run directory: {out}" in printed
+    assert (out / "curves.png").stat().st_size > 10_000
+    summary = json.loads((out / "summary.json").read_text())
+    assert {"before", "after"} <= set(summary)
+    assert sorted(p.name for p in (out / "rollouts").glob("step-*.parquet"))[-1] == "step-00000003.parquet"
