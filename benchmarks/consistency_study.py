@@ -20,6 +20,8 @@ accuracy and avg@8.
 
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/consistency_study.py \
         [--steps 200] [--seeds 0] [--arms accuracy plain accurate_only follow cora] [--out runs/consistency-study]
+    # then, e.g., a second seed for two arms, added to the same table:
+    ... --seeds 1 --arms accuracy accurate_only --keep
 
 Writes ``results.json`` and ``results.md`` (the table) to ``--out``.
 """
@@ -136,7 +138,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     sep = "|" + "---|" * (len(COLUMNS) + 3)
     lines = [head, sep]
     seen: set[int] = set()
-    for res in results.values():
+    for res in sorted(results.values(), key=lambda r: (r["seed"], list(ARMS).index(r["arm"]))):
         if res["seed"] not in seen:
             seen.add(res["seed"])
             vals = " | ".join(f"{res['before'].get(k, float('nan')):.3f}" for _, k in COLUMNS)
@@ -156,12 +158,17 @@ def main() -> None:
     p.add_argument("--arms", nargs="+", default=["accuracy", "plain", "accurate_only", "follow", "cora"],
                    choices=list(ARMS))
     p.add_argument("--out", default="runs/consistency-study")
+    p.add_argument("--keep", action="store_true",
+                   help="add to OUT/results.json (other arms/seeds of a finished study) instead of starting afresh")
     p.add_argument("overrides", nargs="*", help="extra key=value overrides for every arm")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[str, Any]] = {}
     before: dict[int, dict[str, Any]] = {}
+    if args.keep and (out / "results.json").exists():
+        results = json.loads((out / "results.json").read_text())["results"]
+        before = {res["seed"]: res["before"] for res in results.values()}
     for seed in args.seeds:
         for arm in args.arms:
             key = f"{arm}/seed{seed}"
