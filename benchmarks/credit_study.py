@@ -267,8 +267,9 @@ def tables(payload: dict[str, Any]) -> str:
     if probe.get("classes"):
         schemes = list(probe["scheme_stats"])
         lines += ["", f"Token probe on the warm start ({probe['rollouts']} rollouts of {probe['prompts']} training "
-                  f"prompts, {probe['tokens']} tokens): entropy (nats), share below the response's median "
-                  "entropy, JSD(clean, perturbed) per perturbation, and the share of each class each scheme "
+                  f"prompts, {probe['tokens']} tokens): share of all tokens, entropy H (nats), mean percentile "
+                  "of H within its response (0 = lowest, 1 = highest), share below the response's median H, "
+                  "mean JSD(clean, perturbed) per perturbation, and the share of each class each scheme "
                   "selects:", "",
                   "| token class | share | H mean | H median | H percentile | below median | JSD gaussian | JSD blackout | "
                   "JSD zero | " + " | ".join(f"sel {s}" for s in schemes) + " |",
