@@ -112,17 +112,17 @@ class TestCallingConvention:
 
 class TestRubric:
     def test_instance_rubric_from_json_column(self, scene):
-        """RaR on the synthetic rubric: essential 1.0, important 0.7, optional 0.3, pitfall -0.9.
+        """RaR on the synthetic rubric: essential 1.0, two important 0.7, optional 0.3, pitfall -0.9.
 
-        reference response: every positive criterion met, pitfall not -> (1 + 0.7 + 0.3) / 2.0 = 1.0;
-        "I see 1 yellow", answer 0: only the pitfall (yellow is absent) -> -0.9 / 2.0 = -0.45.
+        reference response: every positive criterion met, pitfall not -> (1 + 0.7 + 0.7 + 0.3) / 2.7 = 1.0;
+        "I see 1 yellow", answer 0: only the pitfall (yellow is absent) -> -0.9 / 2.7 = -0.333.
         """
         reward = trl_reward("rubric", group_size=2)
         log = Log()
         out = reward(prompts=[conv_prompt(scene["problem"], scene["images"][0])] * 2,
                      completions=[conv(scene["solution"]), conv("<think>I see 1 yellow.</think><answer>0</answer>")],
                      answer=["3", "3"], rubric=[json.dumps(scene["rubric"])] * 2, log_metric=log)
-        assert out == pytest.approx([1.0, -0.45])
+        assert out == pytest.approx([1.0, -0.9 / 2.7])
         # per-criterion pass rates over the 2 rollouts: count met once -> 0.5; pitfall made once -> 0.5
         assert log.values["rewards/rubric/crit/count"] == [0.5]
         assert log.values["rewards/rubric/crit/absent_colour"] == [0.5]

@@ -70,7 +70,8 @@ def test_smoke_every_trainable_parameter_changes_and_files_are_written(tiny_dir,
         assert all(k in r for k in ("reward/mean", "accuracy", "kl", "loss", "grad_norm", "clip_fraction",
                                     "ratio/mean", "response_length/mean", "entropy/mean",
                                     "zero_std_group_fraction", "time/step_s", "time/generate_s"))
-        assert r["loss"] is not None and abs(r["ratio/mean"] - 1.0) < 1e-3  # on-policy first pass
+        # on-policy first pass: the trainer's log-probs reproduce the sampler's
+        assert r["loss"] is not None and abs(r["ratio/mean"] - 1.0) < 1e-3 and abs(r["ratio/max"] - 1.0) < 1e-3
     reader = RolloutReader(tmp_path / "run")
     assert reader.steps() == [1, 2]
     recs = reader.read_step(1)

@@ -439,7 +439,7 @@ class Trainer:
                 with sync:
                     stats = self._micro_step(data, rows, loss_fn, kl_fn, global_den, a.agg, norm_constant)
                 for k, v in stats.items():
-                    totals[k] = totals.get(k, 0.0) + v
+                    totals[k] = max(totals.get(k, v), v) if k == "ratio_max" else totals.get(k, 0.0) + v
             grad_norm = self._optimizer_step()
             totals["grad_norm"] = totals.get("grad_norm", 0.0) + grad_norm
         passes = a.epochs
