@@ -84,6 +84,23 @@ def test_config_reward_gives_the_hand_worked_scores():
     assert scores["vague"] == pytest.approx(0.5 + 0.5 * 0.7 / 1.7)             # 0.706
 
 
+def test_evaluation_view_leaves_pow3r_state_alone_and_uses_static_weights():
+    sample = load_split("synth:rubric_count", DataConfig(eval_size=3), "test")[2]  # 3 yellow, 1 red; yellow asked
+    # one group of 4: asked_colour is met by all (saturated), asked_count by half -> POW3R shifts weight to it
+    texts = ["<think>I see 3 yellow, 1 red.</think><answer>3</answer>"] * 2 + \
+            ["<think>Some yellow shapes.</think><answer>3</answer>"] * 2
+    train = config_reward(group_size=4)
+    train.score_batch(texts, [sample] * 4)
+    alphas = dict(train.alphas)
+    by_id = {k.split("#")[0]: a for k, a in alphas.items()}
+    assert by_id["asked_count"] > 1.0 > by_id["asked_colour"]  # important category: variance 0.25 vs 0
+    view = train.for_evaluation(group_size=2)
+    scores = [r.score for r in view.score_batch(texts, [sample] * 4)]
+    assert train.alphas == alphas and view.alphas == {} and view.pow3r is None and train.group_size == 4
+    # static hierarchical weights: 1.0, and 0.5 + 0.5 * 0.7 / 1.7 for the vague answer (asked_colour only)
+    assert scores == pytest.approx([1.0, 1.0, 0.5 + 0.5 * 0.7 / 1.7, 0.5 + 0.5 * 0.7 / 1.7])
+
+
 # ------------------------------------------------------------------------------------------ learning
 # Measured (seeds 0 and 1, this budget): held-out 0.308 -> 0.395 / 0.360; late-half gain over the
 # control +0.106 / +0.108 (SE ~0.015). 16 prompts x 60 steps (same compute) gained less (+0.04 late-half),

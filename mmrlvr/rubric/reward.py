@@ -28,6 +28,7 @@ weight, rationale, judge, status, votes, saturated. Batch statistics (``judge/un
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any, Sequence
 
@@ -169,6 +170,19 @@ class RubricReward:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.alphas = {str(k): float(v) for k, v in state.get("alphas", {}).items()}
+
+    def for_evaluation(self, group_size: int | None = None) -> "RubricReward":
+        """A copy for held-out scoring that leaves training state alone and is comparable across steps.
+
+        Same rubric, judge, aggregation and saturation setting, but static weights (no POW3R, so the
+        training α are neither read nor updated) and its own metrics; ``group_size`` = samples per prompt
+        of the evaluation (e.g. ``eval.k``). Scoring eval responses with the training reward itself would
+        move α with eval groups and group rows by the training group size.
+        """
+        view = copy.copy(self)
+        view.pow3r, view.alphas, view._metrics = None, {}, {}
+        view.group_size = int(group_size) if group_size is not None else self.group_size
+        return view
 
     def close(self) -> None:
         if self._judge is not None:
