@@ -578,7 +578,9 @@ class Trainer:
     def _rubric_fn(self):
         for spec, fn in zip(self.cfg.rewards, self._reward_fns()):
             if spec.name == "rubric":
-                return fn
+                # a static-weight copy: scoring held-out responses must not move POW3R's training state
+                copy_for_eval = getattr(fn, "for_evaluation", None)
+                return copy_for_eval(self.cfg.eval.k) if copy_for_eval else fn
         return None
 
     def save(self, step: int) -> None:
