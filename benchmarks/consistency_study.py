@@ -129,6 +129,12 @@ def acceptance(results: dict[str, dict[str, Any]], default: str = DEFAULT_ARM) -
             c["not_below_accuracy"] = c["greedy_vs_accuracy_pts"] >= 0 and c["avg8_vs_accuracy_pts"] >= 0
         c["pass"] = c["ir_lowered"] and c["thinking_ok"] and c.get("not_below_accuracy", True)
         checks[key] = c
+    paired = [c for c in checks.values() if "greedy_vs_accuracy_pts" in c]
+    if len(paired) > 1:  # one held-out prompt is 0.5 greedy points: the mean over seeds is the steadier read
+        checks["mean_over_seeds"] = {
+            k: sum(c[k] for c in paired) / len(paired)
+            for k in ("thinking_drop_pts", "greedy_vs_accuracy_pts", "avg8_vs_accuracy_pts")
+        } | {"seeds": len(paired), "passed_seeds": sum(c["pass"] for c in paired)}
     return checks
 
 
