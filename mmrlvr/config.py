@@ -142,7 +142,7 @@ class ConsistencyConfig:
 @dataclass
 class RubricConfig:
     judge: str = _f("none", "judge for non-programmatic criteria: none | local | openai")
-    judge_params: dict[str, Any] = _f({}, "judge settings (model path, base_url, model, votes, timeout_s, ...)")
+    judge_params: dict[str, Any] = _f({}, "judge settings (model path, base_url, model, votes, timeout, ...)")
 
 
 @dataclass
