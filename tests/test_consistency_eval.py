@@ -15,6 +15,7 @@ from mmrlvr.rollout.hf import HFEngine
 from mmrlvr.train.evaluate import evaluate_samples
 from mmrlvr.train.model_path import tiny_spec
 from mmrlvr.types import Completion, Sample
+from scripted_engine import ScriptedEngine  # noqa: E402  (tests/ is on sys.path under pytest)
 
 
 def _count_sample(sid: str, answer: str, colour: str = "red") -> Sample:
@@ -57,28 +58,6 @@ def test_score_completions_accepts_completions_and_checks_lengths():
     assert score_completions([Completion(TR_AW)], [s])["inconsistency_rate"] == 1.0
     with pytest.raises(ValueError, match="2 completions for 1 samples"):
         score_completions([TR_AR, TR_AR], [s])
-
-
-class ScriptedEngine:
-    """Fixed completion texts per (sample id, greedy?): the arithmetic check needs known responses."""
-
-    def __init__(self, greedy: dict[str, str], sampled: dict[str, list[str]]):
-        self.greedy, self.sampled = greedy, sampled
-
-    def generate(self, samples, group_size, params: SamplingParams, *, seed, step) -> RolloutBatch:
-        texts = []
-        for s in samples:
-            texts += [self.greedy[s.id]] if params.greedy else self.sampled[s.id][:group_size]
-        n = len(texts)
-        z = torch.zeros(n, 1)
-        return RolloutBatch(samples=[s for s in samples for _ in range(group_size)],
-                            group_index=torch.zeros(n, dtype=torch.long), sample_index=torch.zeros(n, dtype=torch.long),
-                            input_ids=z.long(), attention_mask=z.long(), response_ids=z.long(), response_mask=z,
-                            old_logprobs=z, vision={}, prompt_length=1,
-                            completions=[Completion(text=t) for t in texts])
-
-    def sync_weights(self, model):
-        pass
 
 
 def test_evaluate_consistency_arithmetic():

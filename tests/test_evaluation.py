@@ -11,6 +11,7 @@ from mmrlvr.models import build_tiny, load_policy
 from mmrlvr.rollout.base import RolloutBatch, SamplingParams
 from mmrlvr.rollout.hf import HFEngine
 from mmrlvr.types import Completion, Sample
+from scripted_engine import ScriptedEngine  # noqa: E402  (tests/ is on sys.path under pytest)
 
 
 def _sample(answer: str, sid: str = "s") -> Sample:
@@ -36,28 +37,6 @@ def test_normalise_answer():
     assert normalise_answer("  Left ") == "left"
     assert normalise_answer("7.50") == "7.5"
     assert normalise_answer("x y") == "x y"
-
-
-class ScriptedEngine:
-    """Returns fixed completion texts per (sample id, greedy?) — the arithmetic check needs known answers."""
-
-    def __init__(self, greedy: dict[str, str], sampled: dict[str, list[str]]):
-        self.greedy, self.sampled = greedy, sampled
-
-    def generate(self, samples, group_size, params: SamplingParams, *, seed, step) -> RolloutBatch:
-        texts = []
-        for s in samples:
-            texts += [self.greedy[s.id]] if params.greedy else self.sampled[s.id][:group_size]
-        n = len(texts)
-        z = torch.zeros(n, 1)
-        return RolloutBatch(samples=[s for s in samples for _ in range(group_size)],
-                            group_index=torch.zeros(n, dtype=torch.long), sample_index=torch.zeros(n, dtype=torch.long),
-                            input_ids=z.long(), attention_mask=z.long(), response_ids=z.long(), response_mask=z,
-                            old_logprobs=z, vision={}, prompt_length=1,
-                            completions=[Completion(text=t) for t in texts])
-
-    def sync_weights(self, model):
-        pass
 
 
 def test_metric_arithmetic():
