@@ -83,17 +83,9 @@ class VisionFeatureCache:
     def inputs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: slice) -> dict[str, Any]:
         """Model kwargs for ``rows`` that reuse the cached features instead of ``pixel_values``."""
         i0, i1 = self.first_image[rows.start], self.first_image[rows.stop]
-        n = input_ids.shape[0]
-        extra: dict[str, Any] = {}
-        for k, v in self.extra.items():
-            if k == "image_grid_thw":
-                extra[k] = v[i0:i1]
-            elif torch.is_tensor(v) and v.dim() > 0 and v.shape[0] == n:
-                extra[k] = v[rows]
-            else:
-                extra[k] = v
-        return {"input_ids": input_ids[rows], "attention_mask": attention_mask[rows],
-                "mm_encoder_outputs": encoder_outputs(self.features[i0:i1]), **extra}
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, **self.extra}
+        return {**slice_inputs(inputs, rows, self.images_per_row),
+                "mm_encoder_outputs": encoder_outputs(self.features[i0:i1])}
 
 
 def slice_inputs(inputs: dict[str, Any], rows: slice, images_per_row: list[int]) -> dict[str, Any]:
