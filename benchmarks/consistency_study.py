@@ -13,6 +13,8 @@ Arms (``--arms``; all use ``configs/consistency-tiny.yaml`` and differ only in t
   follow         + consistency ``follow_correct_thinking``
   cora           + ``accurate_only`` with CORA advantage splitting
   care           + consistency ``care`` (GRPO-CARE bonus) with the rule judge
+  answer_plain   + ``plain`` as a split advantage on the answer's tokens only (``consistency.scope=answer``)
+  answer_accurate + ``accurate_only`` as a split advantage on the answer's tokens only
 
 Acceptance (docs/consistency.md): the default arm lowers the sampled inconsistency rate vs the warm start,
 loses at most 3 points of sampled thinking accuracy, and ends no lower than the accuracy arm in greedy
@@ -44,6 +46,11 @@ ARMS: dict[str, list[str]] = {
     "follow": ["rewards.2.params.variant=follow_correct_thinking"],
     "cora": ["rewards.2.params.variant=accurate_only", "consistency.split_advantage=true"],
     "care": ["rewards.2.params.variant=care", "rewards.2.params.judge=rule"],
+    # the consistency advantage on the answer's tokens only (split advantages, consistency.scope=answer):
+    # the thinking gets the task advantage alone, so agreeing can only be earned by the answer moving
+    "answer_plain": ["rewards.2.params.variant=plain", "consistency.split_advantage=true", "consistency.scope=answer"],
+    "answer_accurate": ["rewards.2.params.variant=accurate_only", "consistency.split_advantage=true",
+                        "consistency.scope=answer"],
 }
 
 # the study does its own held-out eval (accuracy and consistency from the same draws): the trainer's is off
@@ -166,6 +173,7 @@ def main() -> None:
     p.add_argument("--out", default="runs/consistency-study")
     p.add_argument("--keep", action="store_true",
                    help="add to OUT/results.json (other arms/seeds of a finished study) instead of starting afresh")
+    p.add_argument("--default", default=DEFAULT_ARM, choices=list(ARMS), help="arm checked against the acceptance bar")
     p.add_argument("overrides", nargs="*", help="extra key=value overrides for every arm")
     args = p.parse_args()
     out = Path(args.out)
@@ -186,14 +194,14 @@ def main() -> None:
                   f"{a['sampled/thinking_accuracy']:.3f}, greedy {b['greedy_accuracy']:.3f} -> "
                   f"{a['greedy_accuracy']:.3f}, avg@8 {b['avg@8']:.3f} -> {a['avg@8']:.3f}", flush=True)
             # rewrite after every arm: a long study interrupted keeps what it measured
-            checks = acceptance(results)
+            checks = acceptance(results, args.default)
             (out / "results.json").write_text(json.dumps({"results": results, "acceptance": checks}, indent=2,
                                                          default=float))
             (out / "results.md").write_text(table(results) + "\n")
     print()
     print(table(results))
-    print("\nacceptance of the default variant (accurate_only):")
-    for key, c in acceptance(results).items():
+    print(f"\nacceptance of the default variant ({args.default}):")
+    for key, c in acceptance(results, args.default).items():
         print(f"  {key}: {json.dumps(c, default=float)}")
 
 

@@ -137,6 +137,8 @@ class ConsistencyConfig:
     beta_decay_steps: int = _f(0, "steps over which beta decays to beta_min after warm-up (0 = no decay)")
     beta_min: float = _f(0.0, "beta after decay")
     component: str = _f("consistency", "reward component used as the consistency reward when splitting")
+    scope: str = _f("all", "tokens the consistency advantage reaches when splitting: all (CORA) | answer "
+                    "(only the final answer's tokens, so the thinking is never pushed to match the answer)")
 
 
 @dataclass
@@ -385,6 +387,11 @@ def validate(cfg: RunConfig, where: str = "config") -> RunConfig:
         if not spec.name:
             raise bad(f"rewards[{i}].name", "missing")
     names = [s.name for s in cfg.rewards]
+    if cfg.consistency.scope not in ("all", "answer"):
+        raise bad("consistency.scope", f"must be 'all' or 'answer', got {cfg.consistency.scope!r}")
+    if cfg.consistency.scope == "answer" and not cfg.consistency.split_advantage:
+        raise bad("consistency.scope", "'answer' needs consistency.split_advantage: true (the token-level "
+                  "consistency advantage is the split's second term)")
     if cfg.consistency.split_advantage and cfg.consistency.component not in names:
         raise bad("consistency.split_advantage", f"needs a reward named {cfg.consistency.component!r} in rewards")
     return cfg

@@ -27,6 +27,7 @@ from mmrlvr.algos.advantages import (
     reinforce_pp_advantages,
     rloo_advantages,
     split_advantages,
+    token_split_advantages,
 )
 from mmrlvr.algos.aggregation import AGG_MODES, agg_loss
 from mmrlvr.algos.groups import GroupStats, group_stats, zero_std_group_fraction
@@ -52,5 +53,5 @@ __all__ = [
     "entropy_from_logits", "get_preset", "group_stats", "grpo_advantages", "gspo_loss",
     "kl_k1", "kl_k2", "kl_k3", "logprobs_from_logits", "masked_mean", "masked_sum", "masked_var",
     "masked_whiten", "nsr_loss", "overlong_penalty", "ppo_clip_loss", "refill", "reinforce_pp_advantages",
-    "rloo_advantages", "split_advantages", "truncation_mask", "zero_masked", "zero_std_group_fraction",
+    "rloo_advantages", "split_advantages", "token_split_advantages", "truncation_mask", "zero_masked", "zero_std_group_fraction",
 ]

@@ -101,3 +101,17 @@ def split_advantages(task_rewards: torch.Tensor, cons_rewards: torch.Tensor, gro
     a_task = grpo_advantages(task_rewards, group_index, eps=eps, unbiased=unbiased)
     a_cons = grpo_advantages(cons_rewards, group_index, eps=eps, unbiased=unbiased)
     return alpha * a_task + beta * a_cons
+
+
+def token_split_advantages(task_rewards: torch.Tensor, cons_rewards: torch.Tensor, group_index: torch.Tensor,
+                           cons_token_mask: torch.Tensor, alpha: float = 1.0, beta: float = 1.0, *,
+                           eps: float = 1e-6, unbiased: bool = True) -> torch.Tensor:
+    """Split advantages whose consistency term reaches only some tokens: [N, L].
+
+    A_{i,t} = alpha * A_task_i + beta * A_cons_i * m_{i,t}, with A_task, A_cons group-normalised
+    separately (as ``split_advantages``) and m = ``cons_token_mask`` [N, L] (e.g. the answer span). Why:
+    a consistency advantage on the thinking tokens can be earned by rewriting correct thinking to match a
+    wrong answer; confined to the answer it can only be earned by the answer following the thinking."""
+    a_task = grpo_advantages(task_rewards, group_index, eps=eps, unbiased=unbiased)
+    a_cons = grpo_advantages(cons_rewards, group_index, eps=eps, unbiased=unbiased)
+    return alpha * a_task[:, None] + beta * a_cons[:, None] * cons_token_mask.to(a_task.dtype)

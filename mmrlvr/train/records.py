@@ -104,9 +104,10 @@ def build_records(step: int, data, processor, writer, cfg) -> list[RolloutRecord
             token_ratio=_list(data.token_ratio[i, :n]) if data.token_ratio is not None else [],
             token_vision_sensitivity=_vision_sensitivity(sig, i, n),
             token_credit_weight=_list(data.token_weights[i, :n]),
-            token_advantage=[float(data.advantages[i])] * n,
+            token_advantage=(_list(data.advantages[i, :n]) if data.advantages.dim() == 2
+                             else [float(data.advantages[i])] * n),
             reward=float(data.rewards[i]), reward_components={k: float(v) for k, v in res.components.items()},
-            advantage=float(data.advantages[i]), finish_reason=comp.finish_reason,
+            advantage=_row_advantage(data.advantages, data.batch.response_mask, i), finish_reason=comp.finish_reason,
             ground_truth=sample.answer, parsed_answer=_str_or_none(flat.get("answer")),
             parsed_boxes=_boxes(flat.get("boxes") or flat.get("pred_boxes")), gt_boxes=_gt_boxes(sample),
             rubric_results=[_criterion(c) for c in criteria],
@@ -156,3 +157,11 @@ def _consistency(c: dict | None) -> dict | None:
         "thinking_correct": c.get("thinking_correct"),
         "answer_correct": c.get("answer_correct"),
     }
+
+
+def _row_advantage(adv, mask, i: int) -> float:
+    """One number per rollout: the advantage, or its mean over valid tokens when it is per token."""
+    if adv.dim() == 1:
+        return float(adv[i])
+    valid = mask[i] > 0
+    return float(adv[i][valid].mean()) if bool(valid.any()) else 0.0

@@ -40,7 +40,7 @@ class StepData:
     batch: RolloutBatch
     rewards: torch.Tensor  # [N]
     results: list  # N RewardResult
-    advantages: torch.Tensor  # [N] (after any credit scaling)
+    advantages: torch.Tensor  # [N], or [N, L] per token (consistency.scope: answer); after credit scaling
     token_weights: torch.Tensor  # [N, L] response mask times credit weights
     ref_logprobs: torch.Tensor | None  # [N, L]
     extra_loss: torch.Tensor | None  # [N, L] per-token term from the credit scheme (PAPO)
@@ -320,7 +320,7 @@ class Trainer:
             clean = self._inputs(batch, vision, images_per_row, slice(0, batch.num_rows))
             signals, credit = self.credit_pass(batch, clean, advantages, weights, step)
             weights = weights * credit.token_weights
-            advantages = advantages * credit.adv_scale
+            advantages = advantages * (credit.adv_scale if advantages.dim() == 1 else credit.adv_scale[:, None])
             extra_loss = credit.extra_loss
             credit_stats = dict(credit.stats)
         ref = self.reference_logprobs(batch, vision, images_per_row) if cfg.algo.kl_coef > 0 else None
@@ -337,7 +337,8 @@ class Trainer:
         return overlong_penalty(lengths, self.cfg.rollout.max_new_tokens, cache, self.cfg.algo.overlong_penalty)
 
     def advantages(self, rewards: torch.Tensor, results: list, batch: RolloutBatch, step: int) -> torch.Tensor:
-        """Group-relative advantages [N]; CORA-style splitting when configured."""
+        """Group-relative advantages [N]; CORA-style splitting when configured ([N, L] with
+        ``consistency.scope: answer``)."""
         from mmrlvr.algos import ADVANTAGES
 
         cc = self.cfg.consistency
@@ -349,6 +350,13 @@ class Trainer:
             cons = torch.tensor([r.components.get(cc.component, 0.0) for r in results], dtype=torch.float32)
             task = rewards - cons_w * cons
             beta = beta_schedule(step, cc.beta_warmup_steps, cc.beta_decay_steps, cc.beta, cc.beta_min)
+            if cc.scope == "answer":  # [N, L]: the consistency term reaches the answer's tokens only
+                from mmrlvr.algos import token_split_advantages
+                from mmrlvr.consistency.spans import answer_token_mask
+
+                m = answer_token_mask([c.text for c in batch.completions], batch.response_ids,
+                                      batch.response_mask, self.processor.tokenizer)
+                return token_split_advantages(task, cons, batch.group_index, m, cc.alpha, beta)
             return split_advantages(task, cons, batch.group_index, cc.alpha, beta)
         return ADVANTAGES.get(self.cfg.algo.advantage)(rewards, batch.group_index)
 
