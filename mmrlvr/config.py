@@ -119,6 +119,8 @@ class CreditConfig:
     perturbation: str | None = _f(None, "perturbed image for the counterfactual pass: gaussian | zero | patch_blackout | blur (None = the scheme's paper default)")
     perturbation_params: dict[str, Any] = _f({}, "perturbation parameters, e.g. {std: 1.0}")
     chunk_size: int = _f(256, "tokens per chunk for full-vocabulary signals (memory bound)")
+    in_update: bool = _f(True, "schemes that read the clean distribution (vepo, entropy_topk, rsi) take it from the "
+                         "update's first forward instead of a separate no-grad pass (same credit, one forward less)")
 
 
 @dataclass

@@ -18,7 +18,8 @@ fixes the parameters once. The class attribute ``needs_perturbed`` tells the tra
 extra perturbed-image forward at all, ``needs_distribution`` whether that pass must compare full
 distributions (VEPO: JSD, ΔH) or only read the sampled token's log-prob (VPPO, PAPO: pass
 ``distribution=False`` to the signal functions, ~3x cheaper), ``perturbation`` which perturbation the
-method's paper uses.
+method's paper uses, ``row_local`` whether each response's credit depends on its own signals only (then
+the trainer may compute it micro-batch by micro-batch inside the update, ``mmrlvr.train.deferred_credit``).
 
 Shared rules: min-max normalisation is per response over its valid tokens (a constant row maps to 0);
 top-k keeps k = ceil(frac · T_valid) tokens per response, ties broken by entropy (vision schemes), then by
@@ -174,6 +175,7 @@ class CreditScheme(abc.ABC):
     needs_perturbed: ClassVar[bool] = False  # run the extra perturbed-image forward at all
     needs_distribution: ClassVar[bool] = False  # ... and compare full distributions (JSD, ΔH), not only logq
     perturbation: ClassVar[tuple[str, dict[str, Any]] | None] = None  # default (name, params) when needed
+    row_local: ClassVar[bool] = True  # each response's credit depends on that response's signals alone
 
     def __call__(self, signals: TokenSignals, mask: torch.Tensor, advantages: torch.Tensor, *,
                  old_logprobs: torch.Tensor | None = None, **params: Any) -> CreditResult:
@@ -311,6 +313,7 @@ class VPPO(CreditScheme):
 
     needs_perturbed: ClassVar[bool] = True
     perturbation: ClassVar[tuple[str, dict[str, Any]] | None] = ("patch_blackout", {"p": 0.5})
+    row_local: ClassVar[bool] = False  # the advantage scale is min-max normalised over the whole batch
 
     k: float = 0.4  # fraction of tokens kept
     beta_min: float = 0.9  # smallest advantage scale

@@ -29,7 +29,7 @@ from mmrlvr.config import RunConfig
 from mmrlvr.errors import UserError
 from mmrlvr.rollout.base import RolloutBatch, SamplingParams
 from mmrlvr.train.data import DataOrder, load_split, shard
-from mmrlvr.train.forward import VisionFeatureCache, slice_inputs, token_logprobs
+from mmrlvr.train.forward import VisionFeatureCache, response_logits, slice_inputs, token_logprobs
 from mmrlvr.train.metrics import MetricsWriter
 
 
@@ -50,6 +50,7 @@ class StepData:
     images_per_row: list[int]
     token_entropy: torch.Tensor | None = None  # [N, L] from the first update pass (for the store)
     token_ratio: torch.Tensor | None = None  # [N, L] pi/pi_old in the first update pass
+    deferred: Any = None  # DeferredCredit: credit computed inside the first update pass (VEPO, entropy top-k)
 
 
 class NonFiniteLoss(RuntimeError):
@@ -153,6 +154,9 @@ class Trainer:
             self.eval_samples = self.eval_samples[: cfg.eval.limit]
         self.order = DataOrder(len(self.train_samples), cfg.rollout.prompts_per_step, cfg.seed)
         self.credit = self._build_credit()
+        from mmrlvr.train.deferred_credit import can_defer
+
+        self.defer_credit = cfg.credit.scheme != "none" and cfg.credit.in_update and can_defer(self.credit)
         tok = getattr(self.processor, "tokenizer", self.processor)
         self.vision_start_id = tok.convert_tokens_to_ids("<|vision_start|>")
         self.metrics = MetricsWriter(self.run_dir, tensorboard=cfg.tensorboard, enabled=self.is_main)
@@ -315,8 +319,18 @@ class Trainer:
 
             keep = dynamic_sampling_filter(rewards, batch.group_index)[batch.group_index]  # [N] bool
             weights[~keep] = 0.0
-        signals, extra_loss, credit_stats = None, None, {}
-        if cfg.credit.scheme != "none":
+        signals, extra_loss, credit_stats, deferred = None, None, {}, None
+        if cfg.credit.scheme != "none" and self.defer_credit:
+            from mmrlvr.credit.signals import response_hidden
+            from mmrlvr.train.deferred_credit import DeferredCredit
+
+            pert = None
+            if self.credit.needs_perturbed:
+                pert = response_hidden(self.policy, self._perturbed_inputs(batch, step), batch.prompt_length,
+                                       batch.response_ids.shape[1])
+            deferred = DeferredCredit(self.credit, pert, weights.clone(), advantages.clone(),
+                                      cfg.credit.chunk_size, cfg.rollout.temperature)
+        elif cfg.credit.scheme != "none":
             clean = self._inputs(batch, vision, images_per_row, slice(0, batch.num_rows))
             signals, credit = self.credit_pass(batch, clean, advantages, weights, step)
             weights = weights * credit.token_weights
@@ -325,7 +339,7 @@ class Trainer:
             credit_stats = dict(credit.stats)
         ref = self.reference_logprobs(batch, vision, images_per_row) if cfg.algo.kl_coef > 0 else None
         return StepData(batch, rewards, results, advantages, weights, ref, extra_loss, signals,
-                        credit_stats, vision, images_per_row)
+                        credit_stats, vision, images_per_row, deferred=deferred)
 
     def _overlong(self, batch: RolloutBatch) -> torch.Tensor:
         cache = self.cfg.algo.overlong_cache
@@ -362,20 +376,14 @@ class Trainer:
 
     def credit_pass(self, batch: RolloutBatch, clean_inputs: dict[str, Any], advantages: torch.Tensor,
                     weights: torch.Tensor, step: int):
-        """Per-token signals (plus one forward on the perturbed image when the scheme needs it) -> credit."""
-        from mmrlvr.credit import perturb_vision, token_signals_from_model
+        """Per-token signals (plus one forward on the perturbed image when the scheme needs it) -> credit.
+
+        For schemes that are not deferred into the update (VPPO, PAPO: they read only the perturbed pass)."""
+        from mmrlvr.credit import token_signals_from_model
 
         cc = self.cfg.credit
         scheme = self.credit
-        pert_inputs = None
-        if scheme.needs_perturbed:
-            name, params = scheme.perturbation or ("gaussian", {})
-            if cc.perturbation:
-                name, params = cc.perturbation, {}
-            params = {**params, **cc.perturbation_params}
-            vision = perturb_vision(batch.vision, name, seed=self.cfg.seed * 1_000_003 + step,
-                                    processor=self.processor, **params)
-            pert_inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, **vision}
+        pert_inputs = self._perturbed_inputs(batch, step) if scheme.needs_perturbed else None
         # the clean full-vocabulary pass is needed for entropy/JSD (VEPO, entropy top-k, RSI); VPPO and
         # PAPO read only the perturbed pass's sampled-token log-probs
         distribution = scheme.needs_distribution or not scheme.needs_perturbed
@@ -387,6 +395,19 @@ class Trainer:
                 distribution=distribution,
             )
         return signals, scheme(signals, weights, advantages, old_logprobs=batch.old_logprobs)
+
+    def _perturbed_inputs(self, batch: RolloutBatch, step: int) -> dict[str, Any]:
+        """Model inputs with the scheme's (or the configured) perturbation of the images, seeded per step."""
+        from mmrlvr.credit import perturb_vision
+
+        cc = self.cfg.credit
+        name, params = self.credit.perturbation or ("gaussian", {})
+        if cc.perturbation:
+            name, params = cc.perturbation, {}
+        params = {**params, **cc.perturbation_params}
+        vision = perturb_vision(batch.vision, name, seed=self.cfg.seed * 1_000_003 + step,
+                                processor=self.processor, **params)
+        return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, **vision}
 
     def _inputs(self, batch: RolloutBatch, vision: VisionFeatureCache | None, images_per_row: list[int],
                 rows: slice) -> dict[str, Any]:
@@ -432,8 +453,11 @@ class Trainer:
         batch, weights = data.batch, data.token_weights
         loss_fn = POLICY_LOSSES.get(a.loss)
         kl_fn = KL_ESTIMATORS.get(a.kl_estimator) if a.kl_coef > 0 else None
-        # normaliser of the whole global batch, so micro-batches and processes add up to one mean
-        global_den = self._global_sum(_agg_denominator(weights, a.agg))
+        # normaliser of the whole global batch, so micro-batches and processes add up to one mean. With
+        # credit computed inside the first pass, a micro-batch's token weights exist only after its forward:
+        # that pass backpropagates unnormalised sums and divides the gradients by the normaliser at the end
+        deferred = data.deferred if data.deferred is not None and not data.deferred.done else None
+        global_den = None if deferred is not None else self._global_sum(_agg_denominator(weights, a.agg))
         norm_constant = float(cfg.rollout.max_new_tokens)
         self.model.train()
         # NSR's random rescue is seeded per step so a resumed run draws the same noise
@@ -442,27 +466,51 @@ class Trainer:
         self._recorded_rows: dict[int, bool] = {}  # rows whose first-pass entropy/ratio are stored
         for _epoch in range(a.epochs):
             slices = self._micro_slices(batch.num_rows)
+            den_sum, epoch_loss = 0.0, 0.0
             for i, rows in enumerate(slices):
                 sync = contextlib.nullcontext() if i == len(slices) - 1 else self.accel.no_sync(self.model)
                 with sync:
                     stats = self._micro_step(data, rows, loss_fn, kl_fn, global_den, a.agg, norm_constant)
+                den_sum += stats.pop("den")
+                epoch_loss += stats.pop("loss")
                 for k, v in stats.items():
                     totals[k] = max(totals.get(k, v), v) if k == "ratio_max" else totals.get(k, 0.0) + v
+            if global_den is None:  # the deferred-credit pass: now the normaliser is known
+                global_den = self._global_sum(den_sum)
+                inv = 1.0 / max(global_den, 1e-8)
+                for p in self.model.parameters():
+                    if p.grad is not None:
+                        p.grad.mul_(inv)
+                epoch_loss *= inv
+                data.signals, data.credit_stats = deferred.finish(batch.old_logprobs)
+            totals["loss"] = totals.get("loss", 0.0) + epoch_loss
             grad_norm = self._optimizer_step()
             totals["grad_norm"] = totals.get("grad_norm", 0.0) + grad_norm
         passes = a.epochs
         return {k: (v / passes if k in ("grad_norm", "loss", "kl", "policy_loss") else v) for k, v in totals.items()}
 
-    def _micro_step(self, data: StepData, rows: slice, loss_fn, kl_fn, global_den: float, agg_mode: str,
+    def _micro_step(self, data: StepData, rows: slice, loss_fn, kl_fn, global_den: float | None, agg_mode: str,
                     norm_constant: float) -> dict[str, float]:
         from mmrlvr.algos import agg_loss, call_policy_loss
 
         cfg, a, batch = self.cfg, self.cfg.algo, data.batch
-        w = data.token_weights[rows]
         inputs = self._inputs(batch, data.vision, data.images_per_row, rows)
-        logp, ent = token_logprobs(self.model, inputs, batch.response_ids[rows], cfg.rollout.temperature,
-                                   with_entropy=True)
         mask = batch.response_mask[rows]
+        dc = data.deferred if data.deferred is not None and not data.deferred.done else None
+        if dc is not None:  # credit from this pass's own clean logits (mmrlvr.train.deferred_credit)
+            from mmrlvr.algos import logprobs_from_logits
+
+            logits = response_logits(self.model, inputs, batch.response_ids.shape[1])
+            logp = logprobs_from_logits(logits, batch.response_ids[rows], temperature=cfg.rollout.temperature,
+                                        chunk_size=1024)
+            w, adv, ent = dc.apply(rows, logits, batch.response_ids[rows], mask, batch.old_logprobs[rows])
+            data.token_weights[rows] = w
+            data.advantages[rows] = adv
+            del logits
+        else:
+            logp, ent = token_logprobs(self.model, inputs, batch.response_ids[rows], cfg.rollout.temperature,
+                                       with_entropy=True)
+        w = data.token_weights[rows]
         if data.token_ratio is None:
             data.token_entropy = torch.zeros_like(batch.old_logprobs)
             data.token_ratio = torch.zeros_like(batch.old_logprobs)
@@ -488,15 +536,16 @@ class Trainer:
         local_den = _agg_denominator(w, agg_mode)
         loss = agg_loss(loss_tok, w, a.agg, norm_constant=norm_constant)
         # agg_loss normalises by this micro-batch; rescale to the global normaliser (times world size,
-        # because DDP averages gradients over processes)
-        scale = (local_den / max(global_den, 1e-8)) * self.accel.num_processes
+        # because DDP averages gradients over processes). global_den None: leave the sum (update divides)
+        scale = local_den if global_den is None else local_den / max(global_den, 1e-8)
+        scale = scale * self.accel.num_processes
         loss = loss * scale
         if not torch.isfinite(loss):
             raise NonFiniteLoss(f"loss is {loss.item()}")
         self.accel.backward(loss)
         n_tok = float(mask.sum())
         return {
-            "loss": float(loss.detach()) / self.accel.num_processes,
+            "loss": float(loss.detach()) / self.accel.num_processes, "den": local_den,
             "kl_sum": kl_val, "tokens": n_tok,
             "entropy_sum": float((ent * mask).sum()) if ent is not None else 0.0,
             "clip_sum": float(getattr(lstats, "clip_fraction", 0.0)) * n_tok,

@@ -1,0 +1,83 @@
+"""Credit inside the update (credit.in_update) gives the same step as a separate clean pass.
+
+The deferred path takes the clean distribution from the policy's own first forward and normalises the
+loss after the fact; a separate no-grad clean pass computes the same credit before the update. Both must
+give the same token weights, credit metrics and parameters after a step, on the real tiny Qwen2.5-VL,
+with two micro-batches (so the after-the-fact normaliser really spans micro-batches).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mmrlvr.config import load_config
+from tests.test_train_loop import small_config, tiny_dir  # noqa: F401  (fixture)
+
+
+def _one_step(tiny_dir, out, scheme: str, in_update: bool, agg: str, epochs: int = 1):
+    from mmrlvr.train.trainer import Trainer
+
+    cfg = small_config(tiny_dir, out, max_steps=1, credit__scheme=scheme, credit__in_update=in_update,
+                       algo__agg=agg, algo__epochs=epochs, credit__perturbation="patch_blackout",
+                       log_rollouts=False)
+    trainer = Trainer(load_config(data=cfg))
+    # keep each optimizer step's gradients: Adam's first step (~lr * sign(g)) would turn 1e-12 rounding
+    # differences of near-zero gradients into lr-sized parameter differences, so gradients are compared
+    trainer.grads = []
+    step = trainer._optimizer_step
+
+    def keep_grads():
+        trainer.grads.append({n: p.grad.detach().clone() for n, p in trainer.policy.named_parameters()
+                              if p.grad is not None})
+        return step()
+
+    trainer._optimizer_step = keep_grads
+    data = trainer.collect(0)
+    stats = trainer.update(data)
+    return trainer, data, stats
+
+
+def _same_grads(a, b, atol: float) -> None:
+    assert len(a.grads) == len(b.grads) > 0
+    for ga, gb in zip(a.grads, b.grads):
+        assert ga.keys() == gb.keys()
+        for n in ga:
+            assert torch.allclose(ga[n], gb[n], atol=atol, rtol=1e-4), n
+
+
+@pytest.mark.parametrize("scheme, agg", [("vepo", "token-mean"), ("vepo", "seq-mean-token-mean"),
+                                         ("entropy_topk", "token-mean")])
+def test_in_update_credit_equals_a_separate_pass(tiny_dir, tmp_path, scheme, agg):
+    t_sep, d_sep, s_sep = _one_step(tiny_dir, tmp_path / "sep", scheme, False, agg)
+    t_in, d_in, s_in = _one_step(tiny_dir, tmp_path / "in", scheme, True, agg)
+    assert not t_sep.defer_credit and t_in.defer_credit
+    assert d_in.deferred is not None and d_in.deferred.done
+    # same credit: weights (selection), signals and metrics
+    assert torch.equal(d_sep.token_weights > 0, d_in.token_weights > 0)
+    assert torch.allclose(d_sep.token_weights, d_in.token_weights, atol=1e-6)
+    assert 0 < float((d_in.token_weights > 0).sum()) < float(d_in.batch.response_mask.sum())
+    assert torch.allclose(d_sep.signals.entropy, d_in.signals.entropy, atol=1e-4)
+    if scheme == "vepo":
+        assert torch.allclose(d_sep.signals.jsd, d_in.signals.jsd, atol=1e-5)
+        assert float(d_in.signals.jsd.max()) > 1e-4  # the perturbation really moved the distribution
+    assert d_sep.credit_stats.keys() == d_in.credit_stats.keys()
+    for k, v in d_sep.credit_stats.items():
+        assert d_in.credit_stats[k] == pytest.approx(v, abs=1e-5), k
+    # same gradient step
+    assert s_in["loss"] == pytest.approx(s_sep["loss"], abs=1e-6)
+    assert s_in["grad_norm"] == pytest.approx(s_sep["grad_norm"], rel=1e-4)
+    _same_grads(t_sep, t_in, atol=1e-7)
+
+
+def test_vppo_is_not_deferred(tiny_dir, tmp_path):
+    """VPPO's advantage scale is min-max normalised over the whole batch: it cannot be done per micro-batch."""
+    t, d, _ = _one_step(tiny_dir, tmp_path / "v", "vppo", True, "token-mean")
+    assert not t.defer_credit and d.deferred is None and d.signals is not None
+
+
+def test_second_epoch_reuses_the_first_pass_credit(tiny_dir, tmp_path):
+    t_sep, d_sep, s_sep = _one_step(tiny_dir, tmp_path / "sep", "vepo", False, "token-mean", epochs=2)
+    t_in, d_in, s_in = _one_step(tiny_dir, tmp_path / "in", "vepo", True, "token-mean", epochs=2)
+    assert torch.allclose(d_sep.token_weights, d_in.token_weights, atol=1e-6)
+    _same_grads(t_sep, t_in, atol=1e-6)  # both epochs
