@@ -18,6 +18,11 @@ import torch
 from mmrlvr.algos import entropy_from_logits, logprobs_from_logits
 from mmrlvr.rollout.vision import encode_images, encoder_outputs, find_vlm_core, supports_precomputed_vision
 
+# positions per chunk of the full-vocabulary log-prob / entropy passes. Measured on CPU ([4, 512, 32k]
+# logits, one thread): 256 takes about half the time of 1024, whose [1024, V] float32 buffers (131 MB) are
+# returned to the OS and page-faulted back in on every chunk; 128 gains nothing more.
+LOGPROB_CHUNK = 256
+
 
 def response_logits(model: torch.nn.Module, inputs: dict[str, Any], response_length: int) -> torch.Tensor:
     """Logits predicting each response token. Returns [N, L, V] (float, as the model computes it)."""
@@ -27,7 +32,7 @@ def response_logits(model: torch.nn.Module, inputs: dict[str, Any], response_len
 
 def token_logprobs(model: torch.nn.Module, inputs: dict[str, Any], response_ids: torch.Tensor,
                    temperature: float = 1.0, with_entropy: bool = False,
-                   chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   chunk_size: int = LOGPROB_CHUNK) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(o_t) [N, L] (and entropy H_t [N, L], detached) at the sampling temperature."""
     logits = response_logits(model, inputs, response_ids.shape[1])
     logp = logprobs_from_logits(logits, response_ids, temperature=temperature, chunk_size=chunk_size)

@@ -29,7 +29,7 @@ from mmrlvr.config import RunConfig
 from mmrlvr.errors import UserError
 from mmrlvr.rollout.base import RolloutBatch, SamplingParams
 from mmrlvr.train.data import DataOrder, load_split, shard
-from mmrlvr.train.forward import VisionFeatureCache, response_logits, slice_inputs, token_logprobs
+from mmrlvr.train.forward import LOGPROB_CHUNK, VisionFeatureCache, response_logits, slice_inputs, token_logprobs
 from mmrlvr.train.metrics import MetricsWriter
 
 
@@ -502,7 +502,7 @@ class Trainer:
 
             logits = response_logits(self.model, inputs, batch.response_ids.shape[1])
             logp = logprobs_from_logits(logits, batch.response_ids[rows], temperature=cfg.rollout.temperature,
-                                        chunk_size=1024)
+                                        chunk_size=LOGPROB_CHUNK)
             w, adv, ent = dc.apply(rows, logits, batch.response_ids[rows], mask, batch.old_logprobs[rows])
             data.token_weights[rows] = w
             data.advantages[rows] = adv
