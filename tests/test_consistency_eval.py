@@ -101,12 +101,22 @@ def test_evaluate_consistency_matches_the_trainers_eval_on_a_real_tiny_model(tmp
     ("tiny:qwen2_5_vl:warm:noise0.9", ("qwen2_5_vl", True, 0.9, "qwen2_5_vl-warm-noise0.9")),
     ("tiny:qwen3_vl:warm:noise.25", ("qwen3_vl", True, 0.25, "qwen3_vl-warm-noise0.25")),
     ("tiny:qwen2_vl:warm:noise0", ("qwen2_vl", True, 0.0, "qwen2_vl-warm")),  # noise 0 = the clean warm start
+    ("tiny:qwen2_5_vl:warm:count_chatter", ("qwen2_5_vl", True, 0.0, "qwen2_5_vl-warm-count_chatter")),
+    ("tiny:qwen2_5_vl:warm:count_chatter:noise0.5", ("qwen2_5_vl", True, 0.5, "qwen2_5_vl-warm-count_chatter-noise0.5")),
 ])
 def test_tiny_spec_table(spec, expected, tmp_path, monkeypatch):
     monkeypatch.setenv("MMRLVR_CACHE", str(tmp_path))
     family, warm, noise, folder = tiny_spec(spec)
     assert (family, warm, noise, folder.name) == expected
     assert folder.parent == tmp_path / "tiny"
+
+
+def test_spec_task_names_the_warm_start_task():
+    from mmrlvr.train.model_path import spec_task
+
+    assert spec_task("tiny:qwen2_5_vl:warm:count_chatter") == "count_chatter"
+    assert spec_task("tiny:qwen2_5_vl:warm:noise0.9") == "count"
+    assert spec_task("tiny:qwen2_5_vl:warm", task="left_right") == "left_right"
 
 
 def test_noise_in_the_spec_and_the_argument_share_one_cache_folder(tmp_path, monkeypatch):

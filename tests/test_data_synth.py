@@ -47,7 +47,7 @@ def test_train_and_test_share_no_scene(task):
 
 # text-only majority-class guess per question text: the best a model that ignores the image can do.
 # chance: count 1/4, largest_colour 1/4, left_right 1/2, geometry 1/15.
-CHANCE = {"count": 0.25, "largest_colour": 0.25, "left_right": 0.5, "geometry": 1 / 15}
+CHANCE = {"count": 0.25, "count_chatter": 0.25, "largest_colour": 0.25, "left_right": 0.5, "geometry": 1 / 15}
 
 
 @pytest.mark.parametrize("task", sorted(CHANCE))
@@ -116,6 +116,32 @@ def test_count_reference_solution_example():
     row = next(r for r in make_rows("count", "train", 50) if len(r["meta"]["counts"]) == 2)
     (c1, n1), (c2, n2) = row["meta"]["counts"].items()
     assert row["solution"].startswith(f"<think>I see {n1} {c1}, {n2} {c2}.</think><answer>")
+
+
+def test_count_chatter_opens_with_three_fillers_the_tokenizer_reads_as_single_tokens():
+    from mmrlvr.consistency import analyse
+    from mmrlvr.data import rows_to_samples
+    from mmrlvr.models.tiny import build_tokenizer
+    from mmrlvr.types import Completion
+
+    tok = build_tokenizer()
+    for w in synth.FILLERS:  # one token each: the study's entropy probe counts one filler token per word
+        assert len(tok(" " + w)["input_ids"]) == 1, w
+    rows = make_rows("count_chatter", "train", 40, seed=2)
+    for row in rows:
+        think = row["solution"].split("<think>")[1].split("</think>")[0]
+        head, listing = think.split(". ", 1)
+        words = head.split(" ")
+        assert words[0] == "The" and len(words) == 4 and all(w in synth.FILLERS for w in words[1:])
+        assert listing.startswith("I see ")
+        for c, n in row["meta"]["counts"].items():
+            assert f"{n} {c}" in listing
+    # the reference solutions are consistent and right under the consistency analysis (fillers never parse)
+    for row, sample in zip(rows[:10], rows_to_samples(rows[:10])):
+        facts = analyse(Completion(text=row["solution"]), sample)
+        assert facts.agrees and facts.thinking_correct and facts.answer_correct
+    # 12 filler words, three draws: many different openings (the fillers are uncertain by construction)
+    assert len({r["solution"].split(".")[0] for r in make_rows("count_chatter", "train", 200)}) > 100
 
 
 def test_grounding_box_scales_with_image_size():

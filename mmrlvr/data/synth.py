@@ -7,6 +7,11 @@ a few flat shapes (or an angle) with PIL, asks one question about it, and gives 
 
 Tasks (``TASKS``):
 - ``count``: "How many {colour} shapes are there?" over 1-4 shapes; answer 0-3, uniform (chance 25%).
+- ``count_chatter``: ``count`` whose reference thinking opens with three random filler words ("The then
+  box of. I see 2 red, 1 blue."). The fillers are the most uncertain tokens of a response yet do not
+  depend on the image; the count digits that decide the answer read the image and are *less* uncertain
+  — the situation where entropy-only token selection (top 20% by entropy) trains the chatter and misses
+  the visual tokens (the credit study's task, METHODS.md §2).
 - ``largest_colour``: colour of the largest shape (area at least 1.5x any other); uniform over 4 colours.
 - ``left_right``: "Is the {c1} {s1} left or right of the {c2} {s2}?"; "left"/"right" 50/50.
 - ``grounding``: "Give the box of the {colour} {shape}."; answer ``[x1, y1, x2, y2]`` in pixels of the
@@ -38,7 +43,7 @@ from typing import Any, Callable
 
 from PIL import Image, ImageDraw
 
-TASKS: tuple[str, ...] = ("count", "largest_colour", "left_right", "grounding", "geometry")
+TASKS: tuple[str, ...] = ("count", "count_chatter", "largest_colour", "left_right", "grounding", "geometry")
 SPLITS: tuple[str, ...] = ("train", "test")
 COLOURS: tuple[str, ...] = ("red", "green", "blue", "yellow")
 SHAPES: tuple[str, ...] = ("circle", "square", "triangle")
@@ -52,6 +57,10 @@ BACKGROUND = (255, 255, 255)
 BASE = 112  # layout canvas; coordinates are scaled by image_size / BASE when drawn
 TEST_BUCKETS = 5  # a scene is test iff hash % TEST_BUCKETS == 0
 ANGLES = tuple(range(20, 161, 10))  # geometry answers (degrees)
+# count_chatter's filler words: single tokens of the tiny BPE with a leading space, none of them a colour,
+# shape, number or negation (so the counting conclusion's parser never reads them)
+FILLERS: tuple[str, ...] = ("then", "about", "yes", "and", "of", "in", "lines", "meet", "box", "angle",
+                            "degrees", "is")
 ANGLE_TOLERANCE = 5.0
 
 _AREA_FACTOR = {"circle": math.pi / 4, "square": 1.0, "triangle": 0.5}  # area / side^2
@@ -210,15 +219,22 @@ def _geometry(rng: random.Random) -> tuple[Scene, str, str, str, dict]:
     return scene, "What is the angle in degrees?", str(angle), thinking, {"tolerance": ANGLE_TOLERANCE}
 
 
+def _count_chatter(rng: random.Random) -> tuple[Scene, str, str, str, dict]:
+    scene, question, answer, thinking, meta = _count(rng)
+    chatter = " ".join(rng.choice(FILLERS) for _ in range(3))
+    return scene, question, answer, f"The {chatter}. {thinking}", meta
+
+
 _TASK_FNS: dict[str, Callable[[random.Random], tuple[Scene, str, str, str, dict]]] = {
     "count": _count,
+    "count_chatter": _count_chatter,
     "largest_colour": _largest_colour,
     "left_right": _left_right,
     "grounding": _grounding,
     "geometry": _geometry,
 }
 ANSWER_TYPES: dict[str, str] = {
-    "count": "number", "largest_colour": "text", "left_right": "text", "grounding": "box", "geometry": "number",
+    "count": "number", "count_chatter": "number", "largest_colour": "text", "left_right": "text", "grounding": "box", "geometry": "number",
 }
 
 

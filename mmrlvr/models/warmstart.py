@@ -45,7 +45,7 @@ IN_PROGRESS = ".warmstart-in-progress"
 
 def answer_space(task: str, rng: random.Random) -> str:
     """A uniformly random answer for ``task`` (what a noisy SFT target says instead of the truth)."""
-    if task == "count":
+    if task in ("count", "count_chatter"):
         return str(rng.randint(0, 3))
     if task == "largest_colour":
         return rng.choice(synth.COLOURS)
@@ -237,5 +237,5 @@ def warm_start(out_dir: str | Path, *, family: str = "qwen2_5_vl", task: str = "
 
 def _chance(task: str) -> float | None:
     """Accuracy of uniform guessing over the task's answers (None where not meaningful)."""
-    return {"count": 1 / 4, "largest_colour": 1 / len(synth.COLOURS), "left_right": 1 / 2,
+    return {"count": 1 / 4, "count_chatter": 1 / 4, "largest_colour": 1 / len(synth.COLOURS), "left_right": 1 / 2,
             "geometry": 1 / len(synth.ANGLES)}.get(task)
