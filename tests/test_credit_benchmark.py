@@ -1,26 +1,33 @@
-"""The credit-overhead benchmark's train step runs for every arm on the tiny setting (keeps it from
-rotting; the timing itself is run by hand: ``python benchmarks/credit_overhead.py``)."""
+"""The credit-overhead benchmark's timed trainer steps run for every arm (keeps it from rotting; the timing
+itself is run by hand: ``python benchmarks/credit_overhead.py``)."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
-
-import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "credit_overhead.py"
 
 
-def test_train_step_runs_for_each_arm():
+def test_every_arm_runs_the_same_rollouts_with_its_credit(tmp_path):
     spec = importlib.util.spec_from_file_location("credit_overhead", BENCH)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    b = mod.build("tiny")
-    assert b["inputs"]["input_ids"].shape == (32, b["P"] + 32)
-    out = {arm: mod.train_step(b, arm, step=0, chunk_size=64) for arm in mod.ARMS}
-    for arm, o in out.items():
-        assert torch.isfinite(torch.tensor(o["loss"])) and o["grad_norm"] > 0, arm
-    assert out["none"]["weighted_fraction"] == 1.0
+    mod.SETTINGS["tiny"]["overrides"] = ["rollout.prompts_per_step=2"]  # 16 rollouts: a quick check
+    trainers = {arm: mod.make_trainer("tiny", arm, tmp_path) for arm in mod.ARMS}
+    assert trainers["vepo"].defer_credit and not trainers["vppo"].defer_credit
+    steps = {arm: [mod.timed_step(t, s) for s in range(2)] for arm, t in trainers.items()}
+    for arm, runs in steps.items():
+        for r in runs:
+            assert r["cpu"] > 0 and 0 < r["train_cpu"] < r["cpu"], arm  # generation time is split off
+    # lr 0: every arm samples the same rollouts at every step, so only the credit work differs
+    lengths = {arm: [r["tokens"] for r in runs] for arm, runs in steps.items()}
+    assert lengths["none"] == lengths["vepo"] == lengths["vppo"]
+    rows = {arm: [json.loads(x) for x in (tmp_path / f"tiny-{arm}" / "metrics.jsonl").read_text().splitlines()]
+            for arm in mod.ARMS}
+    assert all(len(r) == 2 for r in rows.values())
+    assert "credit/selected_fraction" not in rows["none"][-1]
     # VEPO keeps ceil(20%) and VPPO ceil(40%) of each response's tokens
-    assert 0.2 <= out["vepo"]["weighted_fraction"] < 0.3
-    assert 0.4 <= out["vppo"]["weighted_fraction"] < 0.5
+    assert 0.2 <= rows["vepo"][-1]["credit/selected_fraction"] < 0.3
+    assert 0.4 <= rows["vppo"][-1]["credit/selected_fraction"] < 0.5
