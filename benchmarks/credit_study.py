@@ -5,15 +5,21 @@ One command, same start, same data order per seed, same budget for every arm:
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/credit_study.py \
         [--steps 60] [--seeds 0 1 2] [--schemes none entropy_topk vepo vppo] [--out runs/credit-study]
 
-Base: ``configs/demo-tiny.yaml`` (GRPO on the warm-started tiny Qwen2.5-VL, ``synth:count``); each arm only
-sets ``credit.scheme`` (every scheme with its defaults and its paper's perturbation — nothing is tuned).
+Base: ``configs/demo-tiny.yaml`` (GRPO on a warm-started tiny Qwen2.5-VL) on ``--task`` (default
+``count_chatter``, with its own warm start ``tiny:qwen2_5_vl:warm:count_chatter``, built once and cached);
+each arm only sets ``credit.scheme`` (every scheme with its defaults and its paper's perturbation — nothing
+is tuned). Why ``count_chatter``: on plain ``count`` the answer-deciding count digits are the
+*highest*-entropy tokens of a response, so entropy top-20% already selects them and the premise of
+vision-aware credit does not hold. ``count_chatter``'s reference thinking opens with three random filler
+words: now the fillers are the most uncertain tokens, and the image-reading digits are visual and
+lower-entropy — the case VEPO / VPPO are built for (the token probe below checks it on the warm start).
 
 What it measures, in order:
 
 1. **Token probe** on the warm start (before any training): G = 8 rollouts of a few training prompts, the
    per-token entropy and the JSD between the clean and perturbed image (gaussian = VEPO's default,
-   patch_blackout p 0.5 = VPPO's, zero image) per token class (answer token, digit / colour-or-shape word
-   in the thinking, tags, other), and which share of each class every scheme would select. This checks
+   patch_blackout p 0.5 = VPPO's, zero image) per token class (answer token, digit / colour-or-shape /
+   filler word in the thinking, tags, other), and which share of each class every scheme would select. This checks
    the premise VEPO argues from (METHODS.md §2): the tokens that read the image are low-entropy, so
    entropy top-20% misses them.
 2. **Held-out eval of the start**, once (every arm starts from the same model): greedy accuracy and
@@ -50,7 +56,7 @@ TAIL = 20
 TRAIN_KEYS = ("reward/mean", "accuracy", "kl", "entropy/mean", "time/step_s")
 
 # token classes of the probe, in table order
-CLASSES = ("answer token", "think digit", "think colour/shape word", "tag", "other")
+CLASSES = ("answer token", "think digit", "think colour/shape word", "think filler word", "tag", "other")
 PERTURBATIONS = (("gaussian", {}), ("patch_blackout", {"p": 0.5}), ("zero", {}))
 
 
@@ -64,7 +70,7 @@ def load(config: str, scheme: str, seed: int, steps: int, out: Path, extra: list
 
 # ------------------------------------------------------------------------------------------ token probe
 
-def token_class(token: str, in_answer: bool, words: set[str]) -> str:
+def token_class(token: str, in_answer: bool, words: set[str], fillers: frozenset[str] = frozenset()) -> str:
     """Class of one decoded response token (``in_answer``: between ``<answer>`` and ``</answer>``).
 
     >>> token_class("Ġ3", False, {"red"}), token_class("Ġred", False, {"red"}), token_class("2", True, set())
@@ -79,6 +85,8 @@ def token_class(token: str, in_answer: bool, words: set[str]) -> str:
         return "think digit"
     if word.lower() in words:
         return "think colour/shape word"
+    if word.lower() in fillers:
+        return "think filler word"
     return "other"
 
 
@@ -132,7 +140,7 @@ def token_probe(trainer, n_prompts: int = 8, seed: int = 12345) -> dict[str, Any
             t = tok.convert_ids_to_tokens(int(batch.response_ids[i, j]))
             if t == "</answer>":
                 in_answer = False
-            cls = token_class(t, in_answer, words)
+            cls = token_class(t, in_answer, words, frozenset(synth.FILLERS))
             if t == "<answer>":
                 in_answer = True
             r = rows[cls]
@@ -378,6 +386,9 @@ def write_outputs(out: Path, payload: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default=str(ROOT / "configs" / "demo-tiny.yaml"))
+    p.add_argument("--task", default="count_chatter",
+                   help="synthetic task to train and evaluate on, from its own warm start (count_chatter: the "
+                        "image-reading count digits are less uncertain than the filler words around them)")
     p.add_argument("--schemes", nargs="+", default=list(SCHEMES))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=60)
@@ -394,7 +405,9 @@ def main(argv: list[str] | None = None) -> int:
         CREDIT_SCHEMES.get(s)  # unknown names fail before any run
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    extra = [f"data.eval_size={args.eval_size}", f"eval.k={args.k}", *args.overrides]
+    warm = "tiny:qwen2_5_vl:warm" + ("" if args.task == "count" else f":{args.task}")
+    extra = [f"model.path={warm}", f"data.train=synth:{args.task}", f"data.eval=synth:{args.task}",
+             f"data.eval_size={args.eval_size}", f"eval.k={args.k}", *args.overrides]
     base = load(args.config, args.schemes[0], args.seeds[0], args.steps, out, extra)
     meta = {"steps": args.steps, "seeds": args.seeds, "schemes": args.schemes, "eval_seed": args.eval_seed,
             "prompts_per_step": base.rollout.prompts_per_step, "group_size": base.rollout.group_size,

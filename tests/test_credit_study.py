@@ -31,9 +31,11 @@ def study():
     ("<|im_end|>", False, "tag"),
     ("Ġsee", False, "other"),
     ("Ġ", False, "other"),
+    ("Ġbox", False, "think filler word"),
+    ("Ġthen", False, "think filler word"),
 ])
 def test_token_class(study, token, in_answer, expected):
-    assert study.token_class(token, in_answer, {"red", "circle"}) == expected
+    assert study.token_class(token, in_answer, {"red", "circle"}, frozenset({"box", "then"})) == expected
 
 
 def test_mean_std_and_aggregate(study):
