@@ -81,3 +81,20 @@ def test_second_epoch_reuses_the_first_pass_credit(tiny_dir, tmp_path):
     t_in, d_in, s_in = _one_step(tiny_dir, tmp_path / "in", "vepo", True, "token-mean", epochs=2)
     assert torch.allclose(d_sep.token_weights, d_in.token_weights, atol=1e-6)
     _same_grads(t_sep, t_in, atol=1e-6)  # both epochs
+
+
+def test_only_schemes_that_declare_row_local_credit_are_deferred():
+    from dataclasses import dataclass
+
+    from mmrlvr.credit import CREDIT_SCHEMES, CreditScheme
+    from mmrlvr.train.deferred_credit import can_defer
+
+    assert {n for n in ("none", "entropy_topk", "vepo", "vppo", "papo", "rsi") if can_defer(CREDIT_SCHEMES.get(n))} \
+        == {"none", "entropy_topk", "vepo", "rsi"}  # papo reads only the perturbed pass, vppo is batch-wide
+
+    @dataclass
+    class PluginScheme(CreditScheme):  # a user's scheme that reads the clean distribution
+        def _apply(self, signals, mask, advantages, old_logprobs):
+            return self._result(mask > 0, mask, signals, mask)
+
+    assert not can_defer(PluginScheme())  # unknown batch dependence: the safe, separate pass

@@ -175,7 +175,9 @@ class CreditScheme(abc.ABC):
     needs_perturbed: ClassVar[bool] = False  # run the extra perturbed-image forward at all
     needs_distribution: ClassVar[bool] = False  # ... and compare full distributions (JSD, ΔH), not only logq
     perturbation: ClassVar[tuple[str, dict[str, Any]] | None] = None  # default (name, params) when needed
-    row_local: ClassVar[bool] = True  # each response's credit depends on that response's signals alone
+    # each response's credit depends on that response's signals alone (then the trainer may compute it
+    # micro-batch by micro-batch inside the update); False is always safe, so plugins start there
+    row_local: ClassVar[bool] = False
 
     def __call__(self, signals: TokenSignals, mask: torch.Tensor, advantages: torch.Tensor, *,
                  old_logprobs: torch.Tensor | None = None, **params: Any) -> CreditResult:
@@ -251,6 +253,8 @@ def _check_fraction(name: str, value: float) -> None:
 class NoCredit(CreditScheme):
     """Every valid token counts equally: plain GRPO / DAPO."""
 
+    row_local: ClassVar[bool] = True
+
     def _apply(self, signals, mask, advantages, old_logprobs) -> CreditResult:
         valid = mask > 0
         return self._result(valid, valid.float(), signals, mask)
@@ -261,6 +265,8 @@ class NoCredit(CreditScheme):
 class EntropyTopK(CreditScheme):
     """The 80/20 rule: keep the top ceil(ρ·T) highest-entropy tokens of each response (the baseline VEPO
     argues against; kept for comparisons)."""
+
+    row_local: ClassVar[bool] = True
 
     rho: float = 0.2  # fraction of each response's valid tokens that keep a gradient
 
@@ -279,6 +285,8 @@ class VEPO(CreditScheme):
     """Vision-entropy token selection (METHODS.md §2, [code]): score "D" = soft-OR(JSD, |ΔH|) × entropy,
     keep the top ceil(ρ·T) per response. mode="mask" drops the rest from the loss; mode="weight" keeps all
     tokens with w = 1 + bonus·selected. The advantage is unchanged."""
+
+    row_local: ClassVar[bool] = True
 
     needs_perturbed: ClassVar[bool] = True
     needs_distribution: ClassVar[bool] = True
@@ -350,6 +358,8 @@ class PAPO(CreditScheme):
     backpropagates through it), which halves the extra cost; PAPO's double-entropy regulariser is not
     included — ``max_kl`` caps k3 instead."""
 
+    row_local: ClassVar[bool] = True
+
     needs_perturbed: ClassVar[bool] = True
     perturbation: ClassVar[tuple[str, dict[str, Any]] | None] = ("patch_blackout", {"p": 0.6})
 
@@ -382,6 +392,8 @@ class RSI(CreditScheme):
     parts being near 0): with h̃_t = per-response min-max entropy,
     low_t = low · (1 − adapt·(1 − h̃_t)), high_t = high · (1 + adapt·(1 − h̃_t)).
     Needs no perturbed pass."""
+
+    row_local: ClassVar[bool] = True
 
     low: float = 0.5  # RSI lower bound at the response's highest-entropy token
     high: float = 2.0  # RSI upper bound at the response's highest-entropy token
