@@ -1,7 +1,7 @@
 """Every CPU config in configs/ runs: two training steps each, with a tiny held-out eval.
 
-(The Qwen2.5-VL 3B/7B configs need a GPU and real checkpoints; tests/test_config.py validates them and
-builds their rewards.)
+(The Qwen2.5-VL 3B/7B configs need a GPU and real checkpoints; tests/test_gpu_configs_on_cpu.py runs their
+pipeline with a tiny stand-in model, and tests/test_config.py validates them and builds their rewards.)
 """
 
 from __future__ import annotations
