@@ -46,7 +46,8 @@ DEMOS = sorted((ROOT / "demos").glob("*.py"))
 RUN = "run"                                   # a test runs it (shortened only by overrides/flags it has)
 DEMO = "run by a demo test"                   # a demo test runs the same command / the command's demo
 SYNOPSIS = "synopsis: options checked"        # a usage line: its options exist (and --help works)
-GPU = "validated, not run (needs GPU)"        # the config and overrides resolve (--dry-run); CPU twin runs
+GPU = "validated, not run (needs GPU)"        # the config and overrides resolve (--dry-run); its pipeline
+#                                               runs on CPU with a tiny stand-in model (test_gpu_configs_on_cpu)
 INSTALL = "validated, not run (needs network)"  # pip: the extras / entry point it installs exist
 VERL = "validated, not run (needs verl)"      # verl is not installed here; its reward API is tested
 
@@ -57,6 +58,10 @@ CMD_START = r"(?:[A-Z][A-Z0-9_]*=\S+ +)*(?:mmrlvr|python3?|accelerate launch|pip
 T_CLI = "tests/test_cli.py::"
 T_DOC = "tests/test_doc_commands.py::"
 T_CFG_LOAD = "tests/test_config.py::test_shipped_configs_load"
+T_GPU_CPU = ("tests/test_gpu_configs_on_cpu.py::test_gpu_config_pipeline_runs_on_cpu"
+             "[qwen2_5_vl_3b_geometry3k_lora.yaml]",
+             "tests/test_gpu_configs_on_cpu.py::test_gpu_config_pipeline_runs_on_cpu"
+             "[qwen2_5_vl_7b_geometry3k_lora.yaml]")
 T_DRY = T_DOC + "test_doc_train_commands_resolve_with_dry_run"
 T_TWO_PROC = "tests/test_train_loop.py::test_two_processes_match_one_process"
 T_RESUME = "tests/test_train_loop.py::test_kill_and_resume_matches_an_uninterrupted_run"
@@ -101,8 +106,8 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         ("run by CI: .ci/run holds it verbatim", (T_DOC + "test_readme_test_command_is_what_ci_runs", T_PYPROJECT)),
     'pip install "mmrlvr[vllm]"':
         (INSTALL + " + GPU", (T_PYPROJECT, T_VLLM + "test_missing_vllm_is_a_clear_user_error")),
-    QWEN_3B: (GPU, (T_DRY, T_CFG_LOAD)),
-    QWEN_7B: (ON_8_GPUS, (T_DRY, T_CFG_LOAD, T_TWO_PROC)),
+    QWEN_3B: (GPU, (T_DRY, T_CFG_LOAD, *T_GPU_CPU)),
+    QWEN_7B: (ON_8_GPUS, (T_DRY, T_CFG_LOAD, T_TWO_PROC, *T_GPU_CPU)),
     "mmrlvr demo [--out runs/demo] [--steps N] [--inspect]": (SYNOPSIS, (T_OPTS, T_HELP, T_DEMO)),
     "mmrlvr tiny build --family {qwen2_vl,qwen2_5_vl,qwen3_vl} --out DIR [--warm-start]":
         (SYNOPSIS, (T_OPTS, T_HELP, T_WARM_CLI)),
@@ -157,9 +162,9 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mmrlvr tiny build --family qwen2_5_vl --out runs/tiny-vlm --warm-start": (RUN, (T_WARM_CLI,)),
     # ---- docs/real-checkpoint.md (and the Qwen configs' headers)
     "pip install torch": (INSTALL + " + GPU (a CUDA build)", (T_PYPROJECT,)),
-    QWEN_3B + " " + GEO_DATA: (GPU, (T_DRY, T_CFG_LOAD)),
-    QWEN_7B + " " + MODEL_7B + " data.train=... data.eval=...": (ON_8_GPUS, (T_DRY, T_CFG_LOAD, T_TWO_PROC)),
-    QWEN_7B + " " + MODEL_7B + " " + GEO_DATA: (ON_8_GPUS, (T_DRY, T_CFG_LOAD, T_TWO_PROC)),
+    QWEN_3B + " " + GEO_DATA: (GPU, (T_DRY, T_CFG_LOAD, *T_GPU_CPU)),
+    QWEN_7B + " " + MODEL_7B + " data.train=... data.eval=...": (ON_8_GPUS, (T_DRY, T_CFG_LOAD, T_TWO_PROC, *T_GPU_CPU)),
+    QWEN_7B + " " + MODEL_7B + " " + GEO_DATA: (ON_8_GPUS, (T_DRY, T_CFG_LOAD, T_TWO_PROC, *T_GPU_CPU)),
     "bash benchmarks/gpu_check.sh": (GPU + "; the script exists, the vLLM engine's CPU parts are tested",
                                      (T_OPTS, T_VLLM + "test_merged_state_dict_uses_base_names_and_merges_lora")),
     "accelerate launch --config_file fsdp.yaml ...": (GPU + "; --config_file is a real accelerate option", (T_OPTS,)),
