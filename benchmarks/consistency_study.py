@@ -69,8 +69,17 @@ COLUMNS = [
     ("TW/AW s", "sampled/think_wrong_answer_wrong"),
     ("both wrong cons s", "sampled/both_wrong_consistent"),
     ("greedy acc", "greedy_accuracy"),
-    ("avg@8", "avg@8"),
+    ("avg@k", "avg@k"),  # avg@{eval.k}; read through _avg below
 ]
+
+
+def _avg(result: dict[str, Any]) -> float:
+    """avg@k of one evaluation, whatever k (``eval.k``) it ran with."""
+    return next(v for key, v in result.items() if key.startswith("avg@"))
+
+
+def _cell(result: dict[str, Any], key: str) -> float:
+    return _avg(result) if key == "avg@k" else result.get(key, float("nan"))
 
 
 def load(config: str, seed: int, steps: int, out: Path, arm: str, extra: list[str]):
@@ -132,7 +141,7 @@ def acceptance(results: dict[str, dict[str, Any]], default: str = DEFAULT_ARM) -
         c["thinking_ok"] = c["thinking_drop_pts"] <= 3.0
         if base is not None:
             c["greedy_vs_accuracy_pts"] = 100 * (a["greedy_accuracy"] - base["after"]["greedy_accuracy"])
-            c["avg8_vs_accuracy_pts"] = 100 * (a["avg@8"] - base["after"]["avg@8"])
+            c["avg8_vs_accuracy_pts"] = 100 * (_avg(a) - _avg(base["after"]))
             c["not_below_accuracy"] = c["greedy_vs_accuracy_pts"] >= 0 and c["avg8_vs_accuracy_pts"] >= 0
         c["pass"] = c["ir_lowered"] and c["thinking_ok"] and c.get("not_below_accuracy", True)
         checks[key] = c
@@ -154,9 +163,9 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     for res in sorted(results.values(), key=lambda r: (r["seed"], list(ARMS).index(r["arm"]))):
         if res["seed"] not in seen:
             seen.add(res["seed"])
-            vals = " | ".join(f"{res['before'].get(k, float('nan')):.3f}" for _, k in COLUMNS)
+            vals = " | ".join(f"{_cell(res['before'], k):.3f}" for _, k in COLUMNS)
             lines.append(f"| warm start (seed {res['seed']}) | {vals} | 0 | - |")
-        vals = " | ".join(f"{res['after'].get(k, float('nan')):.3f}" for _, k in COLUMNS)
+        vals = " | ".join(f"{_cell(res['after'], k):.3f}" for _, k in COLUMNS)
         kl = res["train_tail"].get("kl", float("nan"))
         lines.append(f"| {res['arm']} (seed {res['seed']}, {res['steps']} steps) | {vals} | {kl:.4f} | "
                      f"{res['wall_s'] / 60:.1f} |")
@@ -192,7 +201,7 @@ def main() -> None:
             print(f"[{key}] {res['wall_s'] / 60:.1f} min: IR(s) {b['sampled/inconsistency_rate']:.3f} -> "
                   f"{a['sampled/inconsistency_rate']:.3f}, thinking acc(s) {b['sampled/thinking_accuracy']:.3f} -> "
                   f"{a['sampled/thinking_accuracy']:.3f}, greedy {b['greedy_accuracy']:.3f} -> "
-                  f"{a['greedy_accuracy']:.3f}, avg@8 {b['avg@8']:.3f} -> {a['avg@8']:.3f}", flush=True)
+                  f"{a['greedy_accuracy']:.3f}, avg@k {_avg(b):.3f} -> {_avg(a):.3f}", flush=True)
             # rewrite after every arm: a long study interrupted keeps what it measured
             checks = acceptance(results, args.default)
             (out / "results.json").write_text(json.dumps({"results": results, "acceptance": checks}, indent=2,

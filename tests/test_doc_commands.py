@@ -676,10 +676,10 @@ def test_credit_plugin_example_trains(tmp_path):
 
 
 def test_consistency_study_runs_one_arm(tmp_path, capsys, monkeypatch):
-    # (eval.k stays at the config's 8: the study's table and log line read avg@8)
     out = tmp_path / "study"
     monkeypatch.setattr(sys, "argv", ["consistency_study.py", "--steps", "2", "--arms", "accurate_only",
-                                      "--out", str(out), "data.eval_size=4", "rollout.prompts_per_step=4"])
+                                      "--out", str(out), "data.eval_size=4", "rollout.prompts_per_step=4",
+                                      "eval.k=2"])
     runpy.run_path(str(ROOT / "benchmarks" / "consistency_study.py"), run_name="__main__")
     printed = capsys.readouterr().out
     assert "[accurate_only/seed0]" in printed and "acceptance of the default variant (accurate_only)" in printed
