@@ -10,7 +10,7 @@ Base: ``configs/demo-tiny.yaml`` (GRPO on a warm-started tiny Qwen2.5-VL) on ``-
 each arm only sets ``credit.scheme`` (every scheme with its defaults and its paper's perturbation — nothing
 is tuned). Why ``count_chatter``: on plain ``count`` the answer-deciding count digits are the
 *highest*-entropy tokens of a response, so entropy top-20% already selects them and the premise of
-vision-aware credit does not hold. ``count_chatter``'s reference thinking opens with three random filler
+vision-aware credit does not hold. ``count_chatter``'s reference thinking opens with five random filler
 words: now the fillers are the most uncertain tokens, and the image-reading digits are visual and
 lower-entropy — the case VEPO / VPPO are built for (the token probe below checks it on the warm start).
 

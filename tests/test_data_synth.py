@@ -118,7 +118,7 @@ def test_count_reference_solution_example():
     assert row["solution"].startswith(f"<think>I see {n1} {c1}, {n2} {c2}.</think><answer>")
 
 
-def test_count_chatter_opens_with_three_fillers_the_tokenizer_reads_as_single_tokens():
+def test_count_chatter_opens_with_fillers_the_tokenizer_reads_as_single_tokens():
     from mmrlvr.consistency import analyse
     from mmrlvr.data import rows_to_samples
     from mmrlvr.models.tiny import build_tokenizer
@@ -132,7 +132,7 @@ def test_count_chatter_opens_with_three_fillers_the_tokenizer_reads_as_single_to
         think = row["solution"].split("<think>")[1].split("</think>")[0]
         head, listing = think.split(". ", 1)
         words = head.split(" ")
-        assert words[0] == "The" and len(words) == 4 and all(w in synth.FILLERS for w in words[1:])
+        assert words[0] == "The" and len(words) == 1 + synth.N_FILLERS and all(w in synth.FILLERS for w in words[1:])
         assert listing.startswith("I see ")
         for c, n in row["meta"]["counts"].items():
             assert f"{n} {c}" in listing
@@ -140,7 +140,7 @@ def test_count_chatter_opens_with_three_fillers_the_tokenizer_reads_as_single_to
     for row, sample in zip(rows[:10], rows_to_samples(rows[:10])):
         facts = analyse(Completion(text=row["solution"]), sample)
         assert facts.agrees and facts.thinking_correct and facts.answer_correct
-    # 12 filler words, three draws: many different openings (the fillers are uncertain by construction)
+    # 12 filler words, five draws: many different openings (the fillers are uncertain by construction)
     assert len({r["solution"].split(".")[0] for r in make_rows("count_chatter", "train", 200)}) > 100
 
 

@@ -7,8 +7,8 @@ a few flat shapes (or an angle) with PIL, asks one question about it, and gives 
 
 Tasks (``TASKS``):
 - ``count``: "How many {colour} shapes are there?" over 1-4 shapes; answer 0-3, uniform (chance 25%).
-- ``count_chatter``: ``count`` whose reference thinking opens with three random filler words ("The then
-  box of. I see 2 red, 1 blue."). The fillers are the most uncertain tokens of a response yet do not
+- ``count_chatter``: ``count`` whose reference thinking opens with five random filler words ("The then
+  box of is in. I see 2 red, 1 blue."). The fillers are the most uncertain tokens of a response yet do not
   depend on the image; the count digits that decide the answer read the image and are *less* uncertain
   — the situation where entropy-only token selection (top 20% by entropy) trains the chatter and misses
   the visual tokens (the credit study's task, METHODS.md §2).
@@ -61,6 +61,8 @@ ANGLES = tuple(range(20, 161, 10))  # geometry answers (degrees)
 # shape, number or negation (so the counting conclusion's parser never reads them)
 FILLERS: tuple[str, ...] = ("then", "about", "yes", "and", "of", "in", "lines", "meet", "box", "angle",
                             "degrees", "is")
+# five fillers: about a fifth of a ~25-token response, so entropy top-20% can be filled by them alone
+N_FILLERS = 5
 ANGLE_TOLERANCE = 5.0
 
 _AREA_FACTOR = {"circle": math.pi / 4, "square": 1.0, "triangle": 0.5}  # area / side^2
@@ -221,7 +223,7 @@ def _geometry(rng: random.Random) -> tuple[Scene, str, str, str, dict]:
 
 def _count_chatter(rng: random.Random) -> tuple[Scene, str, str, str, dict]:
     scene, question, answer, thinking, meta = _count(rng)
-    chatter = " ".join(rng.choice(FILLERS) for _ in range(3))
+    chatter = " ".join(rng.choice(FILLERS) for _ in range(N_FILLERS))
     return scene, question, answer, f"The {chatter}. {thinking}", meta
 
 
