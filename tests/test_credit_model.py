@@ -157,3 +157,48 @@ def test_vision_tower_once_per_distinct_image_is_exact(family):
     fast, _ = final_hidden_states(model, pert)
     plain, _ = final_hidden_states(model, pert, dedupe_images=False)
     torch.testing.assert_close(fast, plain, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_prompt_encoded_once_per_group_equals_the_full_pass(family):
+    """response_hidden(rows_per_prompt=G) runs each group's prompt once (KV cache repeated G times) and
+    must give the response hidden states of the full pass: two groups of 3 with different prompt lengths
+    (left padding), different images and ragged right-padded responses."""
+    from mmrlvr.credit.signals import response_hidden, shared_prefix_states
+    from mmrlvr.models.tiny import MODEL_CLASSES, build_tokenizer, make_config, make_processor
+
+    tok = build_tokenizer()
+    config = make_config(family, tok)
+    torch.manual_seed(0)
+    model = MODEL_CLASSES[family](config).eval()
+    ip = make_processor(family, tok, config).image_processor
+    rng = np.random.RandomState(2)
+    side = 2 * ip.patch_size * 2
+    imgs = [Image.fromarray(rng.randint(0, 256, (side, side, 3), dtype=np.uint8)) for _ in range(2)]
+    G, P, L = 3, 11, 6
+    vis = ip([imgs[0]] * G + [imgs[1]] * G, return_tensors="pt")
+    image = [config.vision_start_token_id] + [config.image_token_id] * 4 + [config.vision_end_token_id]
+    long_prompt = [5, 9, 11] + image + [7, 8]  # 11 tokens
+    short_prompt = [tok.pad_token_id, tok.pad_token_id, 5] + image + [7, 8]  # 9 tokens, left-padded
+    prompts = torch.tensor([long_prompt] * G + [short_prompt] * G)
+    g = torch.Generator().manual_seed(0)
+    resp = torch.randint(20, 200, (2 * G, L), generator=g)
+    rmask = torch.ones(2 * G, L, dtype=torch.long)
+    rmask[1, 3:] = 0
+    rmask[4, 5:] = 0
+    resp[rmask == 0] = tok.pad_token_id
+    ids = torch.cat([prompts, resp], 1)
+    attn = torch.cat([(prompts != tok.pad_token_id).long(), rmask], 1)
+    inputs = {"input_ids": ids, "attention_mask": attn, "mm_token_type_ids": (ids == config.image_token_id).int(),
+              **vis}
+    full = response_hidden(model, inputs, P, L)  # G = 1: the plain full pass
+    shared = shared_prefix_states(model.model, inputs, P, L, G)
+    assert shared is not None and shared.shape == full.states.shape
+    valid = rmask.bool()  # padded response positions are never read
+    torch.testing.assert_close(shared[valid], full.states[valid], atol=1e-4, rtol=1e-4)
+    fast = response_hidden(model, inputs, P, L, rows_per_prompt=G)
+    torch.testing.assert_close(fast.states[valid], full.states[valid], atol=1e-4, rtol=1e-4)
+    # a group whose rows differ in their prompt falls back to the full pass
+    other = {**inputs, "input_ids": ids.clone()}
+    other["input_ids"][1, 0] = 6
+    assert shared_prefix_states(model.model, other, P, L, G) is None

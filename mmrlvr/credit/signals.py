@@ -219,11 +219,82 @@ def final_hidden_states(model: torch.nn.Module, inputs: dict[str, Any], *,
     return states, head
 
 
+def _images_per_row(backbone: torch.nn.Module, input_ids: torch.Tensor) -> list[int] | None:
+    start = getattr(getattr(backbone, "config", None), "vision_start_token_id", None)
+    return None if start is None else (input_ids == start).sum(dim=1).tolist()
+
+
+def shared_prefix_states(backbone: torch.nn.Module, inputs: dict[str, Any], prompt_length: int,
+                         response_length: int, rows_per_prompt: int) -> torch.Tensor | None:
+    """The response-predicting hidden states [N, L, H] with each prompt encoded once, or None.
+
+    Rows come in groups of ``rows_per_prompt`` (G) that share one prompt (ids, mask and images) — the G
+    rollouts of a GRPO group. The prompt, image tokens included, is most of each sequence, so the pass
+    runs the B = N/G distinct prompts once with a KV cache, repeats the cache G times and runs only the N
+    responses on top. Positions are the ones a single pass over the whole sequence computes (Qwen-VL's 3D
+    rope, ``compute_3d_position_ids``), passed explicitly to both halves, so the result equals
+    ``final_hidden_states(...)[:, P-1:P-1+L]`` up to float rounding (tested per family).
+
+    None when this does not apply: G < 2, rows of a group that differ in their prompt, video inputs,
+    inputs that already carry encoded images (``mm_encoder_outputs``), or a model without 3D positions /
+    precomputed image features (the caller then runs the full pass)."""
+    G, P, L = rows_per_prompt, prompt_length, response_length
+    ids, mask = inputs.get("input_ids"), inputs.get("attention_mask")
+    if (G < 2 or ids is None or mask is None or ids.shape[0] % G or inputs.get("pixel_values_videos") is not None
+            or "mm_encoder_outputs" in inputs or "inputs_embeds" in inputs
+            or not hasattr(backbone, "compute_3d_position_ids") or not hasattr(backbone, "get_image_features")
+            or "mm_encoder_outputs" not in inspect.signature(backbone.forward).parameters):
+        return None
+    N, B = ids.shape[0], ids.shape[0] // G
+    first = torch.arange(0, N, G, device=ids.device)
+    for t in (ids[:, :P], mask[:, :P]):
+        if not bool((t.view(B, G, P) == t[first].unsqueeze(1)).all()):
+            return None
+    per_row = _images_per_row(backbone, ids[:, :P])
+    grid, pv = inputs.get("image_grid_thw"), inputs.get("pixel_values")
+    extra = {k: inputs[k] for k in ("mm_token_type_ids",) if k in inputs}
+    pos = backbone.compute_3d_position_ids(input_ids=ids, inputs_embeds=None, image_grid_thw=grid,
+                                           video_grid_thw=None, attention_mask=mask, cache=None, **extra)
+    if pos is None:  # the language model's own default: 0..S-1 on every row
+        pos = torch.arange(ids.shape[1], device=ids.device).view(1, 1, -1).expand(3, N, -1)
+    prefix: dict[str, Any] = {"input_ids": ids[first, :P], "attention_mask": mask[first, :P],
+                              "position_ids": pos[..., first, :P]}
+    if pv is not None:
+        if grid is None or per_row is None or sum(per_row) != grid.shape[0]:
+            return None
+        starts = [0]
+        for k in per_row:
+            starts.append(starts[-1] + k)
+        keep = [i for r in first.tolist() for i in range(starts[r], starts[r + 1])]  # images of the group heads
+        blocks = torch.split(pv, grid.prod(-1).tolist())
+        feats = backbone.get_image_features(torch.cat([blocks[i] for i in keep]), grid[keep], return_dict=True)
+        prefix.update(mm_encoder_outputs={"image": feats}, image_grid_thw=grid[keep])
+    if "mm_token_type_ids" in extra:
+        prefix["mm_token_type_ids"] = extra["mm_token_type_ids"][first, :P]
+    with torch.no_grad():
+        head_out = backbone(**prefix, use_cache=True)
+        cache = head_out.cache
+        cache.batch_repeat_interleave(G)
+        tail = backbone(input_ids=ids[:, P:P + L - 1], attention_mask=mask[:, :P + L - 1],
+                        position_ids=pos[..., P:P + L - 1], cache=cache, use_cache=True)
+    last_prompt = head_out.last_hidden_state[:, -1:].repeat_interleave(G, dim=0)  # predicts response token 0
+    return torch.cat([last_prompt, tail.last_hidden_state], dim=1)  # [N, L, H]
+
+
 def response_hidden(model: torch.nn.Module, inputs: dict[str, Any], prompt_length: int,
-                    response_length: int) -> Hidden:
-    """Hidden states that predict the L response tokens: positions P-1 .. P-1+L-1 (RolloutBatch layout)."""
-    states, head = final_hidden_states(model, inputs)  # [N, P+L, H]
+                    response_length: int, rows_per_prompt: int = 1) -> Hidden:
+    """Hidden states that predict the L response tokens: positions P-1 .. P-1+L-1 (RolloutBatch layout).
+
+    With ``rows_per_prompt`` = G > 1 (group-contiguous rows sharing a prompt) each prompt is encoded once
+    (``shared_prefix_states``) when the model allows it."""
     P, L = prompt_length, response_length
+    core = model.get_base_model() if hasattr(model, "get_base_model") else model
+    backbone = getattr(core, "model", None)
+    if rows_per_prompt > 1 and L > 1 and isinstance(backbone, torch.nn.Module):
+        states = shared_prefix_states(backbone, inputs, P, L, rows_per_prompt)
+        if states is not None:
+            return Hidden(states=states, head=core.get_output_embeddings())
+    states, head = final_hidden_states(model, inputs)  # [N, P+L, H]
     return Hidden(states=states[:, P - 1:P - 1 + L], head=head)
 
 
@@ -231,7 +302,8 @@ def token_signals_from_model(model: torch.nn.Module, inputs_clean: dict[str, Any
                              inputs_pert: dict[str, Any] | None, prompt_length: int,
                              response_ids: torch.Tensor, mask: torch.Tensor, *, chunk_size: int = 256,
                              temperature: float = 1.0, logits_clean: torch.Tensor | None = None,
-                             old_logprobs: torch.Tensor | None = None, distribution: bool = True) -> TokenSignals:
+                             old_logprobs: torch.Tensor | None = None, distribution: bool = True,
+                             rows_per_prompt: int = 1) -> TokenSignals:
     """Teacher-forced signals for prompt + response; extra passes run without gradient.
 
     inputs_clean / inputs_pert: ``model(**inputs)`` keyword arguments (``RolloutBatch.model_inputs()``,
@@ -242,17 +314,19 @@ def token_signals_from_model(model: torch.nn.Module, inputs_clean: dict[str, Any
     old_logprobs: [N, L] sampler log-probs, stored in the result as ``old_logp`` for VPPO.
     distribution: see ``token_signals`` (False: only logq from the perturbed pass; the scheme's
         ``needs_distribution`` says which it needs).
+    rows_per_prompt: G when rows come in group-contiguous blocks sharing a prompt (GRPO rollouts): each
+        prompt is then encoded once per pass (``shared_prefix_states``).
     prompt_length: P; response_ids, mask: [N, L]."""
     L = response_ids.shape[1]
     if logits_clean is not None:
         p: Source = logits_clean.detach()
     elif inputs_clean is not None:
-        p = response_hidden(model, inputs_clean, prompt_length, L)
+        p = response_hidden(model, inputs_clean, prompt_length, L, rows_per_prompt)
     elif not distribution and inputs_pert is not None:
         p = None  # sampled-only: VPPO / PAPO read logq and take log pi_old from old_logprobs
     else:
         raise UserError("token_signals_from_model needs inputs_clean or logits_clean")
-    q = response_hidden(model, inputs_pert, prompt_length, L) if inputs_pert is not None else None
+    q = response_hidden(model, inputs_pert, prompt_length, L, rows_per_prompt) if inputs_pert is not None else None
     sig = token_signals(p, q, response_ids, mask, chunk_size=chunk_size, temperature=temperature,
                         distribution=distribution)
     return sig._replace(old_logp=old_logprobs)

@@ -327,7 +327,7 @@ class Trainer:
             pert = None
             if self.credit.needs_perturbed:
                 pert = response_hidden(self.policy, self._perturbed_inputs(batch, step), batch.prompt_length,
-                                       batch.response_ids.shape[1])
+                                       batch.response_ids.shape[1], rows_per_prompt=cfg.rollout.group_size)
             deferred = DeferredCredit(self.credit, pert, weights.clone(), advantages.clone(),
                                       cfg.credit.chunk_size, cfg.rollout.temperature)
         elif cfg.credit.scheme != "none":
@@ -392,7 +392,7 @@ class Trainer:
                 self.policy, clean_inputs if distribution else None, pert_inputs, batch.prompt_length,
                 batch.response_ids, batch.response_mask, chunk_size=cc.chunk_size,
                 temperature=self.cfg.rollout.temperature, old_logprobs=batch.old_logprobs,
-                distribution=distribution,
+                distribution=distribution, rows_per_prompt=self.cfg.rollout.group_size,
             )
         return signals, scheme(signals, weights, advantages, old_logprobs=batch.old_logprobs)
 
