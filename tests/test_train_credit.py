@@ -98,3 +98,25 @@ def test_only_schemes_that_declare_row_local_credit_are_deferred():
             return self._result(mask > 0, mask, signals, mask)
 
     assert not can_defer(PluginScheme())  # unknown batch dependence: the safe, separate pass
+
+
+def test_in_update_credit_reaches_the_rollout_records_and_metrics(tiny_dir, tmp_path):
+    from mmrlvr.store.reader import RolloutReader
+    from mmrlvr.train.metrics import read_metrics
+    from mmrlvr.train.trainer import Trainer
+
+    cfg = small_config(tiny_dir, tmp_path / "run", max_steps=1, credit__scheme="vepo",
+                       credit__perturbation="patch_blackout")
+    trainer = Trainer(load_config(data=cfg))
+    assert trainer.defer_credit
+    trainer.train()
+    rec = RolloutReader(tmp_path / "run").read_step(1)
+    for r in rec:
+        n = len(r.response_token_ids)
+        assert len(r.token_entropy) == len(r.token_vision_sensitivity) == len(r.token_credit_weight) == n
+    assert any(max(r.token_vision_sensitivity) > 0 for r in rec)
+    kept = sum(sum(w > 0 for w in r.token_credit_weight) for r in rec)
+    assert 0 < kept < sum(len(r.response_token_ids) for r in rec)
+    row = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r][0]
+    assert 0.2 <= row["credit/selected_fraction"] < 0.5 and row["credit/vision_sensitivity_mean"] > 0
+    assert "credit/selected_low_entropy_share" in row and "credit/entropy_topk_jaccard" in row
