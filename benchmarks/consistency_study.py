@@ -15,6 +15,7 @@ Arms (``--arms``; all use ``configs/consistency-tiny.yaml`` and differ only in t
   care           + consistency ``care`` (GRPO-CARE bonus) with the rule judge
   answer_plain   + ``plain`` as a split advantage on the answer's tokens only (``consistency.scope=answer``)
   answer_accurate + ``accurate_only`` as a split advantage on the answer's tokens only
+  answer_plain_b1, answer_plain_b2   ``answer_plain`` with consistency.beta 1.0 / 2.0 (0.5 by default)
 
 Acceptance (docs/consistency.md): the default arm lowers the sampled inconsistency rate vs the warm start,
 loses at most 3 points of sampled thinking accuracy, and ends no lower than the accuracy arm in greedy
@@ -41,16 +42,22 @@ DEFAULT_ARM = "accurate_only"
 
 ARMS: dict[str, list[str]] = {
     "accuracy": ["rewards.2.weight=0"],
-    "plain": ["rewards.2.params.variant=plain"],
-    "accurate_only": ["rewards.2.params.variant=accurate_only"],
-    "follow": ["rewards.2.params.variant=follow_correct_thinking"],
-    "cora": ["rewards.2.params.variant=accurate_only", "consistency.split_advantage=true"],
-    "care": ["rewards.2.params.variant=care", "rewards.2.params.judge=rule"],
+    # sequence-level rewards: every token of a rollout gets the consistency reward through its advantage
+    "plain": ["rewards.2.params.variant=plain", "consistency.split_advantage=false"],
+    "accurate_only": ["rewards.2.params.variant=accurate_only", "consistency.split_advantage=false"],
+    "follow": ["rewards.2.params.variant=follow_correct_thinking", "consistency.split_advantage=false"],
+    "cora": ["rewards.2.params.variant=accurate_only", "consistency.split_advantage=true", "consistency.scope=all"],
+    "care": ["rewards.2.params.variant=care", "rewards.2.params.judge=rule", "consistency.split_advantage=false"],
     # the consistency advantage on the answer's tokens only (split advantages, consistency.scope=answer):
     # the thinking gets the task advantage alone, so agreeing can only be earned by the answer moving
     "answer_plain": ["rewards.2.params.variant=plain", "consistency.split_advantage=true", "consistency.scope=answer"],
     "answer_accurate": ["rewards.2.params.variant=accurate_only", "consistency.split_advantage=true",
                         "consistency.scope=answer"],
+    # the same with a stronger consistency advantage (consistency.beta 0.5 -> 1.0 / 2.0)
+    "answer_plain_b1": ["rewards.2.params.variant=plain", "consistency.split_advantage=true",
+                        "consistency.scope=answer", "consistency.beta=1.0"],
+    "answer_plain_b2": ["rewards.2.params.variant=plain", "consistency.split_advantage=true",
+                        "consistency.scope=answer", "consistency.beta=2.0"],
 }
 
 # the study does its own held-out eval (accuracy and consistency from the same draws): the trainer's is off

@@ -132,15 +132,17 @@ class RewardSpecConfig:
 
 @dataclass
 class ConsistencyConfig:
-    split_advantage: bool = _f(False, "CORA-style: normalise task and consistency rewards separately, A = alpha*A_task + beta*A_cons")
+    split_advantage: bool | None = _f(None, "CORA-style: normalise task and consistency rewards separately, "
+                                      "A = alpha*A_task + beta*A_cons; null = on when a consistency reward "
+                                      "has weight > 0")
     alpha: float = _f(1.0, "weight of the task advantage when splitting")
     beta: float = _f(0.5, "peak weight of the consistency advantage when splitting")
     beta_warmup_steps: int = _f(0, "steps to ramp beta up from 0")
     beta_decay_steps: int = _f(0, "steps over which beta decays to beta_min after warm-up (0 = no decay)")
     beta_min: float = _f(0.0, "beta after decay")
     component: str = _f("consistency", "reward component used as the consistency reward when splitting")
-    scope: str = _f("all", "tokens the consistency advantage reaches when splitting: all (CORA) | answer "
-                    "(only the final answer's tokens, so the thinking is never pushed to match the answer)")
+    scope: str = _f("answer", "tokens the consistency advantage reaches when splitting: answer (only the final "
+                    "answer's tokens, so the thinking is never pushed to match the answer) | all (CORA)")
 
 
 @dataclass
@@ -391,9 +393,9 @@ def validate(cfg: RunConfig, where: str = "config") -> RunConfig:
     names = [s.name for s in cfg.rewards]
     if cfg.consistency.scope not in ("all", "answer"):
         raise bad("consistency.scope", f"must be 'all' or 'answer', got {cfg.consistency.scope!r}")
-    if cfg.consistency.scope == "answer" and not cfg.consistency.split_advantage:
-        raise bad("consistency.scope", "'answer' needs consistency.split_advantage: true (the token-level "
-                  "consistency advantage is the split's second term)")
+    if cfg.consistency.split_advantage is None:  # auto: split whenever a consistency reward is paid
+        cfg.consistency.split_advantage = any(s.name == cfg.consistency.component and s.weight > 0
+                                              for s in cfg.rewards)
     if cfg.consistency.split_advantage and cfg.consistency.component not in names:
         raise bad("consistency.split_advantage", f"needs a reward named {cfg.consistency.component!r} in rewards")
     return cfg

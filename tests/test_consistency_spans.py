@@ -63,11 +63,20 @@ def test_token_split_advantages_hand_worked():
     assert torch.allclose(a[:, 0][m[:, 0] == 0], grpo_advantages(task, g, eps=0.0)[m[:, 0] == 0])
 
 
-def test_scope_answer_needs_the_split(tmp_path):
+def test_split_is_on_by_default_when_consistency_is_paid_and_scope_is_checked(tmp_path):
+    cfg = load_config("configs/consistency-tiny.yaml")
+    assert cfg.consistency.split_advantage is True and cfg.consistency.scope == "answer"
+    # weight 0 keeps the metrics only: nothing to split
+    assert load_config("configs/consistency-tiny.yaml", ["rewards.2.weight=0"]).consistency.split_advantage is False
+    # no consistency reward at all: no split (and no error about a missing component)
+    assert load_config("configs/demo-tiny.yaml").consistency.split_advantage is False
+    # explicit choices win
+    off = load_config("configs/consistency-tiny.yaml", ["consistency.split_advantage=false"])
+    assert off.consistency.split_advantage is False
     with pytest.raises(UserError, match="consistency.scope"):
-        load_config("configs/consistency-tiny.yaml", ["consistency.scope=answer"])
-    with pytest.raises(UserError, match="consistency.scope"):
-        load_config("configs/consistency-tiny.yaml", ["consistency.scope=thinking", "consistency.split_advantage=true"])
+        load_config("configs/consistency-tiny.yaml", ["consistency.scope=thinking"])
+    with pytest.raises(UserError, match="consistency.split_advantage"):
+        load_config("configs/demo-tiny.yaml", ["consistency.split_advantage=true"])
 
 
 def test_trainer_gives_thinking_tokens_the_task_advantage_only(tmp_path):

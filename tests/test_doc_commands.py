@@ -121,9 +121,9 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mmrlvr train --help-config": (RUN, (T_DOC + "test_help_config_lists_the_keys_the_docs_override",)),
     # ---- docs/consistency.md (and configs/consistency-tiny.yaml's header)
     CONSISTENCY: (RUN + " (2 steps)", (cfg_run("consistency-tiny.yaml"), T_DRY)),
-    CONSISTENCY + " rewards.2.params.variant=follow_correct_thinking":
+    CONSISTENCY + " consistency.split_advantage=false rewards.2.params.variant=follow_correct_thinking":
         (RUN + " (2 steps)", (T_DOC + "test_consistency_follow_correct_thinking_variant_trains",)),
-    CONSISTENCY + " consistency.split_advantage=true":
+    CONSISTENCY + " consistency.scope=all":
         (RUN + " (2 steps)", (T_DOC + "test_consistency_cora_splitting_trains",)),
     "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/consistency_study.py":
         (RUN + " (1 arm, 2 steps)", (T_DOC + "test_consistency_study_runs_one_arm",)),
@@ -601,7 +601,8 @@ def _records(out: Path) -> list:
 
 def test_consistency_follow_correct_thinking_variant_trains(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
-    argv = _doc_command("docs/consistency.md", "mmrlvr train configs/consistency-tiny.yaml rewards.2")
+    argv = _doc_command("docs/consistency.md",
+                        "mmrlvr train configs/consistency-tiny.yaml consistency.split_advantage=false rewards.2")
     rows = _train(argv, tmp_path / "run", capsys)
     assert all(0.0 <= r["inconsistency_rate"] <= 1.0 for r in rows)
     run_cfg = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
@@ -625,7 +626,7 @@ def test_consistency_cora_splitting_trains(tmp_path, capsys, monkeypatch):
     from mmrlvr.algos import ADVANTAGES, split_advantages
 
     monkeypatch.chdir(ROOT)
-    argv = _doc_command("docs/consistency.md", "mmrlvr train configs/consistency-tiny.yaml consistency.split")
+    argv = _doc_command("docs/consistency.md", "mmrlvr train configs/consistency-tiny.yaml consistency.scope=all")
     _train(argv, tmp_path / "run", capsys)
     records = sorted(_records(tmp_path / "run"), key=lambda r: (r.step, r.prompt_id, r.sample_index))
     step1 = [r for r in records if r.step == 1]
