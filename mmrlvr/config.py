@@ -396,6 +396,13 @@ def validate(cfg: RunConfig, where: str = "config") -> RunConfig:
     if cfg.consistency.split_advantage is None:  # auto: split whenever a consistency reward is paid
         cfg.consistency.split_advantage = any(s.name == cfg.consistency.component and s.weight > 0
                                               for s in cfg.rewards)
+    if cfg.consistency.split_advantage and cfg.consistency.scope == "answer":
+        # the consistency advantage reaches only the answer's tokens, so plain agreement is safe there (it
+        # cannot be earned by rewriting the thinking) and it is what the study measured best; elsewhere
+        # the reward's own default (accurate_only) stays
+        for spec in cfg.rewards:
+            if spec.name == cfg.consistency.component and "variant" not in spec.params:
+                spec.params["variant"] = "plain"
     if cfg.consistency.split_advantage and cfg.consistency.component not in names:
         raise bad("consistency.split_advantage", f"needs a reward named {cfg.consistency.component!r} in rewards")
     return cfg
