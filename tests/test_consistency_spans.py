@@ -101,3 +101,14 @@ def test_trainer_gives_thinking_tokens_the_task_advantage_only(tmp_path):
         assert len(set(adv[:k])) == 1 and len(set(adv[k:])) == 1  # thinking: one value; answer: one value
         split_rows += adv[0] != adv[k]
     assert split_rows > 0  # the consistency term moved some answers' advantage away from their thinking's
+
+
+def test_unset_variant_is_agreement_only_under_the_answer_scope():
+    # answer scope: agreement ("plain") cannot be earned by rewriting the thinking
+    assert load_config("configs/consistency-tiny.yaml").rewards[2].params["variant"] == "plain"
+    # one advantage for every token (split off, or CORA's scope all): the reward's safe default stays
+    for o in (["consistency.split_advantage=false"], ["consistency.scope=all"]):
+        assert "variant" not in load_config("configs/consistency-tiny.yaml", o).rewards[2].params
+    # an explicit choice is never overridden
+    cfg = load_config("configs/consistency-tiny.yaml", ["rewards.2.params.variant=accurate_only"])
+    assert cfg.rewards[2].params["variant"] == "accurate_only"
