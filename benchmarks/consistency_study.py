@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_ARM = "answer_plain"
+DEFAULT_ARM = "accurate_only"
 
 ARMS: dict[str, list[str]] = {
     "accuracy": ["rewards.2.weight=0"],

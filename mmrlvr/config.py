@@ -132,9 +132,8 @@ class RewardSpecConfig:
 
 @dataclass
 class ConsistencyConfig:
-    split_advantage: bool | None = _f(None, "CORA-style: normalise task and consistency rewards separately, "
-                                      "A = alpha*A_task + beta*A_cons; null = on when a consistency reward "
-                                      "has weight > 0")
+    split_advantage: bool = _f(False, "CORA-style: normalise task and consistency rewards separately, "
+                               "A = alpha*A_task + beta*A_cons (the consistency term on the tokens of `scope`)")
     alpha: float = _f(1.0, "weight of the task advantage when splitting")
     beta: float = _f(0.5, "peak weight of the consistency advantage when splitting")
     beta_warmup_steps: int = _f(0, "steps to ramp beta up from 0")
@@ -393,13 +392,10 @@ def validate(cfg: RunConfig, where: str = "config") -> RunConfig:
     names = [s.name for s in cfg.rewards]
     if cfg.consistency.scope not in ("all", "answer"):
         raise bad("consistency.scope", f"must be 'all' or 'answer', got {cfg.consistency.scope!r}")
-    if cfg.consistency.split_advantage is None:  # auto: split whenever a consistency reward is paid
-        cfg.consistency.split_advantage = any(s.name == cfg.consistency.component and s.weight > 0
-                                              for s in cfg.rewards)
     if cfg.consistency.split_advantage and cfg.consistency.scope == "answer":
         # the consistency advantage reaches only the answer's tokens, so plain agreement is safe there (it
-        # cannot be earned by rewriting the thinking) and it is what the study measured best; elsewhere
-        # the reward's own default (accurate_only) stays
+        # cannot be earned by rewriting the thinking) and it measured best of the answer-scoped variants;
+        # sequence-level use keeps the reward's own default (accurate_only)
         for spec in cfg.rewards:
             if spec.name == cfg.consistency.component and "variant" not in spec.params:
                 spec.params["variant"] = "plain"

@@ -63,19 +63,14 @@ def test_token_split_advantages_hand_worked():
     assert torch.allclose(a[:, 0][m[:, 0] == 0], grpo_advantages(task, g, eps=0.0)[m[:, 0] == 0])
 
 
-def test_split_is_on_by_default_when_consistency_is_paid_and_scope_is_checked(tmp_path):
+def test_split_defaults_and_scope_is_checked(tmp_path):
     cfg = load_config("configs/consistency-tiny.yaml")
-    assert cfg.consistency.split_advantage is True and cfg.consistency.scope == "answer"
-    # weight 0 keeps the metrics only: nothing to split
-    assert load_config("configs/consistency-tiny.yaml", ["rewards.2.weight=0"]).consistency.split_advantage is False
-    # no consistency reward at all: no split (and no error about a missing component)
-    assert load_config("configs/demo-tiny.yaml").consistency.split_advantage is False
-    # explicit choices win
-    off = load_config("configs/consistency-tiny.yaml", ["consistency.split_advantage=false"])
-    assert off.consistency.split_advantage is False
+    assert cfg.consistency.split_advantage is False and cfg.consistency.scope == "answer"
+    on = load_config("configs/consistency-tiny.yaml", ["consistency.split_advantage=true"])
+    assert on.consistency.split_advantage is True and on.consistency.scope == "answer"
     with pytest.raises(UserError, match="consistency.scope"):
         load_config("configs/consistency-tiny.yaml", ["consistency.scope=thinking"])
-    with pytest.raises(UserError, match="consistency.split_advantage"):
+    with pytest.raises(UserError, match="consistency.split_advantage"):  # no consistency reward to split off
         load_config("configs/demo-tiny.yaml", ["consistency.split_advantage=true"])
 
 
@@ -104,11 +99,13 @@ def test_trainer_gives_thinking_tokens_the_task_advantage_only(tmp_path):
 
 
 def test_unset_variant_is_agreement_only_under_the_answer_scope():
+    base = ["rewards.2.params={judge: rule}"]  # the shipped config names its variant; unset it here
     # answer scope: agreement ("plain") cannot be earned by rewriting the thinking
-    assert load_config("configs/consistency-tiny.yaml").rewards[2].params["variant"] == "plain"
+    cfg = load_config("configs/consistency-tiny.yaml", base + ["consistency.split_advantage=true"])
+    assert cfg.rewards[2].params["variant"] == "plain"
     # one advantage for every token (split off, or CORA's scope all): the reward's safe default stays
-    for o in (["consistency.split_advantage=false"], ["consistency.scope=all"]):
-        assert "variant" not in load_config("configs/consistency-tiny.yaml", o).rewards[2].params
+    for o in (["consistency.split_advantage=false"], ["consistency.split_advantage=true", "consistency.scope=all"]):
+        assert "variant" not in load_config("configs/consistency-tiny.yaml", base + o).rewards[2].params
     # an explicit choice is never overridden
-    cfg = load_config("configs/consistency-tiny.yaml", ["rewards.2.params.variant=accurate_only"])
+    cfg = load_config("configs/consistency-tiny.yaml", ["consistency.split_advantage=true"])
     assert cfg.rewards[2].params["variant"] == "accurate_only"

@@ -121,9 +121,11 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mmrlvr train --help-config": (RUN, (T_DOC + "test_help_config_lists_the_keys_the_docs_override",)),
     # ---- docs/consistency.md (and configs/consistency-tiny.yaml's header)
     CONSISTENCY: (RUN + " (2 steps)", (cfg_run("consistency-tiny.yaml"), T_DRY)),
-    CONSISTENCY + " consistency.split_advantage=false rewards.2.params.variant=follow_correct_thinking":
+    CONSISTENCY + " rewards.2.params.variant=follow_correct_thinking":
         (RUN + " (2 steps)", (T_DOC + "test_consistency_follow_correct_thinking_variant_trains",)),
-    CONSISTENCY + " consistency.scope=all":
+    CONSISTENCY + " consistency.split_advantage=true":
+        (RUN + " (2 steps)", (T_DOC + "test_consistency_answer_scoped_splitting_trains",)),
+    CONSISTENCY + " consistency.split_advantage=true consistency.scope=all":
         (RUN + " (2 steps)", (T_DOC + "test_consistency_cora_splitting_trains",)),
     "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/consistency_study.py":
         (RUN + " (1 arm, 2 steps)", (T_DOC + "test_consistency_study_runs_one_arm",)),
@@ -601,8 +603,7 @@ def _records(out: Path) -> list:
 
 def test_consistency_follow_correct_thinking_variant_trains(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
-    argv = _doc_command("docs/consistency.md",
-                        "mmrlvr train configs/consistency-tiny.yaml consistency.split_advantage=false rewards.2")
+    argv = _doc_command("docs/consistency.md", "mmrlvr train configs/consistency-tiny.yaml rewards.2")
     rows = _train(argv, tmp_path / "run", capsys)
     assert all(0.0 <= r["inconsistency_rate"] <= 1.0 for r in rows)
     run_cfg = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
@@ -626,7 +627,8 @@ def test_consistency_cora_splitting_trains(tmp_path, capsys, monkeypatch):
     from mmrlvr.algos import ADVANTAGES, split_advantages
 
     monkeypatch.chdir(ROOT)
-    argv = _doc_command("docs/consistency.md", "mmrlvr train configs/consistency-tiny.yaml consistency.scope=all")
+    argv = _doc_command("docs/consistency.md",
+                        "mmrlvr train configs/consistency-tiny.yaml consistency.split_advantage=true consistency.scope")
     _train(argv, tmp_path / "run", capsys)
     records = sorted(_records(tmp_path / "run"), key=lambda r: (r.step, r.prompt_id, r.sample_index))
     step1 = [r for r in records if r.step == 1]
@@ -639,6 +641,25 @@ def test_consistency_cora_splitting_trains(tmp_path, capsys, monkeypatch):
     # alpha 1.0, beta 0.5 (no warm-up) from configs/consistency-tiny.yaml
     torch.testing.assert_close(stored, split_advantages(total - 0.5 * cons, cons, group, 1.0, 0.5), atol=1e-5, rtol=0)
     assert (stored - ADVANTAGES.get("grpo")(total, group)).abs().max() > 1e-3  # not the plain GRPO advantage
+
+
+def test_consistency_answer_scoped_splitting_trains(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    (cmd,) = {c for f, _, c in doc_commands() if f == "docs/consistency.md" and c == CONSISTENCY
+              + " consistency.split_advantage=true"}  # exactly this command, not the scope=all one
+    argv = shlex.split(cmd)
+    _train(argv, tmp_path / "run", capsys)
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["consistency"]["scope"] == "answer"
+    split_rows = 0
+    for r in _records(tmp_path / "run"):
+        toks, adv = r.response_tokens, r.token_advantage
+        if "<answer>" not in toks:
+            assert len(set(adv)) <= 1
+            continue
+        k = toks.index("<answer>")
+        assert len(set(adv[:k])) == 1 and len(set(adv[k:])) == 1  # thinking: A_task; answer: + beta * A_cons
+        split_rows += adv[0] != adv[k]
+    assert split_rows > 0
 
 
 def test_credit_vppo_scheme_trains(tmp_path, capsys, monkeypatch):
