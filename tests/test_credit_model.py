@@ -127,12 +127,9 @@ def test_peft_wrapped_model_keeps_lora_active(batch):
     assert not torch.allclose(base.logp, s.logp, atol=1e-4)  # the adapter really changed the policy
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
-def test_vision_tower_once_per_distinct_image_is_exact(family):
-    """G rows of a prompt share its image: the perturbed pass runs the vision tower once per distinct
-    image (mm_encoder_outputs) and must give exactly the hidden states of the plain call."""
-    from mmrlvr.credit.perturb import PatchLayout
-    from mmrlvr.credit.signals import _distinct_image_inputs
+def _family_model_and_images(family: str, image_seed: int):
+    """The tiny model of ``family`` (seed 0), its tokenizer, config, image processor and two random images
+    of 2x2 merged tokens each."""
     from mmrlvr.models.tiny import MODEL_CLASSES, build_tokenizer, make_config, make_processor
 
     tok = build_tokenizer()
@@ -140,9 +137,20 @@ def test_vision_tower_once_per_distinct_image_is_exact(family):
     torch.manual_seed(0)
     model = MODEL_CLASSES[family](config).eval()
     ip = make_processor(family, tok, config).image_processor
-    rng = np.random.RandomState(1)
+    rng = np.random.RandomState(image_seed)
     side = 2 * ip.patch_size * 2  # 2x2 merged tokens
     imgs = [Image.fromarray(rng.randint(0, 256, (side, side, 3), dtype=np.uint8)) for _ in range(2)]
+    return tok, config, model, ip, imgs
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_vision_tower_once_per_distinct_image_is_exact(family):
+    """G rows of a prompt share its image: the perturbed pass runs the vision tower once per distinct
+    image (mm_encoder_outputs) and must give exactly the hidden states of the plain call."""
+    from mmrlvr.credit.perturb import PatchLayout
+    from mmrlvr.credit.signals import _distinct_image_inputs
+
+    _, config, model, ip, imgs = _family_model_and_images(family, image_seed=1)
     vis = ip([imgs[0], imgs[0], imgs[1], imgs[1]], return_tensors="pt")  # 2 prompts x G = 2
     prompt = [5, config.vision_start_token_id] + [config.image_token_id] * 4 + [config.vision_end_token_id, 7]
     ids = torch.cat([torch.tensor([prompt] * 4), torch.randint(20, 200, (4, 5))], 1)
@@ -165,16 +173,8 @@ def test_prompt_encoded_once_per_group_equals_the_full_pass(family):
     must give the response hidden states of the full pass: two groups of 3 with different prompt lengths
     (left padding), different images and ragged right-padded responses."""
     from mmrlvr.credit.signals import response_hidden, shared_prefix_states
-    from mmrlvr.models.tiny import MODEL_CLASSES, build_tokenizer, make_config, make_processor
 
-    tok = build_tokenizer()
-    config = make_config(family, tok)
-    torch.manual_seed(0)
-    model = MODEL_CLASSES[family](config).eval()
-    ip = make_processor(family, tok, config).image_processor
-    rng = np.random.RandomState(2)
-    side = 2 * ip.patch_size * 2
-    imgs = [Image.fromarray(rng.randint(0, 256, (side, side, 3), dtype=np.uint8)) for _ in range(2)]
+    tok, config, model, ip, imgs = _family_model_and_images(family, image_seed=2)
     G, P, L = 3, 11, 6
     vis = ip([imgs[0]] * G + [imgs[1]] * G, return_tensors="pt")
     image = [config.vision_start_token_id] + [config.image_token_id] * 4 + [config.vision_end_token_id]
