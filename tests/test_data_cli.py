@@ -22,7 +22,7 @@ def test_synth_writes_a_loadable_dataset(tmp_path, capsys):
 def test_bad_task_lists_tasks(tmp_path, capsys):
     assert main(["data", "synth", "--task", "counting", "--split", "train", "--n", "5", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
-    assert "unknown task 'counting'; tasks: count, largest_colour, left_right, grounding, geometry" in err
+    assert "unknown task 'counting'; tasks: count, count_chatter, largest_colour, left_right, grounding, geometry" in err
     assert "Traceback" not in err and not (tmp_path / "x").exists()
 
 

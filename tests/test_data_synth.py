@@ -181,7 +181,7 @@ def test_thousand_rows_is_fast():
 
 
 def test_unknown_task_lists_tasks():
-    with pytest.raises(UserError, match="known tasks: count, largest_colour"):
+    with pytest.raises(UserError, match="known tasks: count, count_chatter, largest_colour"):
         make_rows("counting", "train", 3)
     with pytest.raises(UserError, match="split"):
         make_rows("count", "valid", 3)
