@@ -369,7 +369,7 @@ class Trainer:
                 from mmrlvr.consistency.spans import answer_token_mask
 
                 m = answer_token_mask([c.text for c in batch.completions], batch.response_ids,
-                                      batch.response_mask, self.processor.tokenizer)
+                                      batch.response_mask, getattr(self.processor, "tokenizer", self.processor))
                 return token_split_advantages(task, cons, batch.group_index, m, cc.alpha, beta)
             return split_advantages(task, cons, batch.group_index, cc.alpha, beta)
         return ADVANTAGES.get(self.cfg.algo.advantage)(rewards, batch.group_index)
