@@ -216,3 +216,27 @@ def test_checkpoint_generation_defaults_do_not_leak(policy, samples):
         model.generation_config = saved
     assert torch.equal(batch.response_ids, plain.response_ids)
     assert model.generation_config is saved
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_every_family_generates_with_reused_vision_features(family, samples, tmp_path):
+    """The engine encodes each prompt's images once and hands the features to generate; the trainer's
+    VisionFeatureCache reuses them. Both must equal the plain pixel_values path on every family —
+    Qwen3-VL included, whose vision tower also feeds per-layer "deepstack" features."""
+    from mmrlvr.train.forward import VisionFeatureCache
+
+    model, processor = load_policy(build_tiny(family, tmp_path / "m", seed=0))
+    batch = HFEngine(model, processor).generate(samples[:2], 2, SamplingParams(max_new_tokens=8), seed=0, step=0)
+    assert batch.image_features is not None and len(batch.image_features) == 4
+    # generation's old log-probs are the teacher-forced ones from pixel_values
+    tf = _teacher_forced_logprobs(model, batch, 1.0)
+    mask = batch.response_mask > 0
+    torch.testing.assert_close(batch.old_logprobs[mask], tf[mask], atol=1e-4, rtol=1e-4)
+    start = processor.tokenizer.convert_tokens_to_ids("<|vision_start|>")
+    per_row = (batch.input_ids[:, :batch.prompt_length] == start).sum(dim=1).tolist()
+    cache = VisionFeatureCache(model, batch.vision, per_row, 2, features=batch.image_features)
+    assert cache.ok
+    with torch.no_grad():
+        plain = model(**batch.model_inputs()).logits
+        reused = model(**cache.inputs(batch.input_ids, batch.attention_mask, slice(0, 4))).logits
+    torch.testing.assert_close(reused, plain, atol=1e-5, rtol=1e-5)

@@ -24,7 +24,6 @@ Not done here: choosing tokens (``schemes``), perturbing images (``perturb``). M
 
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
@@ -164,34 +163,23 @@ def _distinct_image_inputs(backbone: torch.nn.Module, inputs: dict[str, Any]) ->
     """Inputs that run the vision tower once per distinct image, or None when that gains nothing or the
     model cannot take precomputed features.
 
-    Uses transformers' ``get_image_features`` + ``mm_encoder_outputs`` (Qwen2/2.5/3-VL in transformers 5):
-    the per-image outputs (``pooler_output``, Qwen3-VL's per-layer ``deepstack_features``) of the distinct
-    images are handed to every copy. Exact: the features of an image do not depend on the other images."""
+    The distinct images' features (``mmrlvr.rollout.vision.encode_images``: merged tokens plus Qwen3-VL's
+    deepstack layers) are handed to every copy through ``mm_encoder_outputs``. Exact: the features of an
+    image do not depend on the other images."""
     from mmrlvr.credit.perturb import distinct_images
+    from mmrlvr.rollout.vision import encode_images, encoder_outputs, supports_precomputed_vision
 
     pv, grid = inputs.get("pixel_values"), inputs.get("image_grid_thw")
     if (pv is None or grid is None or inputs.get("pixel_values_videos") is not None
-            or not hasattr(backbone, "get_image_features")
-            or "mm_encoder_outputs" not in inspect.signature(backbone.forward).parameters):
+            or not supports_precomputed_vision(backbone)):
         return None
     unique, source = distinct_images(pv, grid)
     if len(unique) == grid.shape[0]:
         return None
     blocks = torch.split(pv, grid.prod(-1).tolist())
-    feats = backbone.get_image_features(torch.cat([blocks[i] for i in unique]), grid[unique], return_dict=True)
-
-    def expand(value: Any) -> Any:
-        if isinstance(value, (tuple, list)) and len(value) == len(unique) and all(torch.is_tensor(v) for v in value):
-            return tuple(value[u] for u in source)
-        if isinstance(value, (tuple, list)) and value and all(isinstance(v, (tuple, list)) for v in value):
-            return [expand(v) for v in value]  # Qwen3-VL deepstack: per layer, per image
-        return None  # concatenated tensors (last_hidden_state, ...) are not read by the forward
-
-    per_image = {k: expand(v) for k, v in feats.items()}
-    if per_image.get("pooler_output") is None:
-        return None
+    feats = encode_images(backbone, torch.cat([blocks[i] for i in unique]), grid[unique])
     rest = {k: v for k, v in inputs.items() if k != "pixel_values"}
-    return {**rest, "mm_encoder_outputs": {"image": type(feats)(**per_image)}}
+    return {**rest, "mm_encoder_outputs": encoder_outputs([feats[u] for u in source])}
 
 
 def final_hidden_states(model: torch.nn.Module, inputs: dict[str, Any], *,
@@ -238,12 +226,13 @@ def shared_prefix_states(backbone: torch.nn.Module, inputs: dict[str, Any], prom
     None when this does not apply: G < 2, rows of a group that differ in their prompt, video inputs,
     inputs that already carry encoded images (``mm_encoder_outputs``), or a model without 3D positions /
     precomputed image features (the caller then runs the full pass)."""
+    from mmrlvr.rollout.vision import encode_images, encoder_outputs, supports_precomputed_vision
+
     G, P, L = rows_per_prompt, prompt_length, response_length
     ids, mask = inputs.get("input_ids"), inputs.get("attention_mask")
     if (G < 2 or ids is None or mask is None or ids.shape[0] % G or inputs.get("pixel_values_videos") is not None
             or "mm_encoder_outputs" in inputs or "inputs_embeds" in inputs
-            or not hasattr(backbone, "compute_3d_position_ids") or not hasattr(backbone, "get_image_features")
-            or "mm_encoder_outputs" not in inspect.signature(backbone.forward).parameters):
+            or not hasattr(backbone, "compute_3d_position_ids") or not supports_precomputed_vision(backbone)):
         return None
     N, B = ids.shape[0], ids.shape[0] // G
     first = torch.arange(0, N, G, device=ids.device)
@@ -267,8 +256,8 @@ def shared_prefix_states(backbone: torch.nn.Module, inputs: dict[str, Any], prom
             starts.append(starts[-1] + k)
         keep = [i for r in first.tolist() for i in range(starts[r], starts[r + 1])]  # images of the group heads
         blocks = torch.split(pv, grid.prod(-1).tolist())
-        feats = backbone.get_image_features(torch.cat([blocks[i] for i in keep]), grid[keep], return_dict=True)
-        prefix.update(mm_encoder_outputs={"image": feats}, image_grid_thw=grid[keep])
+        feats = encode_images(backbone, torch.cat([blocks[i] for i in keep]), grid[keep])
+        prefix.update(mm_encoder_outputs=encoder_outputs(feats), image_grid_thw=grid[keep])
     if "mm_token_type_ids" in extra:
         prefix["mm_token_type_ids"] = extra["mm_token_type_ids"][first, :P]
     with torch.no_grad():

@@ -64,7 +64,7 @@ class RolloutBatch:
     prompt_length: int
     completions: list[Completion]
     timings: dict[str, float] = field(default_factory=dict)
-    image_features: list[torch.Tensor] | None = None
+    image_features: list | None = None  # list[mmrlvr.rollout.vision.ImageFeatures]
 
     @property
     def num_rows(self) -> int:

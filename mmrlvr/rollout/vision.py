@@ -6,14 +6,33 @@ in ``forward`` and ``generate``; we encode the B distinct prompts' images once a
 the N = B*G rows of generation, the reference pass and (with a frozen vision tower) the policy passes,
 where TRL runs the processor twice and the vision tower three times per rollout.
 Models without that argument fall back to ``pixel_values`` (``supports_precomputed_vision`` is False).
+
+Qwen3-VL also injects per-layer "deepstack" features of each image into the first decoder layers; an
+``ImageFeatures`` keeps them beside the merged tokens, so the reused features are the complete output of
+the vision tower for that image.
 """
 
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+
+@dataclass(frozen=True)
+class ImageFeatures:
+    """One image's vision-tower output.
+
+    pooled:      [tokens, hidden] the merged tokens that replace the image placeholders
+    deepstack:   Qwen3-VL's per-layer features of this image ([tokens, hidden] each); () for other models
+    output_type: the ``ModelOutput`` class the model's ``get_image_features`` returns (rebuilt for reuse)
+    """
+
+    pooled: torch.Tensor
+    deepstack: tuple[torch.Tensor, ...] = ()
+    output_type: type | None = None
 
 
 def find_vlm_core(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -30,16 +49,19 @@ def supports_precomputed_vision(model: torch.nn.Module) -> bool:
 
 
 @torch.no_grad()
-def encode_images(model: torch.nn.Module, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> list[torch.Tensor]:
-    """Per-image vision features (one [tokens_i, hidden] tensor per row of ``image_grid_thw``)."""
+def encode_images(model: torch.nn.Module, pixel_values: torch.Tensor,
+                  image_grid_thw: torch.Tensor) -> list[ImageFeatures]:
+    """Per-image vision features, one ``ImageFeatures`` per row of ``image_grid_thw``."""
     core = find_vlm_core(model)
     out = core.get_image_features(pixel_values, image_grid_thw, return_dict=True)
-    return list(out.pooler_output)
+    layers = getattr(out, "deepstack_features", None) or []  # per layer: a per-image tuple
+    return [ImageFeatures(pooled=p, deepstack=tuple(layer[i] for layer in layers), output_type=type(out))
+            for i, p in enumerate(out.pooler_output)]
 
 
-def repeat_per_row(features: list[torch.Tensor], images_per_prompt: list[int], repeats: int) -> list[torch.Tensor]:
+def repeat_per_row(features: list[ImageFeatures], images_per_prompt: list[int], repeats: int) -> list[ImageFeatures]:
     """Features of B prompts' images -> features of N = B*repeats rows' images (group-contiguous)."""
-    out: list[torch.Tensor] = []
+    out: list[ImageFeatures] = []
     cursor = 0
     for k in images_per_prompt:
         group = features[cursor:cursor + k]
@@ -49,8 +71,12 @@ def repeat_per_row(features: list[torch.Tensor], images_per_prompt: list[int], r
     return out
 
 
-def encoder_outputs(features: list[torch.Tensor]) -> dict[str, Any]:
-    """The ``mm_encoder_outputs`` keyword for a list of per-image features."""
+def encoder_outputs(features: list[ImageFeatures]) -> dict[str, Any]:
+    """The ``mm_encoder_outputs`` keyword for a list of per-image features (deepstack layers included)."""
     from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-    return {"image": BaseModelOutputWithPooling(pooler_output=tuple(features))}
+    pooled = tuple(f.pooled for f in features)
+    if not features or not features[0].deepstack:
+        return {"image": BaseModelOutputWithPooling(pooler_output=pooled)}
+    layers = [tuple(f.deepstack[k] for f in features) for k in range(len(features[0].deepstack))]
+    return {"image": features[0].output_type(pooler_output=pooled, deepstack_features=layers)}
