@@ -56,12 +56,9 @@ def tiny_spec(spec: str, *, task: str = "count", answer_noise: float = 0.0) -> t
     if len(parts) > 2 and not warm:
         raise UserError(f"model.path: {spec}: expected tiny:FAMILY, tiny:FAMILY:warm or "
                         f"tiny:FAMILY:warm[:TASK][:noiseP]")
-    from mmrlvr.data.synth import TASKS
-
+    task = spec_task(spec, task)
     for option in parts[3:]:
-        if option in TASKS:
-            task = option
-        else:
+        if option != task:
             answer_noise = _noise_option(spec, option)
     suffix = "-warm" if warm else ""
     if warm and task != "count":
