@@ -71,8 +71,11 @@ class RewardResult:
     score: the reward this function contributes (before the config's weight).
     components: named sub-scores shown in the inspector and logged as ``reward/<name>``.
     parsed: what was extracted from the response (answer, boxes, criterion verdicts, conclusion span, ...).
+    dropped: the row cannot be scored (e.g. its ground truth does not parse) and should leave the loss, as
+        TRL does with a ``None`` reward; ``score`` is then 0.0 and ``parsed["dropped_reason"]`` says why.
     """
 
     score: float
     components: dict[str, float] = field(default_factory=dict)
     parsed: dict[str, Any] = field(default_factory=dict)
+    dropped: bool = False
