@@ -20,31 +20,61 @@ A training step, in the trainer's words (N = B*G rollouts, L response tokens)::
 ``PRESETS`` (presets.py) bundles these choices for GRPO, DAPO, Dr.GRPO, GSPO and CISPO.
 """
 
-from mmrlvr.algos.advantages import (
-    ADVANTAGES,
-    dr_grpo_advantages,
-    grpo_advantages,
-    reinforce_pp_advantages,
-    rloo_advantages,
-    split_advantages,
-    token_split_advantages,
-)
-from mmrlvr.algos.aggregation import AGG_MODES, agg_loss
-from mmrlvr.algos.groups import GroupStats, group_stats, zero_std_group_fraction
-from mmrlvr.algos.kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
-from mmrlvr.algos.logits import entropy_from_logits, logprobs_from_logits
-from mmrlvr.algos.losses import (
-    POLICY_LOSSES,
-    LossStats,
-    call_policy_loss,
-    cispo_loss,
-    gspo_loss,
-    nsr_loss,
-    ppo_clip_loss,
-)
-from mmrlvr.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten, zero_masked
-from mmrlvr.algos.presets import PRESETS, get_preset
-from mmrlvr.algos.sampling import dynamic_sampling_filter, overlong_penalty, refill, truncation_mask
+# Names resolve lazily (PEP 562): `mmrlvr.algos.presets` is plain dicts, and the config layer reads it
+# in milliseconds without paying for torch, which every other submodule imports.
+_EXPORTS: dict[str, str] = {
+    "ADVANTAGES": "advantages",
+    "dr_grpo_advantages": "advantages",
+    "grpo_advantages": "advantages",
+    "reinforce_pp_advantages": "advantages",
+    "rloo_advantages": "advantages",
+    "split_advantages": "advantages",
+    "token_split_advantages": "advantages",
+    "AGG_MODES": "aggregation",
+    "agg_loss": "aggregation",
+    "GroupStats": "groups",
+    "group_stats": "groups",
+    "zero_std_group_fraction": "groups",
+    "KL_ESTIMATORS": "kl",
+    "kl_k1": "kl",
+    "kl_k2": "kl",
+    "kl_k3": "kl",
+    "entropy_from_logits": "logits",
+    "logprobs_from_logits": "logits",
+    "POLICY_LOSSES": "losses",
+    "LossStats": "losses",
+    "call_policy_loss": "losses",
+    "cispo_loss": "losses",
+    "gspo_loss": "losses",
+    "nsr_loss": "losses",
+    "ppo_clip_loss": "losses",
+    "masked_mean": "masked",
+    "masked_sum": "masked",
+    "masked_var": "masked",
+    "masked_whiten": "masked",
+    "zero_masked": "masked",
+    "PRESETS": "presets",
+    "get_preset": "presets",
+    "dynamic_sampling_filter": "sampling",
+    "overlong_penalty": "sampling",
+    "refill": "sampling",
+    "truncation_mask": "sampling",
+}
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        import importlib
+
+        value = getattr(importlib.import_module(f"mmrlvr.algos.{_EXPORTS[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
 
 __all__ = [
     "ADVANTAGES", "AGG_MODES", "KL_ESTIMATORS", "POLICY_LOSSES", "PRESETS",
