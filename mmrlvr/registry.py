@@ -9,11 +9,17 @@ from __future__ import annotations
 
 from typing import Callable, Generic, Iterator, TypeVar
 
+from mmrlvr.errors import UserError, did_you_mean
+
 T = TypeVar("T")
 
 
-class RegistryError(KeyError):
-    """Unknown or duplicate name in a registry. ``str()`` is a one-line message for users."""
+class RegistryError(UserError, KeyError):
+    """Unknown or duplicate name in a registry. ``str()`` is a one-line message for users.
+
+    A ``UserError`` (the CLI prints it in one line and exits 2, no traceback: a name in a config is user
+    input) and still a ``KeyError`` for code that catches lookups that way.
+    """
 
     def __str__(self) -> str:  # KeyError quotes its argument; we want plain text
         return str(self.args[0]) if self.args else ""
@@ -45,7 +51,8 @@ class Registry(Generic[T]):
             return self._items[name]
         except KeyError:
             known = ", ".join(sorted(self._items)) or "(none)"
-            raise RegistryError(f"unknown {self.kind} {name!r}; known: {known}") from None
+            hint = did_you_mean(name, sorted(self._items))
+            raise RegistryError(f"unknown {self.kind} {name!r}; known: {known}{hint}") from None
 
     def names(self) -> list[str]:
         return sorted(self._items)
