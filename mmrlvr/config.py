@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -21,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from mmrlvr.errors import UserError
+from mmrlvr.errors import ConfigErrors, UserError, did_you_mean
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -186,20 +188,69 @@ class RunConfig:
     rubric: RubricConfig = field(default_factory=RubricConfig, metadata={"help": "rubric judging"})
     eval: EvalConfig = field(default_factory=EvalConfig, metadata={"help": "evaluation"})
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def to_dict(self, redact: bool = False) -> dict[str, Any]:
+        """Plain nested dict; ``redact=True`` replaces secrets (``redact_secrets``) for anything written out."""
+        d = dataclasses.asdict(self)
+        return redact_secrets(d) if redact else d
 
     def hash(self) -> str:
         """Short stable hash of the config (stored in every RolloutRecord)."""
         blob = json.dumps(self.to_dict(), sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+    def to_yaml(self, redact: bool = True) -> str:
+        """YAML of the config, secrets redacted by default: this is what lands in the run's config.yaml."""
+        return yaml.safe_dump(self.to_dict(redact=redact), sort_keys=False)
 
 
 # ----------------------------------------------------------------------------------------------------
-# Validation of values against type hints
+# Secrets: a run folder never holds one (config.yaml, trackers' hparams and logs get the redacted form)
+
+#: key names whose values are secrets wherever they sit in a config (judge_params, reward params, ...)
+SECRET_KEY = re.compile(r"api[_-]?key|password|passwd|secret|(^|[_-])token$|authorization|credentials?$|"
+                        r"private[_-]?key|access[_-]?key|cookie", re.IGNORECASE)
+#: keys that match SECRET_KEY by name but name where a secret lives, or a tokenizer's special tokens
+_NOT_SECRET = re.compile(r"(_env|_file|_path|_var)$|^(pad|eos|bos|unk|sep|cls|mask|image|video)_token$",
+                         re.IGNORECASE)
+REDACTED = "<redacted>"
+_URL_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
+_BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
+
+
+def is_secret_key(key: object) -> bool:
+    """True for config keys whose values are secrets (``api_key``, ``hf_token``, ``password``, ``secret``...).
+
+    >>> [is_secret_key(k) for k in ("api_key", "hf_token", "max_tokens", "api_key_env", "client_secret")]
+    [True, True, False, False, True]
+    """
+    return isinstance(key, str) and bool(SECRET_KEY.search(key)) and not _NOT_SECRET.search(key)
+
+
+def redact_secrets(obj: Any) -> Any:
+    """A copy of ``obj`` (dicts, lists, scalars) with secret values replaced by ``"<redacted>"``.
+
+    Secret values are those under a secret-named key at any depth, credentials in URLs
+    (``https://user:pw@host``) and ``Bearer``/``Basic`` header values in any string.
+
+    >>> redact_secrets({"judge_params": {"api_key": "sk-1", "base_url": "http://u:p@h:8000/v1", "model": "m"}})
+    {'judge_params': {'api_key': '<redacted>', 'base_url': 'http://<redacted>@h:8000/v1', 'model': 'm'}}
+    """
+    if isinstance(obj, dict):
+        return {k: (REDACTED if is_secret_key(k) and v not in (None, "", {}, []) else redact_secrets(v))
+                for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [redact_secrets(v) for v in obj]
+    if isinstance(obj, str):
+        return _BEARER.sub(lambda m: f"{m.group(1)} {REDACTED}", _URL_USERINFO.sub(f"{REDACTED}@", obj))
+    return obj
+
+
+# ----------------------------------------------------------------------------------------------------
+# Validation of values against type hints. Every problem is collected (one line each, naming the file and
+# the dotted key) and raised together as ``ConfigErrors``, so a user fixes a config in one pass.
+
+#: a number as YAML 1.1 leaves it a string ("1e-4", "5e3"): accepted where a number is expected
+_NUMBER_TEXT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 
 
 def _type_name(tp: Any) -> str:
@@ -213,8 +264,12 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _coerce(value: Any, tp: Any, file: str, key: str) -> Any:
-    """Check ``value`` against type ``tp`` (ints accepted for floats); raise UserError naming file and key."""
+def _coerce(value: Any, tp: Any, file: str, key: str, problems: list[str] | None = None) -> Any:
+    """Check ``value`` against type ``tp`` (ints accepted for floats); raise UserError naming file and key.
+
+    Problems inside nested sections are appended to ``problems`` (when given) instead of raised, so one
+    bad key does not hide the next.
+    """
 
     def bad(expected: str) -> UserError:
         return UserError(f"{file}: {key}: expected {expected}, got {value!r}")
@@ -228,23 +283,26 @@ def _coerce(value: Any, tp: Any, file: str, key: str) -> Any:
             if a is type(None):
                 continue
             try:
-                return _coerce(value, a, file, key)
+                return _coerce(value, a, file, key, problems)
             except UserError:
                 continue
         raise bad(_type_name(tp))
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise bad(f"a mapping of {tp.__name__} fields")
-        return _build(tp, value, file, key)
+        return _build(tp, value, file, key, problems)
     if origin is list:
         if not isinstance(value, (list, tuple)):
             raise bad("a list")
         (item_tp,) = typing.get_args(tp) or (Any,)
-        return [_coerce(v, item_tp, file, f"{key}[{i}]") for i, v in enumerate(value)]
+        return [_coerce(v, item_tp, file, f"{key}[{i}]", problems) for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
             raise bad("a mapping")
-        return dict(value)
+        _, val_tp = typing.get_args(tp) or (Any, Any)
+        if val_tp is Any:
+            return dict(value)
+        return {k: _coerce(v, val_tp, file, f"{key}.{k}", problems) for k, v in value.items()}
     if tp is Any:
         return value
     if tp is bool:
@@ -254,10 +312,17 @@ def _coerce(value: Any, tp: Any, file: str, key: str) -> Any:
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)  # 1e3 written for 1000
         raise bad("an integer")
     if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+        number = value
+        if isinstance(value, str) and _NUMBER_TEXT.match(value.strip()):
+            number = float(value)  # YAML 1.1 reads "1e-4" as a string
+        if isinstance(number, (int, float)) and not isinstance(number, bool):
+            if not math.isfinite(number):
+                raise bad("a finite number")
+            return float(number)
         raise bad("a number")
     if tp is str:
         if isinstance(value, str):
@@ -266,14 +331,25 @@ def _coerce(value: Any, tp: Any, file: str, key: str) -> Any:
     return value
 
 
-def _build(cls: type, data: dict[str, Any], file: str, prefix: str = "") -> Any:
+def _build(cls: type, data: dict[str, Any], file: str, prefix: str = "", problems: list[str] | None = None) -> Any:
+    """Build dataclass ``cls`` from ``data``; bad keys become problems and keep their defaults."""
+    collect = problems is not None
+    problems = problems if problems is not None else []
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    for k in data:
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs: dict[str, Any] = {}
+    for k, v in data.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
         if k not in names:
-            raise UserError(f"{file}: {prefix + '.' if prefix else ''}{k}: unknown key; "
-                            f"known keys here: {', '.join(sorted(names))}")
-    kwargs = {k: _coerce(v, hints[k], file, f"{prefix}.{k}" if prefix else k) for k, v in data.items()}
+            problems.append(f"{file}: {key}: unknown key; known keys here: {', '.join(sorted(names))}"
+                            f"{did_you_mean(k, names)}")
+            continue
+        try:
+            kwargs[k] = _coerce(v, hints[k], file, key, problems)
+        except UserError as exc:
+            problems.append(str(exc))
+    if not collect and problems:
+        raise ConfigErrors(problems)
     return cls(**kwargs)
 
 
@@ -299,45 +375,74 @@ def _list_item(node: list, part: str, key: str) -> Any:
     return node[int(part)]
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides to a nested dict (lists of mappings are indexed: ``rewards.1.weight=2``)."""
-    for item in overrides:
-        if "=" not in item:
-            raise UserError(f"override {item!r}: expected key=value (e.g. algo.loss=gspo)")
-        key, raw = item.split("=", 1)
-        parts = key.strip().split(".")
-        node: Any = data
-        for i, part in enumerate(parts[:-1]):
-            nxt = parts[i + 1]
-            if isinstance(node, list):
-                node = _list_item(node, part, key)
-                continue
-            if part not in node or node[part] is None:
-                node[part] = [] if nxt.isdigit() else {}
-            node = node[part]
-        last = parts[-1]
+def _apply_one(data: dict[str, Any], item: str) -> None:
+    if "=" not in item:
+        raise UserError(f"override {item!r}: expected key=value (e.g. algo.loss=gspo)")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    parts = key.split(".")
+    if not key or any(not p for p in parts):
+        raise UserError(f"override {item!r}: expected a dotted key before '=' (e.g. rollout.group_size=8)")
+    node: Any = data
+    for i, part in enumerate(parts[:-1]):
+        nxt = parts[i + 1]
         if isinstance(node, list):
-            _list_item(node, last, key)
-            node[int(last)] = _parse_scalar(raw)
-        else:
-            node[last] = _parse_scalar(raw)
+            node = _list_item(node, part, key)
+            continue
+        if not isinstance(node, dict):
+            raise UserError(f"override {key!r}: {'.'.join(parts[:i])} is a single value, not a section")
+        if part not in node or node[part] is None:
+            node[part] = [] if nxt.isdigit() else {}
+        node = node[part]
+    last = parts[-1]
+    if isinstance(node, list):
+        _list_item(node, last, key)
+        node[int(last)] = _parse_scalar(raw)
+    elif isinstance(node, dict):
+        node[last] = _parse_scalar(raw)
+    else:
+        raise UserError(f"override {key!r}: {'.'.join(parts[:-1])} is a single value, not a section")
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str], problems: list[str] | None = None) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides to a nested dict (lists of mappings are indexed: ``rewards.1.weight=2``).
+
+    With ``problems`` given, a bad override is appended there and the others still apply.
+    """
+    for item in overrides:
+        try:
+            _apply_one(data, item)
+        except UserError as exc:
+            if problems is None:
+                raise
+            problems.append(str(exc))
     return data
 
 
-def _merge_preset(data: dict[str, Any]) -> dict[str, Any]:
+def _merge_preset(data: dict[str, Any], problems: list[str] | None = None, where: str = "config") -> dict[str, Any]:
     """Fill algo fields from ``algo.preset`` (``mmrlvr.algos.presets``); keys the user wrote win."""
     algo = data.get("algo") or {}
+    if not isinstance(algo, dict):
+        return data  # the type check reports it
     name = algo.get("preset")
     if not name:
         return data
     from mmrlvr.algos.presets import PRESETS  # plain dicts, no torch work at import
 
-    if name not in PRESETS:
-        raise UserError(f"algo.preset: unknown preset {name!r}; known: {', '.join(sorted(PRESETS))}")
+    if not isinstance(name, str) or name not in PRESETS:
+        msg = (f"{where}: algo.preset: unknown preset {name!r}; known: {', '.join(sorted(PRESETS))}"
+               f"{did_you_mean(name, sorted(PRESETS))}")
+        if problems is None:
+            raise UserError(msg)
+        problems.append(msg)
+        return data
     p = PRESETS[name]
     lp = p.get("loss_params", {})
     ov = p.get("overlong", {})
-    max_new = (data.get("rollout") or {}).get("max_new_tokens", RolloutConfig().max_new_tokens)
+    rollout = data.get("rollout") if isinstance(data.get("rollout"), dict) else {}
+    max_new = rollout.get("max_new_tokens", RolloutConfig().max_new_tokens)
+    if not isinstance(max_new, (int, float)) or isinstance(max_new, bool):
+        max_new = RolloutConfig().max_new_tokens  # the type check reports it
     merged: dict[str, Any] = {
         "advantage": p["advantage"], "loss": p["loss"], "agg": p["agg_mode"],
         "kl_coef": p["kl_coef"], "kl_estimator": p["kl_estimator"],
@@ -354,44 +459,104 @@ def _merge_preset(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def validate(cfg: RunConfig, where: str = "config") -> RunConfig:
-    """Cross-field checks that a single field's type cannot express."""
+#: value sets owned by the config layer (names that live in registries are checked by mmrlvr.validation)
+ENGINES = ("hf", "vllm")
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+SCHEDULES = ("constant", "linear", "cosine")
+ON_ERROR = ("raise", "skip")
+CONSISTENCY_SCOPES = ("answer", "all")
 
-    def bad(key: str, msg: str) -> UserError:
-        return UserError(f"{where}: {key}: {msg}")
 
-    if cfg.max_steps < 0:
-        raise bad("max_steps", "must be >= 0")
-    if cfg.rollout.group_size < 2:
-        raise bad("rollout.group_size", "must be >= 2 (group-relative advantages need a group)")
-    if cfg.rollout.prompts_per_step < 1:
-        raise bad("rollout.prompts_per_step", "must be >= 1")
-    if cfg.rollout.temperature <= 0:
-        raise bad("rollout.temperature", "must be > 0")
-    if cfg.rollout.engine not in ("hf", "vllm"):
-        raise bad("rollout.engine", f"unknown engine {cfg.rollout.engine!r}; known: hf, vllm")
-    if not 0 <= cfg.algo.eps_low <= 1 or cfg.algo.eps_high < 0:
-        raise bad("algo.eps_low/eps_high", "need 0 <= eps_low <= 1 and eps_high >= 0 (CISPO: eps_low 1 = no lower bound)")
-    if cfg.algo.dual_clip is not None and cfg.algo.dual_clip <= 1:
-        raise bad("algo.dual_clip", "must be > 1 (e.g. 3.0) or null")
-    if cfg.algo.epochs < 1 or cfg.algo.micro_batch_size < 1:
-        raise bad("algo.epochs/micro_batch_size", "must be >= 1")
-    if cfg.optim.lr < 0:
-        raise bad("optim.lr", "must be >= 0")
-    if cfg.optim.schedule not in ("constant", "linear", "cosine"):
-        raise bad("optim.schedule", "constant | linear | cosine")
-    if cfg.data.template not in ("r1", "r1_user", "boxed", "plain"):
-        raise bad("data.template", "r1 | r1_user | boxed | plain")
-    if cfg.data.on_error not in ("raise", "skip"):
-        raise bad("data.on_error", "raise | skip")
+def range_problems(cfg: RunConfig, where: str = "config") -> list[str]:
+    """Every value-range and cross-field problem of a typed config, one line each (file: key: rule, got)."""
+    out: list[str] = []
+
+    def need(key: str, value: Any, ok: bool, rule: str) -> None:
+        if not ok:
+            out.append(f"{where}: {key}: must be {rule}, got {value!r}")
+
+    def one_of(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+        if value not in allowed:
+            out.append(f"{where}: {key}: unknown value {value!r}; allowed: {', '.join(allowed)}"
+                       f"{did_you_mean(value, allowed)}")
+
+    need("seed", cfg.seed, cfg.seed >= 0, ">= 0")
+    need("max_steps", cfg.max_steps, cfg.max_steps >= 0, ">= 0")
+    need("save_every", cfg.save_every, cfg.save_every >= 0, ">= 0 (0 = only at the end)")
+    need("keep_checkpoints", cfg.keep_checkpoints, cfg.keep_checkpoints >= 0, ">= 0 (0 = keep all)")
+    need("max_bad_steps", cfg.max_bad_steps, cfg.max_bad_steps >= 0, ">= 0")
+    need("output_dir", cfg.output_dir, bool(str(cfg.output_dir).strip()), "a folder path")
+    m = cfg.model
+    one_of("model.dtype", m.dtype, DTYPES)
+    if m.attn_implementation is not None:
+        one_of("model.attn_implementation", m.attn_implementation, ATTN_IMPLEMENTATIONS)
+    need("model.lora.r", m.lora.r, m.lora.r >= 1, ">= 1")
+    need("model.lora.alpha", m.lora.alpha, m.lora.alpha > 0, "> 0")
+    need("model.lora.dropout", m.lora.dropout, 0 <= m.lora.dropout < 1, "in [0, 1)")
+    if m.lora.enabled:
+        need("model.lora.target_modules", m.lora.target_modules, bool(m.lora.target_modules), "a non-empty list")
+    d = cfg.data
+    one_of("data.on_error", d.on_error, ON_ERROR)
+    for key in ("train_size", "eval_size", "image_size", "min_pixels", "factor", "max_image_pixels"):
+        need(f"data.{key}", getattr(d, key), getattr(d, key) >= 1, ">= 1")
+    need("data.max_pixels", d.max_pixels, d.max_pixels >= d.min_pixels, f">= data.min_pixels ({d.min_pixels})")
+    r = cfg.rollout
+    one_of("rollout.engine", r.engine, ENGINES)
+    need("rollout.group_size", r.group_size, r.group_size >= 2, ">= 2 (group-relative advantages need a group)")
+    need("rollout.prompts_per_step", r.prompts_per_step, r.prompts_per_step >= 1, ">= 1")
+    need("rollout.max_new_tokens", r.max_new_tokens, r.max_new_tokens >= 1, ">= 1")
+    need("rollout.temperature", r.temperature, r.temperature > 0, "> 0")
+    need("rollout.top_p", r.top_p, 0 < r.top_p <= 1, "in (0, 1]")
+    need("rollout.top_k", r.top_k, r.top_k >= 0, ">= 0 (0 = off)")
+    need("rollout.vllm_gpu_memory_utilization", r.vllm_gpu_memory_utilization,
+         0 < r.vllm_gpu_memory_utilization <= 1, "in (0, 1]")
+    a = cfg.algo
+    need("algo.eps_low", a.eps_low, 0 <= a.eps_low <= 1, "in [0, 1] (CISPO: eps_low 1 = no lower bound)")
+    need("algo.eps_high", a.eps_high, a.eps_high >= 0, ">= 0")
+    if a.dual_clip is not None:
+        need("algo.dual_clip", a.dual_clip, a.dual_clip > 1, "> 1 (e.g. 3.0) or null")
+    need("algo.nsr_noise", a.nsr_noise, a.nsr_noise >= 0, ">= 0")
+    need("algo.kl_coef", a.kl_coef, a.kl_coef >= 0, ">= 0 (0 = no KL term)")
+    need("algo.epochs", a.epochs, a.epochs >= 1, ">= 1")
+    need("algo.micro_batch_size", a.micro_batch_size, a.micro_batch_size >= 1, ">= 1")
+    need("algo.overlong_cache", a.overlong_cache, 0 <= a.overlong_cache < max(r.max_new_tokens, 1),
+         f">= 0 and < rollout.max_new_tokens ({r.max_new_tokens})")
+    need("algo.overlong_penalty", a.overlong_penalty, a.overlong_penalty >= 0, ">= 0")
+    o = cfg.optim
+    need("optim.lr", o.lr, o.lr >= 0, ">= 0")
+    need("optim.weight_decay", o.weight_decay, o.weight_decay >= 0, ">= 0")
+    need("optim.betas", o.betas, len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "two numbers in [0, 1)")
+    need("optim.grad_clip", o.grad_clip, o.grad_clip >= 0, ">= 0 (0 = off)")
+    one_of("optim.schedule", o.schedule, SCHEDULES)
+    need("optim.warmup_steps", o.warmup_steps, o.warmup_steps >= 0, ">= 0")
+    need("credit.chunk_size", cfg.credit.chunk_size, cfg.credit.chunk_size >= 1, ">= 1")
     if not cfg.rewards:
-        raise bad("rewards", "at least one reward component is needed")
+        out.append(f"{where}: rewards: at least one reward component is needed")
     for i, spec in enumerate(cfg.rewards):
         if not spec.name:
-            raise bad(f"rewards[{i}].name", "missing")
-    names = [s.name for s in cfg.rewards]
-    if cfg.consistency.scope not in ("all", "answer"):
-        raise bad("consistency.scope", f"must be 'all' or 'answer', got {cfg.consistency.scope!r}")
+            out.append(f"{where}: rewards[{i}].name: missing (a registered reward name, e.g. format)")
+    c = cfg.consistency
+    one_of("consistency.scope", c.scope, CONSISTENCY_SCOPES)
+    for key in ("alpha", "beta", "beta_min", "beta_warmup_steps", "beta_decay_steps"):
+        need(f"consistency.{key}", getattr(c, key), getattr(c, key) >= 0, ">= 0")
+    if c.split_advantage and c.component not in [s.name for s in cfg.rewards]:
+        out.append(f"{where}: consistency.split_advantage: needs a reward named {c.component!r} in rewards "
+                   f"(have: {', '.join(s.name for s in cfg.rewards) or 'none'})")
+    e = cfg.eval
+    need("eval.every", e.every, e.every >= 0, ">= 0 (0 = only before and after training)")
+    need("eval.k", e.k, e.k >= 1, ">= 1")
+    need("eval.temperature", e.temperature, e.temperature > 0, "> 0")
+    if e.limit is not None:
+        need("eval.limit", e.limit, e.limit >= 1, ">= 1 or null (all)")
+    return out
+
+
+def validate(cfg: RunConfig, where: str = "config") -> RunConfig:
+    """Cross-field checks that a single field's type cannot express; every problem raised at once."""
+    problems = range_problems(cfg, where)
+    if problems:
+        raise ConfigErrors(problems)
     if cfg.consistency.split_advantage and cfg.consistency.scope == "answer":
         # the consistency advantage reaches only the answer's tokens, so plain agreement is safe there (it
         # cannot be earned by rewriting the thinking) and it measured best of the answer-scoped variants;
@@ -399,31 +564,55 @@ def validate(cfg: RunConfig, where: str = "config") -> RunConfig:
         for spec in cfg.rewards:
             if spec.name == cfg.consistency.component and "variant" not in spec.params:
                 spec.params["variant"] = "plain"
-    if cfg.consistency.split_advantage and cfg.consistency.component not in names:
-        raise bad("consistency.split_advantage", f"needs a reward named {cfg.consistency.component!r} in rewards")
     return cfg
+
+
+def _read_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if p.is_dir():
+        raise UserError(f"{p}: is a folder, not a config file (give a YAML file, e.g. configs/demo-tiny.yaml)")
+    if not p.is_file():
+        raise UserError(f"{p}: config file not found")
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError:
+        raise UserError(f"{p}: not a text file (a YAML config is expected)") from None
+    except yaml.YAMLError as exc:
+        raise UserError(f"{p}: not valid YAML: {' '.join(str(exc).split())}") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{p}: the top level must be a mapping of keys")
+    return raw
+
+
+def collect_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                   data: dict[str, Any] | None = None) -> tuple[RunConfig, list[str]]:
+    """(config, problems): every type, key, override and range problem, none raised.
+
+    A missing or unreadable file still raises at once (nothing else can be checked). Bad values keep their
+    defaults in the returned config so later checks (``mmrlvr.validation``) can still run on the rest.
+    """
+    where = str(path) if path is not None else "config"
+    raw: dict[str, Any] = _read_yaml(path) if path is not None else {}
+    if data:
+        raw = {**raw, **json.loads(json.dumps(data))}
+    problems: list[str] = []
+    raw = apply_overrides(raw, list(overrides or []), problems)
+    raw = _merge_preset(raw, problems, where)
+    cfg = _build(RunConfig, raw, where, "", problems)
+    problems += range_problems(cfg, where)
+    return cfg, problems
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 data: dict[str, Any] | None = None) -> RunConfig:
-    """Load a YAML config (or a dict), apply overrides, validate. Errors name the file and the key."""
+    """Load a YAML config (or a dict), apply overrides, validate. Errors name the file and the key.
+
+    Every problem is reported at once (``ConfigErrors``, one line each).
+    """
     where = str(path) if path is not None else "config"
-    raw: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise UserError(f"{p}: config file not found")
-        try:
-            raw = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise UserError(f"{p}: not valid YAML: {exc}") from None
-        if not isinstance(raw, dict):
-            raise UserError(f"{p}: the top level must be a mapping of keys")
-    if data:
-        raw = {**raw, **json.loads(json.dumps(data))}
-    raw = apply_overrides(raw, list(overrides or []))
-    raw = _merge_preset(raw)
-    cfg = _build(RunConfig, raw, where)
+    cfg, problems = collect_config(path, overrides, data)
+    if problems:
+        raise ConfigErrors(problems)
     return validate(cfg, where)
 
 
