@@ -183,7 +183,11 @@ def test_detect_preset():
     assert detect_preset(["question", "options", "answer", "image"]) == "choice"
     assert detect_preset(["id", "problem", "answer", "images", "answer_type", "task", "meta"]) == "mmrlvr"
     assert detect_preset(["text", "label"]) is None
-    assert set(PRESETS) == {"easyr1", "virl", "grounding", "choice", "mmrlvr"}
+    assert detect_preset(["data_source", "prompt", "images", "ability", "reward_model", "extra_info"]) == "verl"
+    assert detect_preset(["id", "image", "conversations"]) == "llava"
+    assert detect_preset(["id", "image", "conversations", "solution"]) == "vlm_r1"
+    assert detect_preset(["problem", "solution", "image"], {"solution": "<answer>[1, 2, 3, 4]</answer>"}) == "visual_rft"
+    assert set(PRESETS) == {"verl", "easyr1", "vlm_r1", "llava", "visual_rft", "virl", "grounding", "choice", "mmrlvr"}
 
 
 # ---------------------------------------------------------------------------------------------- bad input
@@ -264,7 +268,7 @@ def test_bad_boolean_answer(tmp_path):
 
 
 def test_bad_unknown_preset(tmp_path):
-    with pytest.raises(DataError, match="unknown preset 'geo3k'; known presets: easyr1, virl, grounding, choice, mmrlvr"):
+    with pytest.raises(DataError, match="unknown preset 'geo3k'; known presets: verl, easyr1, vlm_r1, llava, visual_rft, virl, grounding, choice, mmrlvr"):
         load_samples([{"problem": "q", "answer": "1"}], preset="geo3k")
 
 
@@ -298,7 +302,7 @@ def test_bad_placeholder_count(tmp_path):
 
 def test_bad_problem(tmp_path):
     check_bad_row(tmp_path, {"problem": ["not", "text"], "answer": "2", "images": ["ok.png"]}, "problem",
-                  "problem text must be a non-empty string, got a list")
+                  "problem text must be a non-empty string or a chat \\(message list\\), got a list")
 
 
 def test_bad_choice_answer_and_options():
@@ -348,4 +352,6 @@ def test_bad_sources(tmp_path):
 def test_report_summary_when_clean():
     _, report = load_samples([{"problem": "q", "answer": "1"}])
     assert isinstance(report, LoadReport)
+    assert report.summary() == "<rows>: 1 of 1 rows loaded (preset easyr1, detected)"
+    _, report = load_samples([{"problem": "q", "answer": "1"}], preset="easyr1")
     assert report.summary() == "<rows>: 1 of 1 rows loaded (preset easyr1)"

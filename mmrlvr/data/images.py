@@ -3,7 +3,8 @@
 Accepted image values (``load_image``): a PIL image; raw bytes; a Hugging Face ``Image`` feature value
 ``{"bytes": ..., "path": ...}`` (bytes win when both are set); a path string (relative paths are resolved
 against ``base_dir``, usually the dataset's folder; ``file://`` prefixes are accepted); a base64 data URL
-(``data:image/png;base64,...``); an ``HxWxC`` uint8 numpy array. Everything comes back as RGB; transparent
+(``data:image/png;base64,...``) or raw base64 text of a PNG/JPEG/GIF/WebP/BMP file; a dict with ``url`` /
+``image`` / ``image_url`` (OpenAI content parts); an ``HxWxC`` uint8 numpy array. Everything comes back as RGB; transparent
 images are composited on white (as qwen-vl-utils does) rather than having their alpha dropped to black.
 
 Sizing (``smart_resize``) follows qwen-vl-utils' rule so that the number of visual tokens is under control:
@@ -24,6 +25,7 @@ import base64
 import binascii
 import io
 import math
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -152,6 +154,19 @@ def _from_path(path_text: str, base_dir: str | Path | None, max_image_pixels: in
     return _decode(data, f"image file {path}", max_image_pixels)
 
 
+_BASE64_RE = re.compile(r"^[A-Za-z0-9+/\s]+={0,2}$")
+# the first base64 characters of PNG, JPEG, GIF, WebP and BMP files
+_BASE64_MAGIC = ("iVBORw0KGgo", "/9j/", "R0lGOD", "UklGR", "Qk")
+
+
+def _looks_like_base64(text: str, base_dir: str | Path | None) -> bool:
+    """Raw base64 image data (no ``data:`` prefix): long, base64 alphabet, an image magic number, not a file."""
+    if len(text) < 64 or not _BASE64_RE.match(text[:4096]) or not text.startswith(_BASE64_MAGIC):
+        return False
+    path = Path(text if len(text) < 1024 else "/nonexistent")
+    return not (path.is_file() or (base_dir is not None and len(text) < 1024 and (Path(base_dir) / text).is_file()))
+
+
 def load_image(value: Any, base_dir: str | Path | None = None,
                max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> Image.Image:
     """One RGB image from a row value (see the module docstring for accepted forms).
@@ -165,10 +180,18 @@ def load_image(value: Any, base_dir: str | Path | None = None,
     if isinstance(value, (bytes, bytearray, memoryview)):
         return to_rgb(_decode(bytes(value), "image bytes", max_image_pixels))
     if isinstance(value, dict):
-        if value.get("bytes"):
-            return to_rgb(_decode(bytes(value["bytes"]), "image bytes", max_image_pixels))
-        if value.get("path"):
-            return load_image(str(value["path"]), base_dir, max_image_pixels)
+        data = value.get("bytes")
+        if isinstance(data, str) and data:  # a JSON export of an Image feature: bytes as base64 text
+            return load_image(data if data.startswith("data:") else "data:image/*;base64," + data, base_dir,
+                              max_image_pixels)
+        if data:
+            return to_rgb(_decode(bytes(data), "image bytes", max_image_pixels))
+        for key in ("path", "image", "url", "image_url"):
+            inner = value.get(key)
+            if isinstance(inner, dict):  # OpenAI: {"image_url": {"url": ...}}
+                inner = inner.get("url")
+            if inner:
+                return load_image(inner, base_dir, max_image_pixels)
         raise DataError(f"image dict has neither 'bytes' nor 'path' (keys: {sorted(value)})")
     if isinstance(value, str):
         text = value.strip()
@@ -176,8 +199,11 @@ def load_image(value: Any, base_dir: str | Path | None = None,
             raise DataError("image path is empty")
         if text.startswith("data:"):
             return to_rgb(_from_data_url(text, max_image_pixels))
-        if text.startswith(("http://", "https://")):
-            raise DataError(f"image {text[:80]!r} is a URL; download images first (no network at run time)")
+        if text.startswith(("http://", "https://", "s3://", "gs://", "hf://")):
+            raise DataError(f"image {text[:80]!r} is a URL; nothing is downloaded at run time: download the "
+                            "images first and point the column at the local files")
+        if _looks_like_base64(text, base_dir):
+            return to_rgb(_from_data_url("data:image/*;base64," + "".join(text.split()), max_image_pixels))
         return to_rgb(_from_path(text, base_dir, max_image_pixels))
     if type(value).__module__ == "numpy" and getattr(value, "ndim", 0) in (2, 3):
         _check_pixels(value.shape[1], value.shape[0], max_image_pixels, "image array")

@@ -44,6 +44,7 @@ does not exist) always raises, because skipping every row would hide the mistake
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -58,41 +59,82 @@ from mmrlvr.data.images import (
     IMAGE_FACTOR,
     prepare_image,
 )
-from mmrlvr.data.prompts import build_messages, count_placeholders, get_template
+from mmrlvr.data.answers import guess_answer_type, looks_like_boxes, parse_gold_boxes, strip_answer_tags, validate_gold
+from mmrlvr.data.chat import is_chat, normalise_placeholders, parse_chat
+from mmrlvr.data.prompts import (
+    IMAGE_PLACEHOLDER,
+    VIDEO_PLACEHOLDER,
+    PromptTemplate,
+    build_messages,
+    count_placeholders,
+    get_template,
+    load_prompt_template,
+)
 from mmrlvr.errors import DataError
 from mmrlvr.types import Sample
 
-FIELDS: tuple[str, ...] = ("id", "problem", "answer", "images", "options", "rubric", "answer_type", "solution",
-                           "meta", "task")
+FIELDS: tuple[str, ...] = ("id", "problem", "answer", "images", "videos", "options", "rubric", "answer_type",
+                           "solution", "meta", "task")
 ANSWER_TYPES: tuple[str, ...] = ("number", "choice", "text", "box", "math")
+#: a preset's answer type "auto": guessed per row from the answer (a box list -> box, words -> text, else math)
+AUTO = "auto"
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
 @dataclass(frozen=True)
 class Preset:
-    """Where our fields live in one dataset layout: field -> candidate column names (first present wins)."""
+    """Where our fields live in one dataset layout: field -> candidate column names (first present wins).
+
+    Candidates may be dotted paths into nested values (``reward_model.ground_truth``). ``problem`` may hold
+    a plain string or a chat (a message list; ``mmrlvr.data.chat``); when the answer column is absent the
+    chat's last assistant turn is the answer (LLaVA).
+    """
 
     name: str
     columns: dict[str, tuple[str, ...]]
     answer_type: str
     required: tuple[str, ...] = ("problem", "answer")
+    description: str = ""
 
 
 _COMMON: dict[str, tuple[str, ...]] = {"rubric": ("rubric",), "answer_type": ("answer_type",)}
 PRESETS: dict[str, Preset] = {
+    "verl": Preset("verl", {**_COMMON, "id": ("extra_info.index", "id", "index"), "problem": ("prompt",),
+                            "answer": ("reward_model.ground_truth", "answer", "ground_truth"),
+                            "images": ("images",), "videos": ("videos",), "task": ("data_source",)}, "math",
+                   description="verl parquet: chat-list prompt, images as {bytes} dicts, reward_model.ground_truth"),
     "easyr1": Preset("easyr1", {**_COMMON, "id": ("id",), "problem": ("problem",), "answer": ("answer",),
-                                "images": ("images", "image")}, "math"),
+                                "images": ("images", "image"), "videos": ("videos", "video")}, "math",
+                     description="EasyR1 / Geometry3K: problem (with <image>), answer, images"),
+    "vlm_r1": Preset("vlm_r1", {**_COMMON, "id": ("id",), "problem": ("conversations", "problem"),
+                                "answer": ("solution", "answer"), "images": ("image", "images"),
+                                "videos": ("video", "videos")}, AUTO, required=("problem",),
+                     description="VLM-R1 / open-r1 JSONL: conversations (from/value) or problem, solution "
+                                 "(<answer> tags stripped), image"),
+    "llava": Preset("llava", {**_COMMON, "id": ("id",), "problem": ("conversations",), "answer": ("answer",),
+                              "images": ("image", "images"), "videos": ("video", "videos")}, AUTO,
+                    required=("problem",),
+                    description="LLaVA JSON: conversations (human/gpt), the gpt turn is the answer, image"),
+    "visual_rft": Preset("visual_rft", {**_COMMON, "id": ("id",), "problem": ("problem",), "answer": ("solution",),
+                                        "images": ("image", "images")}, AUTO,
+                         description="Visual-RFT: problem, solution (<answer>boxes or a class name</answer>), image"),
     "virl": Preset("virl", {**_COMMON, "id": ("qid", "id"), "problem": ("question", "problem"),
-                            "answer": ("answer",), "images": ("image", "images")}, "math"),
+                            "answer": ("answer",), "images": ("image", "images")}, "math",
+                   description="ViRL39K: question, answer, image; id from qid"),
     "grounding": Preset("grounding", {**_COMMON, "id": ("id",), "problem": ("problem", "question"),
-                                      "answer": ("solution", "answer"), "images": ("image", "images")}, "box"),
+                                      "answer": ("solution", "answer"), "images": ("image", "images")}, "box",
+                        description="RefCOCO style: problem, solution (a box), image"),
     "choice": Preset("choice", {**_COMMON, "id": ("id",), "problem": ("question", "problem"),
                                 "answer": ("answer",), "images": ("image", "images"), "options": ("options",)},
-                     "choice", required=("problem", "answer", "options")),
+                     "choice", required=("problem", "answer", "options"),
+                     description="multiple choice: question, options, answer"),
     "mmrlvr": Preset("mmrlvr", {**_COMMON, "id": ("id",), "problem": ("problem",), "answer": ("answer",),
-                                "images": ("images",), "solution": ("solution",), "meta": ("meta",),
-                                "task": ("task",)}, "math"),
+                                "images": ("images",), "videos": ("videos",), "solution": ("solution",),
+                                "meta": ("meta",), "task": ("task",)}, "math",
+                     description="our synthetic format (mmrlvr data synth)"),
 }
+#: names accepted for ``data.format`` (``auto`` detects the layout from the columns and says which it chose)
+FORMATS: tuple[str, ...] = ("auto", *PRESETS)
 # a generic layout for when nothing is detected but ``columns`` says where things are
 _GENERIC = Preset("custom", {f: (f,) for f in FIELDS}, "math")
 
@@ -115,9 +157,11 @@ class LoadReport:
     n_skipped: int = 0
     skipped: list[SkippedRow] = field(default_factory=list)
     columns: dict[str, str] = field(default_factory=dict)  # our field -> the column it was read from
+    detected: bool = False  # the preset was detected from the columns (data.format auto)
 
     def summary(self) -> str:
-        line = f"{self.source}: {self.n_loaded} of {self.n_rows} rows loaded (preset {self.preset})"
+        how = ", detected" if self.detected else ""
+        line = f"{self.source}: {self.n_loaded} of {self.n_rows} rows loaded (preset {self.preset}{how})"
         if self.n_skipped:
             first = self.skipped[0]
             line += (f", {self.n_skipped} skipped (first: row {first.row}"
@@ -277,24 +321,67 @@ def _columns_of(rows: Iterable[Any]) -> list[str]:
 # ----------------------------------------------------------------------------------------------------
 # preset and column resolution
 
-def detect_preset(columns: Iterable[str]) -> str | None:
-    """The preset whose layout matches these column names, or None."""
+_MISSING = object()
+
+
+def lookup(row: Any, path: str) -> Any:
+    """The value at ``path`` in a row: a column name, or a dotted path into nested dicts / lists
+    (``reward_model.ground_truth``, ``conversations.1.value``); an exact column name wins over a dotted
+    reading. Returns ``_MISSING`` when a step is absent (so an explicit null stays distinguishable)."""
+    if isinstance(row, dict) and path in row:
+        return row[path]
+    node = row
+    for part in path.split("."):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, (list, tuple)) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return _MISSING
+    return node
+
+
+def _path_present(path: str, columns: set[str], first: Any) -> bool:
+    """A candidate column exists: its top-level name is a column, and a nested path resolves in the first row."""
+    if path in columns:
+        return True
+    head = path.split(".", 1)[0]
+    if head not in columns or "." not in path:
+        return False
+    return not isinstance(first, dict) or lookup(first, path) is not _MISSING
+
+
+def _looks_like_rft_solution(first: Any) -> bool:
+    sol = first.get("solution") if isinstance(first, dict) else None
+    return isinstance(sol, str) and "<answer>" in sol
+
+
+def detect_preset(columns: Iterable[str], first: Any = None) -> str | None:
+    """The preset whose layout matches these column names (and, where names are ambiguous, the first
+    row's values), or None."""
     cols = set(columns)
     if {"problem", "answer", "images", "answer_type", "task"} <= cols:
         return "mmrlvr"
+    if "prompt" in cols and ({"reward_model", "data_source"} & cols):
+        return "verl"
+    if "conversations" in cols:
+        return "vlm_r1" if "solution" in cols else "llava"
     if "options" in cols and ({"question", "problem"} & cols):
         return "choice"
     if "question" in cols and "answer" in cols:
         return "virl"
     if "problem" in cols and "solution" in cols and "answer" not in cols:
-        return "grounding"
+        return "visual_rft" if _looks_like_rft_solution(first) else "grounding"
     if "problem" in cols and "answer" in cols:
         return "easyr1"
     return None
 
 
-def _resolve_columns(source: _Source, preset: str | None, columns: dict[str, str] | None) -> tuple[Preset, dict[str, str]]:
-    """(preset, our field -> dataset column) for this source; raises for a mapping that cannot work."""
+def _resolve_columns(source: _Source, preset: str | None, columns: dict[str, str] | None,
+                     first: Any = None) -> tuple[Preset, dict[str, str]]:
+    """(preset, our field -> dataset column or dotted path) for this source; raises for a mapping that cannot work."""
+    if preset == "auto":
+        preset = None
     if preset is not None and preset not in PRESETS:
         raise DataError(f"unknown preset {preset!r}; known presets: {', '.join(PRESETS)}", source=source.name)
     for key in columns or {}:
@@ -303,7 +390,7 @@ def _resolve_columns(source: _Source, preset: str | None, columns: dict[str, str
                             source=source.name, field=key)
     available = set(source.columns)
     if preset is None:
-        detected = detect_preset(available)
+        detected = detect_preset(available, first)
         if detected is None and not columns:
             raise DataError(f"cannot tell the layout from columns {sorted(available)}; pass preset= (one of "
                             f"{', '.join(PRESETS)}) or columns=", source=source.name)
@@ -312,11 +399,15 @@ def _resolve_columns(source: _Source, preset: str | None, columns: dict[str, str
         spec = PRESETS[preset]
     mapping: dict[str, str] = {}
     for our, candidates in spec.columns.items():
-        found = next((c for c in candidates if c in available), None)
+        found = next((c for c in candidates if _path_present(c, available, first)), None)
         if found is not None:
             mapping[our] = found
     for our, col in (columns or {}).items():
-        if col not in available:
+        if not _path_present(col, available, first):
+            head = col.split(".", 1)[0]
+            if head in available and isinstance(first, dict):
+                raise DataError(f"path {col!r} (mapped from field {our!r}) does not resolve in the first row; "
+                                f"column {head!r} holds {_shape(first.get(head))}", source=source.name, field=our)
             raise DataError(f"column {col!r} (mapped from field {our!r}) is not in the data; columns: "
                             f"{', '.join(sorted(available))}", source=source.name, field=our)
         mapping[our] = col
@@ -328,6 +419,15 @@ def _resolve_columns(source: _Source, preset: str | None, columns: dict[str, str
                             f"columns: {', '.join(sorted(available))}; map it with columns={{{our!r}: ...}}",
                             source=source.name, field=our)
     return spec, mapping
+
+
+def _shape(value: Any) -> str:
+    """A short description of a value's structure, for error messages about paths."""
+    if isinstance(value, dict):
+        return "an object with keys " + ", ".join(map(repr, list(value)[:8]))
+    if isinstance(value, (list, tuple)):
+        return f"a list of {len(value)}"
+    return f"a {type(value).__name__}"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -462,6 +562,8 @@ class _Options:
     min_pixels: int
     max_pixels: int
     max_image_pixels: int
+    prompt_template: PromptTemplate | None = None
+    video: Any = None  # mmrlvr.data.video.VideoOptions, when the row has videos
 
 
 class _RowError(Exception):
@@ -472,14 +574,33 @@ class _RowError(Exception):
 
 def _get(row: dict[str, Any], mapping: dict[str, str], our: str) -> Any:
     col = mapping.get(our)
-    return None if col is None else row.get(col)
+    if col is None:
+        return None
+    value = lookup(row, col)
+    return None if value is _MISSING else value
 
 
 def _field(name: str, fn: Any, *args: Any) -> Any:
     try:
         return fn(*args)
     except DataError as exc:
-        raise _RowError(name, str(exc)) from None
+        raise _RowError(exc.field or name, str(exc).split(": ", 1)[-1] if exc.field else str(exc)) from None
+
+
+def _scaled_boxes(raw: Any, original: list[int], seen: tuple[int, int]) -> tuple[str, Any]:
+    """Gold boxes rescaled from the original image's pixels to the resized image's; (answer text, original)."""
+    if isinstance(raw, (list, tuple)) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in raw):
+        boxes = [parse_box(raw)]
+    elif isinstance(raw, str) and not looks_like_boxes(raw) and len(_NUMBER.findall(raw)) == 4:
+        boxes = [parse_box(raw)]  # "10 20 30 40": four bare numbers
+    else:
+        boxes = parse_gold_boxes(raw)
+    (ow, oh), (w, h) = original, seen
+    sx, sy = w / ow, h / oh
+    scaled = [[int(round(v)) for v in (b[0] * sx, b[1] * sy, b[2] * sx, b[3] * sy)] for b in boxes]
+    if len(scaled) == 1:
+        return json.dumps(scaled[0]), boxes[0]
+    return json.dumps(scaled), boxes
 
 
 def _row_to_sample(row: Any, index: int, source: _Source, spec: Preset, mapping: dict[str, str],
@@ -488,20 +609,30 @@ def _row_to_sample(row: Any, index: int, source: _Source, spec: Preset, mapping:
         raise _RowError(None, row.message)
     if not isinstance(row, dict):
         raise _RowError(None, f"row must be an object, got {type(row).__name__}")
-    problem = _get(row, mapping, "problem")
+    raw_problem = _get(row, mapping, "problem")
+    chat = None
+    if is_chat(raw_problem):
+        chat = _field("problem", parse_chat, raw_problem)
+        problem: Any = chat.user
+    else:
+        problem = normalise_placeholders(raw_problem) if isinstance(raw_problem, str) else raw_problem
     if not isinstance(problem, str) or not problem.strip():
         got = "missing" if problem is None else f"a {type(problem).__name__}" if not isinstance(problem, str) else "empty"
-        raise _RowError("problem", f"problem text must be a non-empty string, got {got}")
+        raise _RowError("problem", f"problem text must be a non-empty string or a chat (message list), got {got}")
 
     answer_type = _get(row, mapping, "answer_type") or spec.answer_type
-    if answer_type not in ANSWER_TYPES:
+    if answer_type != AUTO and answer_type not in ANSWER_TYPES:
         raise _RowError("answer_type", f"unknown answer_type {answer_type!r}; known: {', '.join(ANSWER_TYPES)}")
     rubric = _field("rubric", _rubric, _get(row, mapping, "rubric"))
     meta: dict[str, Any] = _field("meta", _meta, _get(row, mapping, "meta"))
     meta.update(source=source.name, row=index)
 
     # images first: box answers are rescaled to the resized image
-    values = _image_values(_get(row, mapping, "images"))
+    column_images = _image_values(_get(row, mapping, "images"))
+    if chat is not None and chat.images and column_images:
+        raise _RowError("images", f"the prompt's content parts carry {len(chat.images)} image(s) and column "
+                                  f"{mapping['images']!r} has {len(column_images)} more; keep images in one place")
+    values = (chat.images if chat is not None and chat.images else column_images)
     images, original_sizes = [], []
     for i, value in enumerate(values):
         try:
@@ -513,34 +644,63 @@ def _row_to_sample(row: Any, index: int, source: _Source, spec: Preset, mapping:
         original_sizes.append(list(size))
     meta["image_sizes"] = [list(im.size) for im in images]
     meta["original_image_sizes"] = original_sizes
+    video_values = _image_values(_get(row, mapping, "videos"))
+    if chat is not None and chat.videos:
+        if video_values:
+            raise _RowError("videos", "the prompt's content parts carry videos and the videos column has more; "
+                                      "keep videos in one place")
+        video_values = chat.videos
+    if video_values:
+        from mmrlvr.data.video import load_videos_for_row  # opencv is imported only for rows with videos
+
+        try:
+            meta["videos"] = load_videos_for_row(video_values, source.base_dir, opts.video, factor=opts.factor)
+        except DataError as exc:
+            raise _RowError("videos", str(exc)) from None
 
     raw_answer = _get(row, mapping, "answer")
+    if raw_answer is None and chat is not None and chat.assistant:
+        raw_answer = chat.assistant  # LLaVA: the reference reply is the answer
+    if isinstance(raw_answer, str):
+        raw_answer = strip_answer_tags(raw_answer)
+    options = None
+    if "options" in mapping:
+        options = _field("options", _options, _get(row, mapping, "options"))
+    if answer_type == AUTO:
+        answer_type = "choice" if options else guess_answer_type(raw_answer)
     if raw_answer is None:
         if rubric is None:
             raise _RowError("answer", "answer is missing (and the row has no rubric)")
         answer = None
     elif answer_type == "box":
-        box = _field("answer", parse_box, raw_answer)
         if len(images) != 1:
             raise _RowError("images", f"a box answer needs exactly one image, the row has {len(images)}")
-        (ow, oh), (w, h) = original_sizes[0], images[0].size
-        sx, sy = w / ow, h / oh
-        scaled = [box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy]
-        answer = json.dumps([int(round(v)) for v in scaled])
-        meta["answer_original"] = box
+        answer, meta["answer_original"] = _field("answer", _scaled_boxes, raw_answer, original_sizes[0],
+                                                 images[0].size)
     elif answer_type == "choice":
-        options = _field("options", _options, _get(row, mapping, "options"))
+        if options is None:
+            raise _RowError("options", "a choice answer needs an options column")
         answer = _field("answer", choice_letter, raw_answer, options)
         meta["options"] = options
         problem = render_options(problem, options)
     else:
         answer = _field("answer", normalise_answer, raw_answer)
+    _field("answer", validate_gold, answer, answer_type, meta)
 
-    n_placeholders = count_placeholders(problem)
-    if n_placeholders and n_placeholders != len(images):
-        raise _RowError("images", f"the problem has {n_placeholders} <image> placeholder(s) but the row has "
-                                  f"{len(images)} image(s)")
-    messages = build_messages(problem, len(images), opts.template, opts.system)
+    n_videos = len(meta.get("videos") or [])
+    for kind, placeholder, n in (("images", IMAGE_PLACEHOLDER, len(images)), ("videos", VIDEO_PLACEHOLDER, n_videos)):
+        n_placeholders = count_placeholders(problem, placeholder)
+        if n_placeholders and n_placeholders != n:
+            raise _RowError(kind, f"the problem has {n_placeholders} {placeholder} placeholder(s) but the row has "
+                                  f"{n} {kind[:-1]}(s)")
+    system = opts.system if opts.system is not None else (chat.system if chat is not None else None)
+    try:
+        messages = build_messages(problem, len(images), opts.template, system, n_videos=n_videos,
+                                  prompt_template=opts.prompt_template)
+    except ValueError as exc:  # a prompt template that adds placeholders
+        raise _RowError("problem", str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - Jinja runtime errors (filters on odd content, ...)
+        raise _RowError("problem", f"prompt template failed: {type(exc).__name__}: {exc}") from None
 
     solution = _get(row, mapping, "solution")
     if solution is not None:
@@ -571,10 +731,18 @@ def load_samples(
     image_dir: str | Path | None = None,
     on_error: str = "raise",
     progress: bool = False,
+    prompt_template: str | None = None,
+    video: Any = None,
 ) -> tuple[list[Sample], LoadReport]:
     """Load a dataset as ``Sample`` values (see the module docstring for sources, presets and rules).
 
-    template / system: prompt template name and system-prompt override (``mmrlvr.data.prompts``).
+    preset: a layout name (``PRESETS``), or None / "auto" to detect it from the columns (the report's
+        ``preset`` and ``detected`` say what was chosen).
+    columns: our field -> column name or dotted path (``{"answer": "reward_model.ground_truth"}``).
+    template / system: prompt template name and system-prompt override (``mmrlvr.data.prompts``); a
+        system turn stored in a chat prompt is used when ``system`` is None.
+    prompt_template: a Jinja prompt template (shipped name, file or string with ``{{ content }}``).
+    video: ``mmrlvr.data.video.VideoOptions`` for rows with videos (default options when None).
     split: the split of a ``DatasetDict`` folder, or a file-name prefix (``train`` matches
         ``train-00000.parquet`` and ``train.jsonl``) in a folder of files.
     limit: read at most this many rows.
@@ -594,10 +762,26 @@ def load_samples(
     except Exception as exc:  # UserError: turn into a DataError naming the source
         raise DataError(str(exc), source=str(source) if isinstance(source, (str, Path)) else None,
                         field="template") from None
+    where = str(source) if isinstance(source, (str, Path)) else None
+    ptpl = None
+    if prompt_template:
+        try:
+            ptpl = load_prompt_template(prompt_template)
+        except DataError:
+            raise
+        except Exception as exc:  # UserError from the template: name the source too
+            raise DataError(str(exc), source=where, field="prompt_template") from None
     src = _open_source(source, split, image_dir)
-    spec, mapping = _resolve_columns(src, preset, columns)
-    opts = _Options(template, system, factor, min_pixels, max_pixels, max_image_pixels)
-    report = LoadReport(source=src.name, preset=spec.name, columns=dict(mapping))
+    first = None
+    try:
+        first = next(src.rows)
+        src.rows = itertools.chain([first], src.rows)
+    except StopIteration:
+        pass
+    spec, mapping = _resolve_columns(src, preset, columns, first)
+    opts = _Options(template, system, factor, min_pixels, max_pixels, max_image_pixels, ptpl, video)
+    report = LoadReport(source=src.name, preset=spec.name, columns=dict(mapping),
+                        detected=preset in (None, "auto"))
     samples: list[Sample] = []
     bar = None
     if progress:
