@@ -70,6 +70,23 @@ class DataConfig:
     image_dir: str | None = _f(None, "base folder for relative image paths (default: next to the data file)")
     train_split: str | None = _f(None, "split of a DatasetDict folder for training (e.g. train)")
     eval_split: str | None = _f(None, "split of a DatasetDict folder for eval (e.g. test)")
+    format: str = _f("auto", "dataset layout: auto (detected, and the choice is printed) | verl | easyr1 | vlm_r1 | "
+                     "llava | visual_rft | virl | grounding | choice | mmrlvr (data.preset is the older name)")
+    system_prompt: str | None = _f(None, "system prompt for every row (overrides the template's and the data's own)")
+    prompt_template: str | None = _f(None, "Jinja template of the user text with {{ content }} (a file, a string, or a "
+                                     "shipped one: r1_tags | boxed_math | grounding_json); replaces data.template")
+    answer_format: str = _f("auto", "how responses state the answer: auto (from the prompt template) | r1 | boxed | "
+                            "raw; rewards read it through mmrlvr.data.prompts.answer_format")
+    max_prompt_length: int = _f(0, "drop rows whose prompt (text + image/video tokens) is longer (0 = no limit); "
+                                "prompts are never cut")
+    max_dropped_share: float = _f(0.1, "stop with an error if more than this share of rows is too long to keep")
+    train_options: dict[str, Any] = _f({}, "per-dataset overrides for data.train (format, columns, min_pixels, "
+                                       "max_pixels, max_prompt_length, prompt_template, ...)")
+    eval_options: dict[str, Any] = _f({}, "per-dataset overrides for data.eval (same keys as train_options)")
+    video_fps: float = _f(2.0, "frames sampled per second of video")
+    video_max_frames: int = _f(8, "at most this many frames per video (evenly spaced)")
+    video_min_frames: int = _f(2, "at least this many frames per video")
+    video_max_pixels: int = _f(112 * 112, "largest frame area after resizing (per frame)")
 
 
 @dataclass
