@@ -6,7 +6,12 @@ with an ``api_name`` so ``gradio_client`` (and the tests) can call it. ``launch`
 safe way: bound to 127.0.0.1 unless told otherwise, and serving files only from the run folder.
 
 Navigation: step -> prompt group -> sample; keys ``j``/``k`` (or → / ←) move between samples, ``n``/``p``
-between groups. A timer (and the Refresh button) picks up new steps while the run is still training.
+between groups. A step opens on its most informative group (largest reward spread, ties by |advantage|)
+with a line saying why. A timer (and the Refresh button) picks up new steps while the run is still
+training; while "follow run" is on and the newest step is shown, a new step is opened as it arrives.
+
+Layout budget: everything fits a 1440×900 screen without horizontal scrolling (tables wrap, the token
+heatmap is wrapped text in a box of bounded height), checked by ``tests/test_inspector_screens.py``.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 
 import gradio as gr
 import pandas as pd
+import yaml
 
 from mmrlvr.errors import UserError
 from mmrlvr.inspector import views
@@ -26,6 +32,13 @@ from mmrlvr.store.record import RolloutRecord
 DEFAULT_SIGNAL = "vision sensitivity"
 MAX_PLOTS = 6
 ANY = "(any)"
+#: app-wide CSS (passed to ``launch``): nothing may push the page wider than the window
+APP_CSS = """
+.gradio-container { max-width: 100% !important; overflow-x: hidden; }
+#mm-reward table, #mm-thinking-answer table { max-width: 100%; }
+"""
+RECUR_HINT = ("prompts recur when the training pool is smaller than max_steps × prompts_per_step "
+              "(data.train_size for synth: data)")
 
 # Keyboard navigation: clicks the prev/next buttons; ignored while typing in inputs.
 KEYBOARD_JS = """
@@ -54,6 +67,19 @@ class Inspector:
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
         self.run_dir = Path(run_dir).resolve()
         self.reader = RolloutReader(self.run_dir)
+        self._weights: dict[str, float] | None = None
+        self._weights_read = False
+
+    def weights(self) -> dict[str, float] | None:
+        """The run's reward weights from ``config.yaml`` (read server-side; the file itself is never served)."""
+        if not self._weights_read:
+            try:
+                config = yaml.safe_load((self.run_dir / "config.yaml").read_text(encoding="utf-8"))
+            except (OSError, yaml.YAMLError, UnicodeDecodeError):
+                config = None
+            self._weights = views.run_weights(config if isinstance(config, dict) else None)
+            self._weights_read = config is not None
+        return self._weights
 
     # -- header / refresh -------------------------------------------------------------------------------
     def header(self) -> str:
@@ -74,6 +100,25 @@ class Inspector:
                 gr.update(choices=[ANY] + self.reader.components()),
                 gr.update(choices=self.finish_reasons()))
 
+    def tick(self, step: int | None, signal: str | None = DEFAULT_SIGNAL) -> tuple:
+        """The follow-run timer: (header, component dd, finish dd, *Browse outputs); all skipped when no
+        shard changed. A new step is opened only when the view was empty or showed the newest step, so
+        someone reading an older step is not moved."""
+        idx = self.reader.index
+        before = int(idx["step"].max()) if len(idx) else None
+        if not self.reader.refresh():
+            return tuple(gr.skip() for _ in range(3 + BROWSE_OUTPUTS))
+        steps = self.reader.steps()
+        head = (self.header(), gr.update(choices=[ANY] + self.reader.components()),
+                gr.update(choices=self.finish_reasons()))
+        shown = _as_int(step)
+        if steps and (shown is None or before is None or shown == before or shown not in steps):
+            return (*head, *self.render(steps[-1], None, None, signal))
+        if not steps:
+            return (*head, *self._empty_render())
+        return (*head, gr.update(choices=self.step_choices(), value=shown),
+                *(gr.skip() for _ in range(BROWSE_OUTPUTS - 1)))
+
     def finish_reasons(self) -> list[str]:
         idx = self.reader.index
         return sorted(str(v) for v in idx["finish_reason"].dropna().unique()) if len(idx) else []
@@ -85,27 +130,31 @@ class Inspector:
         (last step, first group, best-reward sample)."""
         steps = self.reader.steps()
         if not steps:
-            empty = "<i>no rollouts yet — waiting for the first step file (press Refresh)</i>"
-            return (gr.update(choices=[], value=None), gr.update(choices=[], value=None),
-                    gr.update(choices=[], value=None), None, empty, "", None, gr.update(value=None, visible=False),
-                    gr.update(choices=[], value=None), None, "", "", [], "", gr.skip())
-        step = int(step) if step is not None and int(step) in steps else steps[-1]
+            return self._empty_render()
+        step = _as_int(step)
+        step = step if step in steps else steps[-1]
         groups = self.reader.groups(step)
         prompt_ids = [str(p) for p in groups["prompt_id"]]
-        prompt_id = prompt_id if prompt_id in prompt_ids else prompt_ids[0]
+        why = None
+        if prompt_id not in prompt_ids:
+            idx = self.reader.index
+            prompt_id, why = views.most_informative_group(idx[idx["step"] == step])
+            prompt_id = prompt_id if prompt_id in prompt_ids else prompt_ids[0]
         records = self.reader.group(step, prompt_id)
         by_index = {r.sample_index: r for r in records}
         order = [i for _, i in views.sample_choices(records)]
-        sample = int(sample) if sample is not None and int(sample) in by_index else order[0]
+        sample = _as_int(sample)
+        sample = sample if sample in by_index else order[0]
         rec = by_index[sample]
         images = views.load_images(self.run_dir, rec)
-        annotated = self._annotated(rec, images)
+        annotated = self._annotated(rec, images, step)
         gallery = gr.update(value=images[1:], visible=len(images) > 1)
-        compare_steps = [s for s in self.reader.prompt_history(prompt_id)["step"].tolist() if s != step]
-        if compare_step is None or int(compare_step) not in compare_steps:
+        compare_steps = [int(s) for s in self.reader.prompt_history(prompt_id)["step"].tolist() if s != step]
+        compare_step = _as_int(compare_step)
+        if compare_step not in compare_steps:
             earlier = [s for s in compare_steps if s < step]
             compare_step = earlier[-1] if earlier else (compare_steps[0] if compare_steps else None)
-        slider = self.compare(step, prompt_id, sample, compare_step)
+        slider = self.compare(step, prompt_id, sample, compare_step, rec=rec, images=images)
         recorded = views.recorded_signals(rec)
         if signal not in recorded and recorded:  # e.g. no vision sensitivity in this run: show what exists
             signal = recorded[0]
@@ -117,24 +166,52 @@ class Inspector:
             gr.update(choices=views.group_choices(groups), value=prompt_id),
             gr.update(choices=views.sample_choices(records), value=sample),
             sample,
-            views.group_cards_html(records, selected=sample),
+            views.group_cards_html(records, selected=sample, why=why),
             prompt_html,
             annotated,
             gallery,
-            gr.update(choices=[(f"step {s}", s) for s in compare_steps], value=compare_step),
+            gr.update(choices=[(f"step {s}", s) for s in compare_steps], value=compare_step,
+                      label=self._compare_label(step, compare_steps)),
             slider,
             views.thinking_answer_html(rec),
-            views.reward_breakdown_html(rec),
+            views.reward_breakdown_html(rec, self.weights()),
             heat,
             heat_html,
             gr.update(value=signal or DEFAULT_SIGNAL),
         )
 
-    def _annotated(self, rec: RolloutRecord, images: list) -> Any:
+    def _empty_render(self) -> tuple:
+        """Every Browse output for a run with no rollout shards yet: one explanation, empty components."""
+        bad = (f" {len(self.reader.errors)} shard(s) could not be read: see the header."
+               if self.reader.errors else "")
+        empty = (f'<div class="mm-empty" style="padding:24px;border:1px dashed #bbb;border-radius:8px;color:#555">'
+                 f"<b>No rollouts yet</b> in <code>{views.esc(self.run_dir.name)}/rollouts/</code>.{views.esc(bad)} "
+                 "The first step file appears after the first training step; with “follow run” on, this page "
+                 "opens it by itself (or press Refresh).</div>")
+        return (gr.update(choices=[], value=None), gr.update(choices=[], value=None),
+                gr.update(choices=[], value=None), None, empty, "", gr.AnnotatedImage(value=None),
+                gr.update(value=None, visible=False), gr.update(choices=[], value=None), None, "", "",
+                gr.HighlightedText(value=[]), "", gr.skip())
+
+    @staticmethod
+    def _compare_label(step: int, compare_steps: list[int]) -> str:
+        if not compare_steps:
+            return f"Compare with step (this prompt occurs only at step {step})"
+        return f"Compare step {step} with step ({len(compare_steps)} other step(s) of this prompt)"
+
+    def _annotated(self, rec: RolloutRecord, images: list, step: int | None = None) -> Any:
+        """The first image with GT (cyan) and predicted (magenta, with IoU) boxes as labelled outlines."""
+        where = f"step {step} · {rec.prompt_id} #{rec.sample_index}" if step is not None else "Image"
         if not images:
-            return gr.AnnotatedImage(value=None)
-        value, colours = views.annotated_value(images[0], rec)
-        return gr.AnnotatedImage(value=value, color_map=colours)
+            return gr.AnnotatedImage(value=None, label=f"{where} · no image")
+        (big, annotations), colours = views.annotated_value(images[0], rec)
+        base = views.draw_boxes(images[0], rec)  # same display scale as annotated_value
+        if not annotations:
+            what = "no boxes in this sample"
+        else:
+            what = "predicted (magenta, with IoU) vs ground truth (cyan), outlines only"
+        return gr.AnnotatedImage(value=(base, views.outline_masks(annotations, base.size)), color_map=colours,
+                                 label=f"{where} · {what}")
 
     def navigate(self, step: int | None, prompt_id: str | None, sample: int | None, delta: int, level: str,
                  signal: str | None = DEFAULT_SIGNAL) -> tuple:
@@ -157,7 +234,7 @@ class Inspector:
                 rec: RolloutRecord | None = None) -> tuple[Any, str]:
         """(HighlightedText, hover HTML) for one sample and signal; the label says when the signal is
         missing for this sample (e.g. vision sensitivity with a credit scheme that doesn't compute it)."""
-        signal = signal or DEFAULT_SIGNAL
+        signal = signal if signal in views.SIGNALS else DEFAULT_SIGNAL
         if rec is None:
             if step is None or prompt_id is None or sample is None:
                 return gr.HighlightedText(value=[]), ""
@@ -167,26 +244,32 @@ class Inspector:
             label, note = f"{signal} per token (scaled to [-1, 1])", ""
         else:
             label = f"{signal}: not recorded for this sample (tokens shown uncoloured)"
-            note = f"<i>{views.esc(label)}</i>"
+            note = f'<div style="font-size:12px"><i>{views.esc(label)}</i></div>'
         return (gr.HighlightedText(value=views.heatmap_highlighted(tokens), label=label),
-                note + views.heatmap_html(tokens, signal))
+                note + views.heatmap_html(tokens, signal, views.signal_peak(rec, signal)))
 
-    def compare(self, step: int, prompt_id: str, sample: int, other_step: int | None) -> Any:
-        """ImageSlider value: this sample's boxes at ``step`` vs the same prompt at ``other_step``."""
+    def compare(self, step: int, prompt_id: str, sample: int, other_step: int | None,
+                rec: RolloutRecord | None = None, images: list | None = None) -> Any:
+        """ImageSlider value: this sample's boxes at ``step`` (left) vs the same prompt at ``other_step``
+        (right), each captioned with its step; both images are redrawn on every call, so the slider never
+        keeps a previous image."""
         if step is None or prompt_id is None or sample is None:
             return None
-        rec = self.reader.record(int(step), prompt_id, int(sample))
-        images = views.load_images(self.run_dir, rec)
+        if rec is None:
+            rec = self.reader.record(int(step), prompt_id, int(sample))
+            images = views.load_images(self.run_dir, rec)
         if not images:
             return None
-        left = views.draw_boxes(images[0], rec, caption=f"step {step} #{sample} r={views.fmt(rec.reward, 2)}")
+        left = views.draw_boxes(images[0], rec, caption=f"◀ step {step} #{sample} r={views.fmt(rec.reward, 2)}")
         if other_step is None:
-            return (left, left)
+            only = views.draw_boxes(images[0], rec, caption=f"step {step} only: this prompt never recurs",
+                                    caption_right=True)
+            return (left, only)
         others = self.reader.group(int(other_step), prompt_id)
         other = next((r for r in others if r.sample_index == int(sample)), others[0])
         other_images = views.load_images(self.run_dir, other) or images
         right = views.draw_boxes(other_images[0], other,
-                                 caption=f"step {other_step} #{other.sample_index} r={views.fmt(other.reward, 2)}",
+                                 caption=f"step {other_step} #{other.sample_index} r={views.fmt(other.reward, 2)} ▶",
                                  caption_right=True)
         return (left, right)
 
@@ -212,8 +295,14 @@ class Inspector:
         except UserError as exc:
             raise gr.Error(str(exc)) from None
         total = len(rows)
-        n = int(limit) if limit else 200
-        shown = views.filter_table(rows.iloc[:n], self.reader.components())
+        n = max(0, int(limit)) if limit else 200
+        picked = rows.iloc[:n]
+        shown = views.filter_table(picked, self.reader.components(), texts=self.reader.texts(picked))
+        if not self.reader.steps():
+            return "No rollouts yet: nothing to filter (the run has not written a step file).", shown
+        if total == 0:
+            return ("**0 rollouts match** these conditions: widen the step or reward range, or clear the "
+                    "component, advantage, finish-reason or regex conditions."), shown
         return f"{total} rollouts match; showing {len(shown)} (select a row to open it)", shown
 
     # -- across steps -----------------------------------------------------------------------------------
@@ -225,8 +314,12 @@ class Inspector:
         if summary.empty:
             raise gr.Error(f"no rollouts for prompt {prompt_id!r}")
         table = summary.round(4)
-        title = (f"<b>Prompt</b> <code>{views.esc(prompt_id)}</code> over {len(summary)} steps "
-                 "(select a row to open that step's group)")
+        if len(summary) == 1:
+            title = (f"<b>Prompt</b> <code>{views.esc(prompt_id)}</code> occurs only at step "
+                     f"{int(summary['step'].iloc[0])}: there is no history to compare yet ({views.esc(RECUR_HINT)})")
+        else:
+            title = (f"<b>Prompt</b> <code>{views.esc(prompt_id)}</code> over {len(summary)} steps "
+                     "(select a row to open that step's group)")
         return title, table, views.history_frame(summary)
 
     # -- metrics ----------------------------------------------------------------------------------------
@@ -251,6 +344,21 @@ class Inspector:
         if x is None:
             return None
         return views.nearest_step(self.reader.steps(), float(x))
+
+
+BROWSE_OUTPUTS = 15  # len(Inspector.render(...)): the Browse components every navigation event updates
+
+
+def _as_int(x: Any) -> int | None:
+    """A step / sample number from a component value (int, float, "3", "step 3"); None when it is not one."""
+    if x is None or isinstance(x, bool):
+        return None
+    if isinstance(x, str):
+        x = x.strip().removeprefix("step").strip()
+    try:
+        return int(float(x))
+    except (TypeError, ValueError):
+        return None
 
 
 def _bound(x: str | float | None, name: str, kind: type) -> Any:
@@ -296,8 +404,8 @@ def build_app(run_dir: str | os.PathLike[str], *, refresh_s: float = 5.0) -> gr.
                 prompt_html = gr.HTML(elem_id="mm-prompt")
                 with gr.Row():
                     with gr.Column(scale=2):
-                        annotated = gr.AnnotatedImage(label="Image · predicted boxes (magenta, with IoU) vs ground truth (cyan)",
-                                                      format="png", elem_id="mm-annotated")
+                        annotated = gr.AnnotatedImage(label="Image · predicted boxes (magenta, with IoU) vs ground "
+                                                      "truth (cyan), outlines", format="png", elem_id="mm-annotated")
                         gallery = gr.Gallery(label="More images", visible=False, columns=4, height=160)
                         compare_dd = gr.Dropdown(label="Compare with step", allow_custom_value=True,
                                                  elem_id="mm-compare")
@@ -306,14 +414,14 @@ def build_app(run_dir: str | os.PathLike[str], *, refresh_s: float = 5.0) -> gr.
                     with gr.Column(scale=3):
                         ta_html = gr.HTML(elem_id="mm-thinking-answer")
                         reward_html = gr.HTML(elem_id="mm-reward")
-                signal_radio = gr.Radio(list(views.SIGNALS), value=DEFAULT_SIGNAL, label="Token heatmap",
+                signal_radio = gr.Radio(list(views.SIGNALS), value=DEFAULT_SIGNAL,
+                                        label="Token heatmap signal (click a token for its values)",
                                         elem_id="mm-signal")
-                with gr.Tabs():
-                    with gr.Tab("Heatmap"):
-                        heat = gr.HighlightedText(label="Response tokens (scaled to [-1, 1])", show_legend=False,
-                                                  combine_adjacent=False, elem_id="mm-heatmap")
-                    with gr.Tab("Raw values on hover"):
-                        heat_html = gr.HTML(elem_id="mm-heatmap-hover")
+                # the visible heatmap is wrapped HTML text; the same scores as a HighlightedText value stay
+                # available to API clients (/render, /heatmap) without taking page height
+                heat = gr.HighlightedText(label="Response tokens (scaled to [-1, 1])", show_legend=False,
+                                          combine_adjacent=False, visible=False, elem_id="mm-heatmap-values")
+                heat_html = gr.HTML(elem_id="mm-heatmap", css_template=views.HEATMAP_CSS, js_on_load=None)
             with gr.Tab("Filter", id="filter"):
                 with gr.Row():
                     # text boxes, not gr.Number: an empty box must mean "no bound" (a Number sends 0)
@@ -332,8 +440,8 @@ def build_app(run_dir: str | os.PathLike[str], *, refresh_s: float = 5.0) -> gr.
                     order = gr.Radio(["step order", "round robin"], value="round robin",
                                      label="order (round robin: one sample per group first)")
                     run_btn = gr.Button("Filter", variant="primary", scale=0, min_width=100, elem_id="mm-run-filter")
-                count_md = gr.Markdown()
-                results = gr.Dataframe(interactive=False, elem_id="mm-results", max_height=480)
+                count_md = gr.Markdown(elem_id="mm-count")
+                results = gr.Dataframe(interactive=False, elem_id="mm-results", max_height=480, wrap=True)
             with gr.Tab("Prompt across steps", id="history"):
                 history_title = gr.HTML()
                 with gr.Row():
@@ -382,8 +490,8 @@ def build_app(run_dir: str | os.PathLike[str], *, refresh_s: float = 5.0) -> gr.
         # --- refresh (button always re-renders the header; the timer only when something changed)
         refresh_out = [header, step_dd, component_dd, finish_dd]
         refresh_btn.click(lambda s: ins.refresh(s, True), step_dd, refresh_out, api_name="refresh")
-        timer.tick(lambda s: ins.refresh(s, False), step_dd, refresh_out, api_visibility="private",
-                   show_progress="hidden")
+        tick_out = [header, component_dd, finish_dd, *browse_out]
+        timer.tick(ins.tick, [step_dd, signal_radio], tick_out, api_visibility="private", show_progress="hidden")
         follow.change(lambda on: gr.Timer(active=on), follow, timer, api_visibility="private")
 
         # --- filter, then open a row in Browse
@@ -434,11 +542,26 @@ def build_app(run_dir: str | os.PathLike[str], *, refresh_s: float = 5.0) -> gr.
     return demo
 
 
+#: the only parts of a run folder the server hands out as files (never config.yaml, checkpoints, logs)
+SERVED_DIRS = ("images", "rollouts")
+#: refused even if a served folder links to them (blocked paths win over allowed ones in Gradio)
+BLOCKED = ("config.yaml", "checkpoints", "events", "metrics.jsonl", "summary.json")
+
+
+def served_paths(run_dir: str | os.PathLike[str]) -> tuple[list[str], list[str]]:
+    """(allowed, blocked) file paths for ``gr.Blocks.launch``: the run's images and rollout shards only."""
+    run = Path(run_dir).resolve()
+    return [str(run / d) for d in SERVED_DIRS], [str(run / b) for b in BLOCKED]
+
+
 def launch(app_or_run_dir: gr.Blocks | str | os.PathLike[str], *, host: str = "127.0.0.1", port: int | None = None,
-           prevent_thread_lock: bool = False, quiet: bool = False, **kwargs: Any) -> tuple[Any, str, str]:
-    """Start the inspector: binds ``host`` (127.0.0.1 by default), serves files only from the run folder."""
+           auth: tuple[str, str] | None = None, prevent_thread_lock: bool = False, quiet: bool = False,
+           **kwargs: Any) -> tuple[Any, str, str]:
+    """Start the inspector: binds ``host`` (127.0.0.1 by default), asks for ``auth`` = (user, password) when
+    given, and serves as files only the run's ``images/`` and ``rollouts/`` (see ``served_paths``)."""
     app = app_or_run_dir if isinstance(app_or_run_dir, gr.Blocks) else build_app(app_or_run_dir)
     ins: Inspector = app.inspector  # type: ignore[attr-defined]
-    return app.launch(server_name=host, server_port=port, allowed_paths=[str(ins.run_dir)],
+    allowed, blocked = served_paths(ins.run_dir)
+    return app.launch(server_name=host, server_port=port, allowed_paths=allowed, blocked_paths=blocked, auth=auth,
                       prevent_thread_lock=prevent_thread_lock, quiet=quiet, share=False, show_error=True,
-                      footer_links=["api"], **kwargs)
+                      footer_links=["api"], css=APP_CSS, **kwargs)

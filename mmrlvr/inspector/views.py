@@ -24,20 +24,35 @@ from PIL import Image, ImageDraw
 from mmrlvr.store.images import resolve_in_run
 from mmrlvr.store.record import RolloutRecord
 
-#: heatmap name -> record field
+#: heatmap name -> record field (the toggle shows them in this order)
 SIGNALS: dict[str, str] = {
-    "logprob": "token_logprob",
     "entropy": "token_entropy",
     "vision sensitivity": "token_vision_sensitivity",
     "credit weight": "token_credit_weight",
     "advantage": "token_advantage",
+    "Δlog-prob": "token_ratio",  # log π_θ − log π_old = log(ratio), derived in ``signal_values``
+    "logprob": "token_logprob",
     "ratio": "token_ratio",
+}
+#: one line per signal for the heatmap legend: what a red / purple token means
+SIGNAL_HELP: dict[str, str] = {
+    "entropy": "entropy of the next-token distribution (nats): red = the policy was unsure here",
+    "vision sensitivity": "how much the token's distribution changes when the image is perturbed: red = it read "
+                          "the image",
+    "credit weight": "the policy-gradient weight the credit scheme gave the token (0 = no gradient)",
+    "advantage": "per-token advantage of the update: red pushed up, purple pushed down",
+    "Δlog-prob": "log π_new − log π_old at the update: red = made more likely, purple = less likely",
+    "logprob": "log-probability of the sampled token under the rollout policy (≤ 0)",
+    "ratio": "importance ratio π_new / π_old, coloured as log(ratio)",
 }
 #: tokens whose runs are collapsed into one span in heatmaps
 PAD_TOKENS = frozenset({"<|image_pad|>", "<|video_pad|>", "<|vision_pad|>", "<|endoftext|>", "<pad>"})
 PRED_COLOUR = "#ff00ff"  # magenta: predicted boxes
 GT_COLOUR = "#00bcd4"  # cyan: ground-truth boxes (magenta/cyan stand out on natural images and on
-#                         the primary-coloured synthetic shapes, and stay apart for colour-blind users)
+#                         the primary-coloured synthetic shapes, and stay apart for colour-blind users).
+# Boxes are drawn as outlines with a label, never filled: a translucent fill mixes with the object's own
+# colour (cyan over a yellow shape reads green), which misleads on the very thing the view is for.
+BOX_LINE = 2  # outline width in display pixels (+ a 1-px white halo so it shows on dark images too)
 METRIC_NAMES = ["reward/mean", "accuracy", "inconsistency_rate", "response_length/mean",
                 "credit/selected_fraction"]
 
@@ -172,36 +187,165 @@ def consistency_badge_html(rec: RolloutRecord) -> str:
 
 
 # -- rewards ------------------------------------------------------------------------------------------
-def reward_breakdown_html(rec: RolloutRecord) -> str:
-    """Tables: reward components, then rubric criteria with verdict, score, weight, judge, rationale."""
-    rows = "".join(f"<tr><td>{esc(k)}</td><td style='text-align:right'>{fmt(v)}</td></tr>"
-                   for k, v in sorted(rec.reward_components.items()))
-    out = [f'<div class="mm-reward"><b>Reward {fmt(rec.reward)}</b> · advantage {fmt(rec.advantage)}'
-           '<table style="font-size:13px;margin:4px 0"><tr><th>component</th><th>value</th></tr>'
-           f"{rows or '<tr><td colspan=2><i>no components</i></td></tr>'}</table>"]
+@dataclass(frozen=True)
+class RewardRow:
+    """One line of the reward breakdown. ``weight``/``contribution`` are None for sub-components (details of
+    their parent, not terms of the total) and for components whose weight the run's config does not give."""
+
+    component: str
+    raw: float
+    weight: float | None
+    contribution: float | None
+    parent: str | None = None
+
+
+def reward_rows(components: dict[str, float], weights: dict[str, float] | None) -> list[RewardRow]:
+    """Components -> breakdown rows: each weighted term (weight × raw = contribution) followed by its
+    sub-components (``label/sub``, e.g. ``grounding/iou``), indented, without weight.
+
+    A sub-component that only repeats its parent (``rubric/rubric`` with the same value) is dropped: it is
+    the same number under two names. With ``weights`` None (no config) every top-level component is a term
+    of unknown weight.
+    """
+    weights = weights or {}
+    tops = [k for k in components if "/" not in k or k.split("/", 1)[0] not in components]
+    ordered = sorted(tops, key=lambda k: (k not in weights, list(weights).index(k) if k in weights else 0, k))
+    rows: list[RewardRow] = []
+    for top in ordered:
+        raw = float(components[top])
+        w = weights.get(top)
+        rows.append(RewardRow(top, raw, w, None if w is None else w * raw))
+        for sub in sorted(k for k in components if k.startswith(top + "/")):
+            name = sub[len(top) + 1:]
+            if name == top and _same(components[sub], raw):
+                continue  # rubric/rubric == rubric: one number, one row
+            rows.append(RewardRow(name, float(components[sub]), None, None, parent=top))
+    return rows
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return abs(float(a) - float(b)) <= 1e-9 or (math.isnan(float(a)) and math.isnan(float(b)))
+    except (TypeError, ValueError):
+        return False
+
+
+_VERDICT_COLOURS = {"pass": "#2e7d32", "met": "#2e7d32", "fail": "#c62828", "not_met": "#c62828"}
+_TABLE = "font-size:13px;border-collapse:collapse;width:100%;table-layout:auto"
+_CELL = "padding:2px 6px;border-bottom:1px solid #e0e0e0;vertical-align:top"
+
+
+def reward_breakdown_html(rec: RolloutRecord, weights: dict[str, float] | None = None) -> str:
+    """Reward table (component, weight, raw, weight × raw, total) then the rubric verdicts with reasons.
+
+    ``weights``: the run's reward weights by component label (``run_weights``); without them the weight
+    and contribution columns say "–". The total row is Σ weight × raw; when the stored reward differs (a
+    shaping term outside the listed components, e.g. an overlong penalty) both are shown.
+    """
+    rows = reward_rows(rec.reward_components, weights)
+    body = []
+    for r in rows:
+        if r.parent is None:
+            body.append(f"<tr><td style='{_CELL}'><b>{esc(r.component)}</b></td>"
+                        f"<td style='{_CELL};text-align:right'>{fmt(r.weight)}</td>"
+                        f"<td style='{_CELL};text-align:right'>{fmt(r.raw)}</td>"
+                        f"<td style='{_CELL};text-align:right'>{fmt(r.contribution)}</td></tr>")
+        else:
+            body.append(f"<tr style='color:#666'><td style='{_CELL};padding-left:18px'>↳ {esc(r.component)}</td>"
+                        f"<td style='{_CELL};text-align:right'></td><td style='{_CELL};text-align:right'>{fmt(r.raw)}</td>"
+                        f"<td style='{_CELL};text-align:right;font-size:11px'>(part of {esc(r.parent)})</td></tr>")
+    terms = [r.contribution for r in rows if r.parent is None]
+    if terms and all(t is not None for t in terms):
+        total = float(sum(terms))  # type: ignore[arg-type]
+        note = "" if _same(round(total, 6), round(rec.reward, 6)) else f" (stored reward {fmt(rec.reward)})"
+        body.append(f"<tr><td style='{_CELL}'><b>total</b></td><td style='{_CELL}'></td><td style='{_CELL}'></td>"
+                    f"<td style='{_CELL};text-align:right'><b>{fmt(total)}</b>{esc(note)}</td></tr>")
+    elif rows:
+        body.append(f"<tr><td style='{_CELL}' colspan=4><i>weights not recorded in this run's config.yaml; "
+                    f"stored reward {fmt(rec.reward)}</i></td></tr>")
+    out = [f'<div class="mm-reward" style="overflow-x:auto;max-width:100%"><b>Reward {fmt(rec.reward)}</b> · '
+           f'advantage {fmt(rec.advantage)}<table class="mm-components" style="{_TABLE};margin:4px 0">'
+           f"<tr><th style='{_CELL};text-align:left'>component</th><th style='{_CELL};text-align:right'>weight</th>"
+           f"<th style='{_CELL};text-align:right'>raw score</th>"
+           f"<th style='{_CELL};text-align:right'>weight × raw</th></tr>"
+           f"{''.join(body) or '<tr><td colspan=4><i>no components</i></td></tr>'}</table>"]
     if rec.rubric_results:
-        colours = {"pass": "#2e7d32", "fail": "#c62828"}
         crit = []
         for c in rec.rubric_results:
             verdict = str(c.get("verdict") or "unknown")
+            colour = _VERDICT_COLOURS.get(verdict, "#757575")
+            reason = c.get("rationale")
             crit.append(
-                f"<tr><td><code>{esc(c.get('id'))}</code></td><td>{esc(c.get('text'))}</td>"
-                f"<td>{esc(c.get('category'))}</td>"
-                f"<td style='color:{colours.get(verdict, '#757575')};font-weight:bold'>{esc(verdict)}</td>"
-                f"<td>{fmt(c.get('score'))}</td><td>{fmt(c.get('weight'))}</td><td>{esc(c.get('judge'))}</td>"
-                f"<td style='white-space:pre-wrap'>{esc(c.get('rationale'))}</td></tr>")
-        out.append('<b>Rubric criteria</b><table class="mm-rubric" style="font-size:13px"><tr><th>id</th>'
-                   "<th>criterion</th><th>category</th><th>verdict</th><th>score</th><th>weight</th>"
-                   f"<th>judge</th><th>rationale</th></tr>{''.join(crit)}</table>")
+                f"<tr><td style='{_CELL};word-break:break-word'><code>{esc(c.get('id'))}</code>"
+                f"<div>{esc(c.get('text'))}</div>"
+                f"<div style='color:#777;font-size:11px'>{esc(c.get('category'))}</div></td>"
+                f"<td style='{_CELL};color:{colour};font-weight:bold;white-space:nowrap'>{esc(verdict)}</td>"
+                f"<td style='{_CELL};text-align:right'>{fmt(c.get('score'))}</td>"
+                f"<td style='{_CELL};text-align:right'>{fmt(c.get('weight'))}</td>"
+                f"<td style='{_CELL};word-break:break-word'><span style='white-space:pre-wrap'>{esc(reason) or '–'}"
+                f"</span><div style='color:#777;font-size:11px'>judge: {esc(c.get('judge')) or '–'}</div></td></tr>")
+        out.append(f'<b>Rubric verdicts</b><table class="mm-rubric" style="{_TABLE}">'
+                   f"<colgroup><col style='width:34%'><col style='width:11%'><col style='width:8%'>"
+                   f"<col style='width:8%'><col style='width:39%'></colgroup>"
+                   f"<tr><th style='{_CELL};text-align:left'>criterion</th><th style='{_CELL};text-align:left'>verdict"
+                   f"</th><th style='{_CELL};text-align:right'>score</th><th style='{_CELL};text-align:right'>weight</th>"
+                   f"<th style='{_CELL};text-align:left'>reason</th></tr>{''.join(crit)}</table>")
     out.append("</div>")
     return "".join(out)
 
 
+def run_weights(config: dict[str, Any] | None) -> dict[str, float] | None:
+    """Component label -> weight from a run's ``config.yaml`` (its ``rewards:`` list); None when absent."""
+    specs = (config or {}).get("rewards")
+    if not isinstance(specs, list):
+        return None
+    out: dict[str, float] = {}
+    for spec in specs:
+        if not isinstance(spec, dict) or not spec.get("name"):
+            continue
+        try:
+            out[str(spec.get("label") or spec["name"])] = float(spec.get("weight", 1.0))
+        except (TypeError, ValueError):
+            continue
+    return out or None
+
+
 # -- groups -------------------------------------------------------------------------------------------
-def group_cards_html(records: Sequence[RolloutRecord], selected: int | None = None) -> str:
+def most_informative_group(rows: pd.DataFrame) -> tuple[str | None, str]:
+    """(prompt id, one-line reason) of the group that shows most of what a step did.
+
+    ``rows``: index rows of one step (``prompt_id``, ``reward``, ``advantage``). The most informative group
+    has the largest reward spread (max − min: the update pushes its best and worst samples apart); ties go
+    to the larger mean |advantage|, then to the first prompt id. A zero-spread group has zero advantages
+    and gives no gradient, so when every group is flat the reason says so.
+    """
+    if rows is None or len(rows) == 0:
+        return None, ""
+    frame = pd.DataFrame({"prompt_id": rows["prompt_id"].astype(str).to_numpy(),
+                          "reward": rows["reward"].to_numpy(dtype=float),
+                          "abs_adv": np.abs(rows["advantage"].to_numpy(dtype=float))})
+    g = frame.groupby("prompt_id", sort=True)
+    stats = pd.DataFrame({"lo": g["reward"].min(), "hi": g["reward"].max(), "adv": g["abs_adv"].mean()})
+    stats["spread"] = (stats["hi"] - stats["lo"]).fillna(0.0)
+    stats["adv"] = stats["adv"].fillna(0.0)
+    stats = stats.reset_index().sort_values(["spread", "adv", "prompt_id"], ascending=[False, False, True],
+                                            kind="stable")
+    best = stats.iloc[0]
+    n_flat = int((stats["spread"].abs() < 1e-8).sum())
+    if best["spread"] < 1e-8:
+        return str(best["prompt_id"]), (f"every one of the {len(stats)} groups at this step has equal rewards "
+                                        "(zero advantage: nothing to learn from); showing the first")
+    return str(best["prompt_id"]), (
+        f"opened on the most informative group of {len(stats)}: widest reward spread "
+        f"({fmt(best['lo'])} → {fmt(best['hi'])}, spread {fmt(best['spread'])}; mean |advantage| "
+        f"{fmt(best['adv'])})" + (f"; {n_flat} flat group(s) carry no signal" if n_flat else ""))
+
+
+def group_cards_html(records: Sequence[RolloutRecord], selected: int | None = None, why: str | None = None) -> str:
     """The G samples of one prompt as cards sorted by reward (best first), with the group's spread.
 
     A zero-variance group (all rewards equal) is flagged: its advantages are 0, so it gives no gradient.
+    ``why``: a line saying why this group was opened (``most_informative_group``).
     """
     if not records:
         return "<i>no samples</i>"
@@ -215,6 +359,8 @@ def group_cards_html(records: Sequence[RolloutRecord], selected: int | None = No
         head += (' <span class="mm-zero-var" style="background:#ff8f00;color:#fff;border-radius:4px;padding:1px 6px">'
                  "zero variance: no learning signal</span>")
     head += "</div>"
+    if why:
+        head += f'<div class="mm-why" style="font-size:12px;color:#1565c0;margin:-2px 0 6px">{esc(why)}</div>'
     cards = []
     for rec in sorted(records, key=lambda r: (-_nan_to(r.reward, -np.inf), r.sample_index)):
         border = "3px solid #1565c0" if rec.sample_index == selected else "1px solid #ccc"
@@ -263,6 +409,15 @@ def recorded_signals(rec: RolloutRecord) -> list[str]:
     return [name for name, field in SIGNALS.items() if len(getattr(rec, field))]
 
 
+def signal_values(rec: RolloutRecord, signal: str) -> list[float]:
+    """Raw per-token values of ``signal`` (Δlog-prob = log of the stored ratio; [] when not recorded)."""
+    values = list(getattr(rec, SIGNALS[signal]))
+    if signal == "Δlog-prob" and values:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return [float(v) for v in np.log(np.asarray(values, dtype=float))]
+    return values
+
+
 def scale_signal(values: Sequence[float], signal: str) -> list[float | None]:
     """Scale raw per-token values to [-1, 1] for colouring (None for non-finite values).
 
@@ -289,7 +444,7 @@ def heatmap_tokens(rec: RolloutRecord, signal: str) -> list[HeatToken]:
     if signal not in SIGNALS:
         raise ValueError(f"unknown heatmap signal {signal!r}; choose one of {list(SIGNALS)}")
     tokens = rec.response_tokens or [str(t) for t in rec.response_token_ids]
-    values = list(getattr(rec, SIGNALS[signal]))
+    values = signal_values(rec, signal)
     if not tokens:
         return []
     scores = scale_signal(values, signal) if values else [None] * len(tokens)
@@ -317,8 +472,8 @@ def _token_hover(rec: RolloutRecord, i: int, tok: str) -> str:
     parts = [f"token {i}: {tok!r}"]
     if i < len(rec.response_token_ids):
         parts[0] += f" (id {rec.response_token_ids[i]})"
-    for name, field in SIGNALS.items():
-        values = getattr(rec, field)
+    for name in SIGNALS:
+        values = signal_values(rec, name) if name == "Δlog-prob" else getattr(rec, SIGNALS[name])
         if i < len(values):
             parts.append(f"{name} {fmt(values[i], 4)}")
     return "\n".join(parts)
@@ -329,8 +484,48 @@ def heatmap_highlighted(tokens: Sequence[HeatToken]) -> list[tuple[str, float | 
     return [(t.text, None if t.score is None else round(t.score, 4)) for t in tokens]
 
 
-def heatmap_html(tokens: Sequence[HeatToken], signal: str) -> str:
-    """The same heatmap as escaped HTML spans whose hover text (``title``) lists every raw signal."""
+#: scoped CSS of the heatmap component (``gr.HTML(css_template=...)``): a token's values pop up under it
+#: while it has focus (click / tab), so the numbers behind a colour are readable without leaving the view
+HEATMAP_CSS = """
+.mm-heatmap { max-height: 260px; overflow-y: auto; overflow-x: hidden; }
+.mm-tok { position: relative; cursor: pointer; border-radius: 2px; }
+.mm-tok:focus { outline: 2px solid #1565c0; }
+.mm-tok:focus::after { content: attr(data-v); position: absolute; left: 0; top: 1.5em; z-index: 20;
+  background: #263238; color: #fff; font-size: 11px; line-height: 1.35; padding: 4px 6px; border-radius: 4px;
+  white-space: pre; pointer-events: none; }
+.mm-legend-bar { display: inline-block; width: 120px; height: 10px; vertical-align: middle; border: 1px solid #ccc;
+  background: linear-gradient(to right, rgb(128,90,213), #fff, rgb(239,68,60)); }
+"""
+
+
+def signal_peak(rec: RolloutRecord, signal: str) -> float | None:
+    """The largest |value| of ``signal`` in this response (what ±1 on the colour scale stands for)."""
+    return _peak(signal_values(rec, signal), signal)
+
+
+def _peak(values: Sequence[float], signal: str) -> float | None:
+    arr = np.asarray(values, dtype=float)
+    if signal == "ratio":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            arr = np.log(arr)
+    arr = arr[np.isfinite(arr)]
+    return float(np.max(np.abs(arr))) if arr.size else None
+
+
+def heatmap_legend_html(signal: str, peak: float | None = None) -> str:
+    """The compact legend: colour bar −peak … 0 … +peak, what the signal means, how to read a value."""
+    scale = (f"<span>{esc(fmt(-peak))}</span> <span class='mm-legend-bar'></span> <span>{esc(fmt(peak))}</span>"
+             if peak else "<span class='mm-legend-bar'></span>")
+    unit = " (log ratio)" if signal == "ratio" else ""
+    return (f'<div class="mm-legend" style="font-size:12px;color:#444;margin-bottom:4px;display:flex;gap:8px;'
+            f'flex-wrap:wrap;align-items:center"><b>{esc(signal)}</b>{scale}<span>{esc(unit)}</span>'
+            f'<span style="color:#666">{esc(SIGNAL_HELP.get(signal, ""))}; purple = negative, red = positive, '
+            "scaled by the largest |value| in this response · click a token for its values</span></div>")
+
+
+def heatmap_html(tokens: Sequence[HeatToken], signal: str, peak: float | None = None) -> str:
+    """The heatmap as escaped, wrapped text: one span per token coloured by its score, a compact legend
+    above, and every raw signal of the token in its ``title`` (hover) and ``data-v`` (shown on click)."""
     spans = []
     for t in tokens:
         if t.score is None:
@@ -340,12 +535,13 @@ def heatmap_html(tokens: Sequence[HeatToken], signal: str) -> str:
         else:
             bg = f"rgba(128,90,213,{-t.score:.3f})"
         extra = ";border:1px dashed #999" if t.count > 1 else ""
-        spans.append(f'<span class="mm-tok" title="{esc(t.raw)}" style="background:{bg}{extra}">{esc(t.text)}</span>')
-    legend = (f'<div style="font-size:12px;color:#555;margin-bottom:4px">{esc(signal)}: purple = negative, '
-              "red = positive, scaled by the largest |value| in this response; hover a token for raw values"
-              "</div>")
-    return (legend + '<div class="mm-heatmap" style="white-space:pre-wrap;word-break:break-word;'
-            'font-family:ui-monospace,monospace;font-size:13px;line-height:1.6">' + "".join(spans) + "</div>")
+        raw = esc(t.raw)
+        spans.append(f'<span class="mm-tok" tabindex="0" title="{raw}" data-v="{raw}" '
+                     f'style="background:{bg}{extra}">{esc(t.text)}</span>')
+    return (heatmap_legend_html(signal, peak) + '<div class="mm-heatmap" style="white-space:pre-wrap;'
+            'word-break:break-word;font-family:ui-monospace,monospace;font-size:13px;line-height:1.6;'
+            'max-height:260px;overflow-y:auto;overflow-x:hidden;border:1px solid #e0e0e0;border-radius:6px;'
+            'padding:6px">' + "".join(spans) + "</div>")
 
 
 # -- images and boxes ---------------------------------------------------------------------------------
@@ -407,24 +603,63 @@ def annotated_value(image: Image.Image, rec: RolloutRecord) -> tuple[tuple[Image
     return (image, annotations), colours
 
 
-def draw_boxes(image: Image.Image, rec: RolloutRecord, caption: str | None = None,
-               caption_right: bool = False) -> Image.Image:
-    """A copy of ``image`` with GT (cyan) and predicted (magenta) boxes drawn in, for the step slider.
+def outline_masks(annotations: Sequence[tuple[Sequence[int], str]], size: tuple[int, int],
+                  width: int = 3) -> list[tuple[np.ndarray, str]]:
+    """Box annotations -> ``gr.AnnotatedImage`` masks that are only the box outline (``width`` px).
 
-    The caption goes bottom-left (or bottom-right for the slider's right-hand image, whose left half the
-    slider covers)."""
+    Given boxes, Gradio paints the whole box at half opacity; a mask of just the border keeps the object's
+    own colour readable inside it. ``size`` = (width, height) of the displayed image.
+    """
+    w, h = size
+    out = []
+    for box, label in annotations:
+        x1, y1, x2, y2 = (int(v) for v in box)
+        x1, x2 = max(0, min(x1, w - 1)), max(0, min(x2, w - 1))
+        y1, y2 = max(0, min(y1, h - 1)), max(0, min(y2, h - 1))
+        mask = np.zeros((h, w), dtype=np.float32)
+        mask[y1:y2 + 1, x1:min(x1 + width, x2 + 1)] = 1.0
+        mask[y1:y2 + 1, max(x1, x2 + 1 - width):x2 + 1] = 1.0
+        mask[y1:min(y1 + width, y2 + 1), x1:x2 + 1] = 1.0
+        mask[max(y1, y2 + 1 - width):y2 + 1, x1:x2 + 1] = 1.0
+        out.append((mask, label))
+    return out
+
+
+def _label(draw: ImageDraw.ImageDraw, xy: tuple[float, float], text: str, colour: str, size: tuple[int, int]) -> None:
+    """A small label in a box of the outline's colour, kept inside the image."""
+    width = draw.textlength(text) + 4
+    x = min(max(0.0, xy[0]), max(0.0, size[0] - width))
+    y = min(max(0.0, xy[1]), max(0.0, size[1] - 12))
+    draw.rectangle([x, y, x + width, y + 11], fill=colour)
+    draw.text((x + 2, y), text, fill=(0, 0, 0) if colour == GT_COLOUR else (255, 255, 255))
+
+
+def draw_boxes(image: Image.Image, rec: RolloutRecord, caption: str | None = None,
+               caption_right: bool = False, labels: bool = True) -> Image.Image:
+    """A copy of ``image`` with GT (cyan) and predicted (magenta) boxes as labelled outlines, no fill.
+
+    Each outline has a 1-px white halo so it shows on dark images; labels ("GT 1", "pred 1 IoU 0.62")
+    sit above the box's top-left corner (inside the image). The caption goes bottom-left (or bottom-right
+    for the slider's right-hand image, whose left half the slider covers)."""
     img = image.convert("RGB").copy()
     scale = display_scale(img.size)  # small training images: enlarge so lines and labels stay visible
     if scale > 1:
         img = img.resize((img.width * scale, img.height * scale), Image.NEAREST)
     draw = ImageDraw.Draw(img)
-    for box in rec.gt_boxes:
-        draw.rectangle([v * scale for v in _clip_box(box, image.size)], outline=GT_COLOUR, width=2)
-    for box, iou in zip(rec.parsed_boxes, best_ious(rec.parsed_boxes, rec.gt_boxes)):
-        x1, y1, x2, y2 = (v * scale for v in _clip_box(box, image.size))
-        draw.rectangle([x1, y1, x2, y2], outline=PRED_COLOUR, width=2)
-        if iou is not None:
-            draw.text((x1 + 2, max(0, y1 - 11)), f"IoU {iou:.2f}", fill=PRED_COLOUR)
+    drawn: list[tuple[list[float], str, str]] = []
+    for i, box in enumerate(rec.gt_boxes):
+        drawn.append(([v * scale for v in _clip_box(box, image.size)], GT_COLOUR, f"GT {i + 1}"))
+    for i, (box, iou) in enumerate(zip(rec.parsed_boxes, best_ious(rec.parsed_boxes, rec.gt_boxes))):
+        text = f"pred {i + 1}" + (f" IoU {iou:.2f}" if iou is not None else "")
+        drawn.append(([v * scale for v in _clip_box(box, image.size)], PRED_COLOUR, text))
+    for xy, colour, _ in drawn:  # halos first, so no halo covers another box's line
+        x1, y1, x2, y2 = xy
+        draw.rectangle([x1 - 1, y1 - 1, x2 + 1, y2 + 1], outline=(255, 255, 255), width=BOX_LINE + 2)
+    for xy, colour, _ in drawn:
+        draw.rectangle(xy, outline=colour, width=BOX_LINE)
+    if labels:
+        for xy, colour, text in drawn:
+            _label(draw, (xy[0], xy[1] - 12), text, colour, img.size)
     if caption:  # bottom-left: Gradio's component label covers the top-left corner
         draw.rectangle([0, img.height - 14, img.width, img.height], fill=(255, 255, 255))
         width = draw.textlength(caption)
@@ -447,13 +682,33 @@ def load_images(run_dir: Any, rec: RolloutRecord) -> list[Image.Image]:
 
 
 # -- tables and plots ---------------------------------------------------------------------------------
-def filter_table(rows: pd.DataFrame, components: Iterable[str] = ()) -> pd.DataFrame:
-    """Index rows -> the table shown in the Filter tab (rounded, internal columns dropped)."""
+FILTER_COLUMNS = ["step", "prompt", "sample", "reward", "advantage", "finish", "tokens"]
+
+
+def filter_table(rows: pd.DataFrame, components: Iterable[str] = (),
+                 texts: Sequence[str | None] | None = None, preview: int = 120) -> pd.DataFrame:
+    """Index rows -> the table shown in the Filter tab (rounded, internal columns dropped).
+
+    ``texts``: the rows' response texts (same order); shown as a last ``response`` column, cut to
+    ``preview`` characters with newlines folded, so a match can be judged without opening it. An empty
+    selection keeps its columns (an empty table with headers, not a broken one).
+    """
     cols = ["step", "prompt_id", "sample_index", "reward", "advantage", "finish_reason", "num_response_tokens"]
     comp_cols = [f"c:{c}" for c in components if f"c:{c}" in rows.columns]
     out = rows[cols + comp_cols].copy()
-    out.columns = ["step", "prompt", "sample", "reward", "advantage", "finish", "tokens"] + [c[2:] for c in comp_cols]
-    return out.round(4).reset_index(drop=True)
+    out.columns = FILTER_COLUMNS + [c[2:] for c in comp_cols]
+    out = out.round(4).reset_index(drop=True)
+    if texts is not None:
+        out["response"] = [text_preview(t, preview) for t in texts]
+    return out
+
+
+def text_preview(text: str | None, n: int = 120) -> str:
+    """One line of at most ``n`` characters (newlines shown as ⏎); '' for None."""
+    if not text:
+        return ""
+    flat = str(text).replace("\r\n", "\n").replace("\n", " ⏎ ")
+    return flat if len(flat) <= n else flat[: n - 1] + "…"
 
 
 def metrics_frame(metrics: Sequence[dict[str, Any]], names: Sequence[str]) -> pd.DataFrame:

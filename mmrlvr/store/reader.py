@@ -164,6 +164,13 @@ class RolloutReader:
                 out[(int(file_code), int(row_i))] = RolloutRecord.from_row(rec)
         return [out[(int(f), int(r))] for f, r in zip(rows["_file"].tolist(), rows["_row"].tolist())]
 
+    def texts(self, rows: pd.DataFrame, field: str = "response_text") -> list[str | None]:
+        """``field`` (``response_text`` / ``prompt_text``) of index rows, in their order; reads only that
+        column of the rows' shards (cached), e.g. for text previews beside filter results."""
+        if field not in ("response_text", "prompt_text"):
+            raise UserError(f"field must be 'response_text' or 'prompt_text', not {field!r}")
+        return [self._text_column(int(f), field)[int(r)] for f, r in zip(rows["_file"].tolist(), rows["_row"].tolist())]
+
     def data_files(self) -> list[str]:
         """Shard paths, for ``datasets.load_dataset("parquet", data_files=...)``."""
         with self._lock:
