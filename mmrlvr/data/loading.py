@@ -807,12 +807,14 @@ def load_samples(
     return samples, report
 
 
-def rows_to_samples(rows: Iterable[dict[str, Any]], template: str = "r1", system: str | None = None) -> list[Sample]:
+def rows_to_samples(rows: Iterable[dict[str, Any]], template: str = "r1", system: str | None = None,
+                    prompt_template: str | None = None) -> list[Sample]:
     """Samples from rows made by ``mmrlvr.data.synth.make_rows`` (images already PIL, already sized).
 
     A fast path without validation or resizing, for generated rows. ``meta`` gets the row's meta plus
     ``task``, ``problem`` and ``solution`` (the reference response, used for SFT warm starts).
     """
+    ptpl = load_prompt_template(prompt_template) if prompt_template else None
     samples = []
     for row in rows:
         images = [im if im.mode == "RGB" else im.convert("RGB") for im in row["images"]]
@@ -820,7 +822,8 @@ def rows_to_samples(rows: Iterable[dict[str, Any]], template: str = "r1", system
         meta.update(task=row.get("task"), problem=row["problem"], solution=row.get("solution"))
         samples.append(Sample(
             id=str(row["id"]),
-            messages=build_messages(row["problem"], len(images), template, system),
+            messages=build_messages(row["problem"], len(images), template, system, prompt_template=ptpl,
+                                    n_videos=len(meta.get("videos") or [])),
             images=images,
             answer=str(row["answer"]),
             answer_type=row.get("answer_type", "math"),

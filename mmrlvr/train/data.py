@@ -20,8 +20,13 @@ RUBRIC_SYNTH_TASKS: tuple[str, ...] = ("rubric_count",)
 SYNTH_DATA_SEED = 0
 
 
-def load_split(spec: str, cfg: DataConfig, split: str) -> list[Sample]:
-    """Samples for ``spec``: ``synth:TASK`` (generated in memory) or a dataset path."""
+def load_split(spec: str, cfg: DataConfig, split: str, processor=None, reports: list | None = None) -> list[Sample]:
+    """Samples for ``spec``: ``synth:TASK`` (generated in memory) or a dataset path.
+
+    processor: when given, prompts longer than ``data.max_prompt_length`` are dropped and counted
+    (``mmrlvr.data.length``); reports: a list that receives the load / length reports (their
+    ``metrics()`` are what the trainer logs as ``data/dropped_too_long``).
+    """
     if spec.startswith(SYNTH_PREFIX):
         from mmrlvr.data import rows_to_samples
         from mmrlvr.data.synth import TASKS, make_rows
@@ -35,20 +40,16 @@ def load_split(spec: str, cfg: DataConfig, split: str) -> list[Sample]:
         if task not in TASKS:
             raise UserError(f"data: unknown synthetic task {task!r}; known: {', '.join(TASKS + RUBRIC_SYNTH_TASKS)}")
         rows = make_rows(task, split, n, seed=SYNTH_DATA_SEED, image_size=cfg.image_size)
-        return rows_to_samples(rows, template=cfg.template)
-    from mmrlvr.data import load_samples
+        samples = rows_to_samples(rows, template=cfg.template, system=getattr(cfg, "system_prompt", None),
+                                  prompt_template=getattr(cfg, "prompt_template", None))
+        if processor is not None and getattr(cfg, "max_prompt_length", 0):
+            from mmrlvr.data.from_config import apply_length_limit, effective_options
 
-    samples, report = load_samples(
-        spec, preset=cfg.preset, columns=cfg.columns or None, template=cfg.template,
-        split=cfg.train_split if split == "train" else cfg.eval_split,
-        min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels, on_error=cfg.on_error,
-        factor=cfg.factor, max_image_pixels=cfg.max_image_pixels, image_dir=cfg.image_dir,
-    )
-    if getattr(report, "n_skipped", 0):
-        print(f"data: {spec}: skipped {report.n_skipped} of {report.n_rows} rows (see the load report)")
-    if not samples:
-        raise UserError(f"data: {spec}: no usable rows")
-    return samples
+            samples = apply_length_limit(samples, processor, effective_options(cfg, split), spec, reports)
+        return samples
+    from mmrlvr.data.from_config import load_configured
+
+    return load_configured(spec, cfg, split, processor=processor, reports=reports)
 
 
 class DataOrder:
