@@ -178,9 +178,13 @@ class TestAccuracy:
             AccuracyReward()(r1("3"), sample(None))
 
     def test_unparseable_ground_truth_is_counted_not_raised(self):
-        acc = AccuracyReward()
+        acc = AccuracyReward()  # default on_unparsed_gold="drop": the row leaves the loss, counted
         r = acc(r1("\\frac{1}{2}"), sample("\\frac{"))
-        assert r.score == 0.0 and "ground truth" in r.parsed["error"] and acc.errors == 1
+        assert r.score == 0.0 and r.dropped and "ground truth" in r.parsed["error"] and acc.gold_unparsed == 1
+        assert acc.metrics()["reward/accuracy/gold_unparsed"] == 1.0
+        zero = AccuracyReward(on_unparsed_gold="zero")
+        r = zero(r1("\\frac{1}{2}"), sample("\\frac{"))
+        assert r.score == 0.0 and not r.dropped and "ground truth" in r.parsed["error"] and zero.gold_unparsed == 1
 
     def test_check_scores_a_string_directly(self):
         assert AccuracyReward().check("\\frac{2}{4}", sample("0.5")).score == 1.0

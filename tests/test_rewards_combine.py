@@ -106,8 +106,9 @@ class TestCombinedReward:
     def test_non_finite_scores_are_refused(self):
         BatchProbe.calls.clear()
         total = CombinedReward([RewardSpec("test_batch_probe", 1.0, {"value": float("nan")})])
-        with pytest.raises(ValueError, match="non-finite"):
-            total(r1("3"), count())
+        r = total(r1("3"), count())  # the guard turns a NaN into a scored failure with its reason
+        assert r.score == 0.0 and "non-finite" in r.parsed["test_batch_probe"]["error"]
+        assert total.metrics()["reward/errors"] == 1.0
 
 
 class TestAnswerJudge:

@@ -180,7 +180,7 @@ class TestGroundingReward:
         assert GroundingReward()(r1("[0, 0, 100, 100]"), s).score == pytest.approx(95 * 95 / 10000)
 
     @pytest.mark.parametrize("answer,problem", [
-        ("nowhere", "no_box"), ("[0, 0, 1]", "no_box"), ("[10, 10, 0, 0]", "degenerate_box"),
+        ("nowhere", "no_box"), ("[0, 0, 1]", "box_unparsed"), ("[10, 10, 0, 0]", "degenerate_box"),
         ("[NaN, 0, 10, 10]", "invalid_box"),
     ])
     def test_unusable_boxes_score_zero(self, answer, problem):

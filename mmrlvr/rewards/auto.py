@@ -54,6 +54,15 @@ class AutoAccuracyReward:
             "text": TextReward(**{**common, **(text or {})}),
         }
 
+    def metrics(self) -> dict[str, float]:
+        """The verifiers' own counts (``reward/accuracy/gold_unparsed``, ``reward/grounding/box_unparsed``, ...)."""
+        out: dict[str, float] = {}
+        for verifier in self.verifiers.values():
+            m = getattr(verifier, "metrics", None)
+            if callable(m):
+                out.update(m())
+        return out
+
     def verifier_for(self, sample: Sample) -> str:
         t = sample.answer_type
         if t not in self.verifiers:

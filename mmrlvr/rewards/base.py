@@ -1,4 +1,4 @@
-"""The reward-function contract and its registry.
+"""The reward-function contract, its registry, and the guard every reward runs under.
 
 A reward is a callable ``(completion: Completion, sample: Sample) -> RewardResult``. Rewards with
 parameters are classes: the registry holds *factories*, ``REWARDS.get(name)(**params)`` returns the
@@ -6,14 +6,30 @@ callable. A reward that is cheaper in batches (model judges) may also define
 ``score_batch(completions, samples) -> list[RewardResult]``; ``score_batch`` below uses it when present.
 
 Rewards never see trainer internals; they get the sample's images and metadata through ``Sample``.
+
+The guard (``score_batch``): nothing a policy writes may stop a run. Every call is contained — an
+exception (``RecursionError`` on 1,000 nested brackets, a bug in a plugin reward), a non-finite or
+non-numeric score, a missing result or a call slower than its time budget becomes a scored failure:
+score 0.0, ``parsed["error"]`` saying why, counted in ``guard_metrics(fn)`` (``reward/errors``,
+``reward/over_budget``). A ``DataError`` (the *row* is unusable: no ground truth, an unreadable box)
+drops the row instead (``RewardResult.dropped``, ``reward/dropped``). Only configuration errors
+(``UserError`` that is not a ``DataError``: e.g. a judge criterion without a judge) still raise — they
+are the user's to fix and would otherwise zero every reward silently.
 """
 
 from __future__ import annotations
 
+import math
+import time
+from collections import Counter
 from typing import Any, Callable, Protocol, Sequence
 
+from mmrlvr.errors import DataError, UserError
 from mmrlvr.registry import Registry
 from mmrlvr.types import Completion, RewardResult, Sample
+
+#: default wall-clock budget of one reward call per row (seconds); a reward may set ``time_budget_s``
+DEFAULT_TIME_BUDGET_S = 30.0
 
 
 class RewardFn(Protocol):
@@ -29,11 +45,134 @@ def build_reward(name: str, **params: Any) -> RewardFn:
     return REWARDS.get(name)(**params)
 
 
+_STATS_ATTR = "_mmrlvr_guard_stats"
+
+
+def _stats(fn: Any) -> Counter:
+    stats = getattr(fn, _STATS_ATTR, None)
+    if stats is None:
+        stats = Counter()
+        try:
+            setattr(fn, _STATS_ATTR, stats)
+        except (AttributeError, TypeError):  # a builtin or __slots__ callable: count nowhere
+            pass
+    return stats
+
+
+def guard_metrics(fn: Any, reset: bool = True) -> dict[str, float]:
+    """What the guard counted for ``fn`` since the last reset: ``reward/rows``, ``reward/errors``,
+    ``reward/over_budget``, ``reward/dropped`` (always present, 0.0 when nothing happened)."""
+    stats = getattr(fn, _STATS_ATTR, None) or Counter()
+    out = {f"reward/{k}": float(stats.get(k, 0)) for k in ("rows", "errors", "over_budget", "dropped")}
+    if reset and stats:
+        stats.clear()
+    return out
+
+
+def _failure(error: str, dropped: bool = False) -> RewardResult:
+    parsed: dict[str, Any] = {"error": error, "problems": ["dropped" if dropped else "reward_error"]}
+    if dropped:
+        parsed["dropped_reason"] = error
+    return RewardResult(0.0, {}, parsed, dropped=dropped)
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - an exception whose __str__ fails must not escape either
+        text = "?"
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
+def _checked(result: Any) -> RewardResult:
+    """``result`` if it is a usable RewardResult, else a failure saying what was wrong."""
+    if not isinstance(result, RewardResult):
+        return _failure(f"reward returned {type(result).__name__}, not a RewardResult")
+    try:
+        score = float(result.score)
+    except (TypeError, ValueError):
+        return _failure(f"reward returned a non-numeric score {result.score!r}")
+    if not math.isfinite(score):
+        return _failure(f"reward returned a non-finite score {score}")
+    if not isinstance(result.components, dict) or not isinstance(result.parsed, dict):
+        return _failure("reward returned components/parsed that are not dicts")
+    bad = [k for k, v in result.components.items()
+           if not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v))]
+    if bad:
+        result.components = {k: v for k, v in result.components.items() if k not in bad}
+        result.parsed.setdefault("dropped_components", bad)
+    if result.dropped:
+        result.score = 0.0
+    else:
+        result.score = score
+    return result
+
+
+def _guarded(call: Callable[[], Any], n: int, budget_s: float, stats: Counter) -> tuple[list[RewardResult] | None, str | None]:
+    """Run ``call``; (results, None) or (None, why it failed). Configuration errors re-raise."""
+    t0 = time.perf_counter()
+    try:
+        out = call()
+    except DataError as e:
+        return None, "data:" + _describe(e)
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the point of the guard
+        return None, _describe(e)
+    elapsed = time.perf_counter() - t0
+    if elapsed > budget_s * max(1, n):
+        stats["over_budget"] += n
+        return None, f"over_budget: {elapsed:.1f}s for {n} row(s), budget {budget_s:g}s per row"
+    return out, None
+
+
 def score_batch(fn: RewardFn, completions: Sequence[Completion], samples: Sequence[Sample]) -> list[RewardResult]:
-    """Score a batch, using ``fn.score_batch`` when the reward has one."""
+    """Score a batch under the guard (module docstring), using ``fn.score_batch`` when the reward has one.
+
+    A batch call that fails is retried row by row, so one bad row does not zero its neighbours.
+    Never raises, except ``ValueError`` for mismatched lengths (a caller's bug) and configuration
+    ``UserError``s.
+    """
     if len(completions) != len(samples):
         raise ValueError(f"{len(completions)} completions for {len(samples)} samples")
+    stats = _stats(fn)
+    budget = float(getattr(fn, "time_budget_s", None) or DEFAULT_TIME_BUDGET_S)
+    n = len(completions)
+    stats["rows"] += n
+    results: list[RewardResult | None] = [None] * n
     batch = getattr(fn, "score_batch", None)
-    if batch is not None:
-        return list(batch(list(completions), list(samples)))
-    return [fn(c, s) for c, s in zip(completions, samples)]
+    if batch is not None and n:
+        out, why = _guarded(lambda: list(batch(list(completions), list(samples))), n, budget, stats)
+        if out is not None and len(out) == n:
+            results = [_checked(r) for r in out]
+        elif out is not None:
+            why = f"score_batch returned {len(out)} results for {n} rows"
+        if why is not None and n == 1:
+            results = [_failure(why[5:], dropped=True) if why.startswith("data:") else _failure(why)]
+        elif why is not None and not why.startswith("over_budget"):
+            for i in range(n):  # one row at a time: a row that fails alone is the bad one
+                one, why_i = _guarded(lambda i=i: list(batch([completions[i]], [samples[i]])), 1, budget, stats)
+                if one is not None and len(one) == 1:
+                    results[i] = _checked(one[0])
+                elif why_i is not None and why_i.startswith("data:"):
+                    results[i] = _failure(why_i[5:], dropped=True)
+                else:
+                    results[i] = _failure(why_i or f"score_batch returned {len(one or [])} results for 1 row")
+        elif why is not None:
+            results = [_failure(why) for _ in range(n)]
+    else:
+        for i, (c, s) in enumerate(zip(completions, samples)):
+            one, why = _guarded(lambda c=c, s=s: [fn(c, s)], 1, budget, stats)
+            if one is not None:
+                results[i] = _checked(one[0])
+            elif why.startswith("data:"):
+                results[i] = _failure(why[5:], dropped=True)
+            else:
+                results[i] = _failure(why)
+    final: list[RewardResult] = [r if r is not None else _failure("no result") for r in results]
+    for r in final:
+        if r.dropped:
+            stats["dropped"] += 1
+        elif r.parsed.get("problems") and "reward_error" in r.parsed["problems"]:
+            stats["errors"] += 1
+    return final

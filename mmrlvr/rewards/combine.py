@@ -5,6 +5,9 @@
 "auto_accuracy/iou": …}, parsed = {"format": {...}, "auto_accuracy": {...}})``: each reward's own score
 under its label, its sub-components as ``label/sub``, its parsed fields under its label. Component values
 are the rewards' *unweighted* scores, so ``reward/<name>`` in the metrics reads on the reward's own scale.
+Every component runs under the guard of ``mmrlvr.rewards.base.score_batch`` (a failing component scores 0
+with its reason, never raises); a row that any component drops (``RewardResult.dropped``: its ground truth
+does not parse) is dropped as a whole. ``metrics()`` returns the guard's counts of the last batches.
 
 ``answer_judge(completion, sample) -> (correct, formatted)`` is the pass/fail judge for
 ``mmrlvr.evaluation.evaluate(judge=...)``: correct by the verifier for ``sample.answer_type`` (boxes:
@@ -20,7 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 from mmrlvr.errors import UserError
 from mmrlvr.registry import RegistryError
 from mmrlvr.rewards.auto import AutoAccuracyReward
-from mmrlvr.rewards.base import RewardFn, build_reward, score_batch
+from mmrlvr.rewards.base import RewardFn, build_reward, guard_metrics, score_batch
 from mmrlvr.rewards.common import completion_text
 from mmrlvr.rewards.format import FormatReward
 from mmrlvr.rewards.parsing import locate_answer
@@ -102,25 +105,47 @@ class CombinedReward:
         return {label: spec.weight for label, spec in zip(self.labels, self.specs)}
 
     def _combine(self, results: Sequence[RewardResult]) -> RewardResult:
-        total, components, parsed = 0.0, {}, {}
+        total, components, parsed, dropped = 0.0, {}, {}, []
         for label, spec, r in zip(self.labels, self.specs, results):
             score = float(r.score)
-            if not math.isfinite(score):
-                raise ValueError(f"reward {label!r} returned a non-finite score {score}")
+            if not math.isfinite(score):  # score_batch's guard already turned these into failures
+                score = 0.0
             total += spec.weight * score
             components[label] = score
             for sub, value in r.components.items():
                 components[f"{label}/{sub}"] = float(value)
             parsed[label] = r.parsed
+            if r.dropped:
+                dropped.append(label)
+        if dropped:
+            parsed["dropped_by"] = dropped
+            return RewardResult(0.0, components, parsed, dropped=True)
         return RewardResult(total, components, parsed)
 
     def __call__(self, completion: Completion | str, sample: Sample) -> RewardResult:
-        return self._combine([fn(completion, sample) for fn in self.fns])
+        return self.score_batch([completion], [sample])[0]  # type: ignore[list-item]
 
     def score_batch(self, completions: Sequence[Completion], samples: Sequence[Sample]) -> list[RewardResult]:
         """Score a batch; rewards with a batch form (model judges) get the whole batch at once."""
         per_reward = [score_batch(fn, completions, samples) for fn in self.fns]  # [R][B]
-        return [self._combine([rs[b] for rs in per_reward]) for b in range(len(completions))]
+        results = [self._combine([rs[b] for rs in per_reward]) for b in range(len(completions))]
+        self._last_dropped = sum(r.dropped for r in results)
+        return results
+
+    def metrics(self) -> dict[str, float]:
+        """The guard's counts since the last call, summed over the components (``reward/errors``,
+        ``reward/over_budget``, ``reward/dropped`` — rows any component dropped) and per component
+        (``reward/<label>/errors``, ...). Components' own ``metrics()`` are not repeated here."""
+        out: dict[str, float] = {"reward/errors": 0.0, "reward/over_budget": 0.0,
+                                 "reward/dropped": float(getattr(self, "_last_dropped", 0))}
+        for label, fn in zip(self.labels, self.fns):
+            m = guard_metrics(fn)
+            out["reward/errors"] += m["reward/errors"]
+            out["reward/over_budget"] += m["reward/over_budget"]
+            for key in ("errors", "over_budget", "dropped"):
+                out[f"reward/{label}/{key}"] = m[f"reward/{key}"]
+        self._last_dropped = 0
+        return out
 
 
 def make_answer_judge(template: str = "r1", think_prefilled: bool = False, iou_threshold: float = 0.5,

@@ -63,27 +63,42 @@ class AnswerReward(ABC):
     template: "r1" (``<think>…</think><answer>…</answer>``) or "boxed" (final ``\\boxed{}``).
     think_prefilled: the prompt already opened ``<think>`` (Qwen3-style templates).
     max_answer_chars: longer answers score 0 ("too_long") — an essay in the answer block is not an answer.
+    max_response_chars: longer responses score 0 ("response_too_long") *before* any parsing, so no parser
+        ever sees more than this many characters (default 200,000: ~50k tokens; a 1 MB response costs
+        nothing).
     """
 
     name = "answer"
     default_max_answer_chars = 512
+    default_max_response_chars = 200_000
+    hardened = True  # the injection guard below; the accuracy reward's math_verify mode turns it off
 
-    def __init__(self, template: str = "r1", think_prefilled: bool = False, max_answer_chars: int | None = None) -> None:
+    def __init__(self, template: str = "r1", think_prefilled: bool = False, max_answer_chars: int | None = None,
+                 max_response_chars: int | None = None) -> None:
         if template not in TEMPLATES:
             raise ValueError(f"{self.name}: unknown template {template!r}; known: {', '.join(TEMPLATES)}")
         self.template = template
         self.think_prefilled = bool(think_prefilled)
         self.max_answer_chars = int(max_answer_chars or self.default_max_answer_chars)
+        self.max_response_chars = int(max_response_chars or self.default_max_response_chars)
+        if self.max_answer_chars < 1 or self.max_response_chars < 1:
+            raise ValueError(f"{self.name}: max_answer_chars and max_response_chars must be >= 1")
 
     def __call__(self, completion: Completion | str, sample: Sample) -> RewardResult:
-        answer, problems = locate_answer(completion_text(completion), self.template, self.think_prefilled)
+        text = completion_text(completion)
+        if not isinstance(text, str):
+            raise TypeError(f"{self.name}: a completion's text must be a string, got {type(text).__name__}")
+        if len(text) > self.max_response_chars:
+            require_answer(sample, self.name)
+            return zero(["response_too_long"], answer=None, length=len(text))
+        answer, problems = locate_answer(text, self.template, self.think_prefilled)
         if answer is None:
             require_answer(sample, self.name)  # a missing gold is an error even when the response is bad
             return zero(problems, answer=None)
         if len(answer) > self.max_answer_chars:
             require_answer(sample, self.name)
             return zero(problems + ["too_long"], answer=answer[:200] + "…")
-        if addresses_the_grader(answer):
+        if self.hardened and addresses_the_grader(answer):
             require_answer(sample, self.name)
             return zero(problems + ["injection"], answer=answer)
         result = self.check(answer, sample)

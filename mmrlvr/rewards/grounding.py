@@ -3,14 +3,19 @@
 Boxes are read from the final answer (template "r1": the ``<answer>`` block; "raw": the text after the
 thinking) in any of these forms:
 - JSON / Python literals: ``[x1, y1, x2, y2]``, ``[[…], […]]``, ``{"bbox_2d": […], "label": "cat"}`` (also
-  ``bbox``, ``box_2d``, ``box`` keys, or ``x1/y1/x2/y2`` keys), lists of those, inside ```json fences or not;
+  ``bbox``, ``box_2d``, ``box`` keys, Visual-RFT's ``{'Position': […], 'Confidence': 0.9}``, or
+  ``x1/y1/x2/y2`` keys), lists of those, inside ```json fences or not;
 - Qwen text: ``<|box_start|>(x1,y1),(x2,y2)<|box_end|>`` — also bare ``(x1,y1),(x2,y2)``, since decoding
   with special tokens skipped drops the markers.
 
-Coordinate frames (``coord_format`` of the predictions, ``target_format`` of the ground truth):
-- "abs": pixels of the image the model saw — Qwen2.5-VL;
-- "norm1000": 0–1000 of that image's width/height — Qwen2-VL and Qwen3-VL;
-- "norm1": 0–1 fractions.
+Coordinate frames (``coords``, or ``coord_format``, of the predictions; ``target_format`` of the ground truth):
+- "absolute" (= "abs"): pixels of the image the model saw — Qwen2.5-VL;
+- "normalized_1000" (= "norm1000"): 0–1000 of that image's width/height — Qwen2-VL and Qwen3-VL;
+- "normalized_1" (= "norm1"): 0–1 fractions.
+
+A response whose answer holds something box-like that is not a box (three numbers, one corner, NaN)
+scores 0 with ``problems: ["box_unparsed"]`` and ``parsed["box_error"]`` saying what was wrong; with no
+box-like text at all, ``"no_box"``. Both are counted (``metrics()``): never silently "no box".
 
 Sample metadata keys (all optional):
 - ``meta["resized_size"] = [w, h]``: size of the image the model saw (default: ``sample.images[0].size``);
@@ -44,8 +49,11 @@ from mmrlvr.types import RewardResult, Sample
 
 Box = tuple[float, float, float, float]  # x1, y1, x2, y2
 COORD_FORMATS = ("abs", "norm1000", "norm1")
+#: the names ``grounding.coords`` uses, as the frames above
+COORD_ALIASES = {"absolute": "abs", "normalized_1000": "norm1000", "normalized_1": "norm1",
+                 "abs": "abs", "norm1000": "norm1000", "norm1": "norm1"}
 MATCHINGS = ("hungarian", "greedy")
-_BOX_KEYS = ("bbox_2d", "bbox", "box_2d", "box")
+_BOX_KEYS = ("bbox_2d", "bbox", "box_2d", "box", "Position", "position", "bounding_box")
 _MAX_LITERAL_CHARS = 20_000
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
 _QWEN_BOX_RE = re.compile(rf"\(\s*({_NUM})\s*,\s*({_NUM})\s*\)\s*,?\s*\(\s*({_NUM})\s*,\s*({_NUM})\s*\)")
@@ -90,7 +98,7 @@ def _literal(text: str) -> Any:
         pass
     try:
         return ast.literal_eval(text)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+    except Exception:  # noqa: BLE001 - SyntaxError, RecursionError, MemoryError on hostile nesting: not a literal
         return None
 
 
@@ -135,6 +143,32 @@ def parse_boxes(text: str) -> list[Box]:
     if not boxes:
         boxes = [tuple(float(g) for g in m.groups()) for m in _QWEN_BOX_RE.finditer(body)]  # type: ignore[misc]
     return boxes
+
+
+_BOXLIKE_RE = re.compile(r"<\|box_start\|>|bbox|box_2d|position|[\[(]\s*[-+]?(?:\d|\.\d|nan|inf)", re.IGNORECASE)
+_NUMBER_LIST_RE = re.compile(r"\[([^\[\]]{0,400})\]")
+
+
+def why_no_box(text: str) -> tuple[str, str]:
+    """(problem, reason) for a text ``parse_boxes`` found no box in: ``"no_box"`` when nothing in it looks
+    like a box, else ``"box_unparsed"`` with what was wrong.
+
+    >>> why_no_box("the cat on the left")
+    ('no_box', 'no box-like text')
+    >>> why_no_box("[10, 20, 30]")
+    ('box_unparsed', 'a list of 3 numbers (a box is [x1, y1, x2, y2])')
+    """
+    if not _BOXLIKE_RE.search(text):
+        return "no_box", "no box-like text"
+    for m in _NUMBER_LIST_RE.finditer(text):
+        items = [x.strip() for x in m.group(1).split(",") if x.strip()]
+        if items and all(re.fullmatch(_NUM + r"|(?i:nan|-?inf(?:inity)?)", x) for x in items) and len(items) != 4:
+            return "box_unparsed", f"a list of {len(items)} numbers (a box is [x1, y1, x2, y2])"
+    if "<|box_start|>" in text:
+        return "box_unparsed", "box tokens without two (x, y) corners"
+    if re.search(r"(?i)\bnan\b|\binf", text):
+        return "box_unparsed", "a box with non-finite coordinates"
+    return "box_unparsed", "box-like text that is not a box, a JSON/Python list of boxes or two (x, y) corners"
 
 
 def box_area(b: Box) -> float:
@@ -250,8 +284,9 @@ def to_frame(boxes: Sequence[Box], fmt: str, seen: tuple[float, float] | None,
     >>> to_frame([(10, 10, 20, 20)], "abs", (100, 100), (200, 300))  # resized 100x100 -> original 200x300
     [(20.0, 30.0, 40.0, 60.0)]
     """
+    fmt = COORD_ALIASES.get(fmt, fmt)
     if fmt not in COORD_FORMATS:
-        raise ValueError(f"unknown coordinate format {fmt!r}; known: {', '.join(COORD_FORMATS)}")
+        raise ValueError(f"unknown coordinate format {fmt!r}; known: {', '.join(COORD_ALIASES)}")
     if fmt == "abs":
         if seen is None or target is None:
             return list(boxes)
@@ -275,8 +310,9 @@ def _clip(b: Box, frame: tuple[float, float] | None) -> Box:
 class GroundingReward(AnswerReward):
     """Box IoU reward.
 
-    Parameters: ``coord_format`` ("abs" | "norm1000" | "norm1", predictions), ``target_format`` (same, ground
-    truth; default "abs"), ``matching`` ("hungarian" | "greedy"), ``threshold`` (None = score is the IoU;
+    Parameters: ``coords`` ("absolute" | "normalized_1000" | "normalized_1": the frame of predicted boxes;
+    the same as ``coord_format``, which also takes "abs" | "norm1000" | "norm1"), ``target_format`` (same
+    names, ground truth; default "abs"), ``matching`` ("hungarian" | "greedy"), ``threshold`` (None = score is the IoU;
     a number = 1 per match with IoU ≥ threshold), ``max_area_fraction`` (None disables the guard),
     ``max_boxes`` (more predicted boxes score 0), ``template`` ("r1" | "raw" | "boxed"), ``think_prefilled``.
     ``components``: ``iou``. ``parsed``: boxes (ground-truth frame), image_boxes (pixels of the image the
@@ -297,12 +333,16 @@ class GroundingReward(AnswerReward):
 
     def __init__(self, coord_format: str = "abs", target_format: str = "abs", matching: str = "hungarian",
                  threshold: float | None = None, max_area_fraction: float | None = 0.8, max_boxes: int = 32,
-                 template: str = "r1", think_prefilled: bool = False, max_answer_chars: int | None = None) -> None:
-        super().__init__(template, think_prefilled, max_answer_chars)
-        for label, v, known in (("coord_format", coord_format, COORD_FORMATS),
-                                ("target_format", target_format, COORD_FORMATS), ("matching", matching, MATCHINGS)):
+                 template: str = "r1", think_prefilled: bool = False, max_answer_chars: int | None = None,
+                 coords: str | None = None, max_response_chars: int | None = None) -> None:
+        super().__init__(template, think_prefilled, max_answer_chars, max_response_chars)
+        if coords is not None:
+            coord_format = coords
+        for label, v, known in (("coords" if coords is not None else "coord_format", coord_format, tuple(COORD_ALIASES)),
+                                ("target_format", target_format, tuple(COORD_ALIASES)), ("matching", matching, MATCHINGS)):
             if v not in known:
                 raise ValueError(f"grounding: unknown {label} {v!r}; known: {', '.join(known)}")
+        coord_format, target_format = COORD_ALIASES[coord_format], COORD_ALIASES[target_format]
         if threshold is not None and not 0 < float(threshold) <= 1:
             raise ValueError(f"grounding: threshold must be in (0, 1], got {threshold!r}")
         if max_area_fraction is not None and not 0 < float(max_area_fraction) <= 1:
@@ -311,6 +351,13 @@ class GroundingReward(AnswerReward):
         self.threshold = None if threshold is None else float(threshold)
         self.max_area_fraction = None if max_area_fraction is None else float(max_area_fraction)
         self.max_boxes = int(max_boxes)
+        self._counts = {"no_box": 0, "box_unparsed": 0}
+
+    def metrics(self) -> dict[str, float]:
+        """Responses with no box and with box-like text that did not parse, since the last call."""
+        out = {f"reward/{self.name}/{k}": float(v) for k, v in self._counts.items()}
+        self._counts = {k: 0 for k in self._counts}
+        return out
 
     def target_boxes(self, sample: Sample) -> list[Box]:
         """Ground-truth boxes of ``sample`` in its own frame (``orig_size``); a data error if there are none."""
@@ -332,7 +379,10 @@ class GroundingReward(AnswerReward):
                                   "target_image_boxes": [list(b) for b in to_frame(gold, "abs", target, seen)],
                                   "matches": [], "problems": problems}
         if not raw:
-            problems.append("no_box")
+            problem, why = why_no_box(answer)
+            problems.append(problem)
+            parsed["box_error"] = why
+            self._counts[problem] += 1
             return RewardResult(0.0, {"iou": 0.0}, parsed)
         if len(raw) > self.max_boxes:
             problems.append("too_many_boxes")

@@ -33,6 +33,27 @@ from typing import Any
 ISOLATIONS = ("auto", "inline", "process")
 
 
+@dataclass(frozen=True)
+class MathOptions:
+    """math-verify's own comparison options, passed through unchanged (see ``math_verify.verify``).
+
+    float_rounding: decimals floats are rounded to (math-verify default 6).
+    numeric_precision: significant digits of numeric evaluation (default 15).
+    strict: variables must match and sets are not tuples (default True); False matches variables by
+        position and lets ``{1, 2}`` equal ``(1, 2)``.
+    allow_set_relation_comp: compare a set with a relation (``(1, 2)`` vs ``1 < x < 2``) even when the
+        prediction is not a set (default False).
+    anchor: wrap a string without a math environment in ``\\boxed{}`` before ``parse`` (``wrap_for_parse``);
+        False hands ``parse`` the raw string, as math-verify's README does with whole model outputs.
+    """
+
+    float_rounding: int = 6
+    numeric_precision: int = 15
+    strict: bool = True
+    allow_set_relation_comp: bool = False
+    anchor: bool = True
+
+
 @dataclass
 class MathVerdict:
     """equal: math-verify judged them equivalent. error: why the check failed (timeout, exception), else None.
@@ -74,7 +95,7 @@ def wrap_for_parse(s: str) -> str:
     return "\\boxed{" + s + "}"
 
 
-_GOLD_CACHE: dict[tuple[str, int], list[Any]] = {}
+_GOLD_CACHE: dict[tuple[str, bool], list[Any]] = {}
 _GOLD_CACHE_MAX = 4096
 
 
@@ -82,27 +103,37 @@ def _is_math(parsed: list[Any]) -> bool:
     return any(not isinstance(x, str) for x in parsed)
 
 
-def compare_inline(pred: str, gold: str, timeout_s: int = 5, float_rounding: int = 6) -> MathVerdict:
-    """math-verify in this thread, with its signal timeouts (main thread only). Never raises."""
+def compare_inline(pred: str, gold: str, timeout_s: int = 5, float_rounding: int = 6,
+                   options: MathOptions | None = None) -> MathVerdict:
+    """math-verify in this thread, with its signal timeouts (main thread only). Never raises.
+
+    ``verify(parse(gold), parse(pred), **options)``, exactly as math-verify's README calls it (strings are
+    anchored first unless ``options.anchor`` is False). ``float_rounding`` is kept for old callers; a
+    given ``options`` wins.
+    """
+    opts = options if options is not None else MathOptions(float_rounding=float_rounding)
+    prep = wrap_for_parse if opts.anchor else (lambda x: x)
     try:
         from math_verify import parse, verify
         from math_verify.errors import TimeoutException
     except ImportError as e:  # pragma: no cover - math-verify is a core dependency
         return MathVerdict(False, f"math-verify not importable: {e}")
     try:
-        key = (gold, float_rounding)
+        key = (gold, opts.anchor)
         g = _GOLD_CACHE.get(key)
         if g is None:
-            g = parse(wrap_for_parse(gold), parsing_timeout=timeout_s, raise_on_error=True)
+            g = parse(prep(gold), parsing_timeout=timeout_s, raise_on_error=True)
             if len(_GOLD_CACHE) >= _GOLD_CACHE_MAX:
                 _GOLD_CACHE.clear()
             _GOLD_CACHE[key] = g
-        p = parse(wrap_for_parse(pred), parsing_timeout=timeout_s, raise_on_error=True)
+        p = parse(prep(pred), parsing_timeout=timeout_s, raise_on_error=True)
         verdict = MathVerdict(False, None, _is_math(g), _is_math(p))
         if not g or not p:
             return verdict
         verdict.equal = bool(
-            verify(g, p, float_rounding=float_rounding, timeout_seconds=timeout_s, raise_on_error=True)
+            verify(g, p, float_rounding=opts.float_rounding, numeric_precision=opts.numeric_precision,
+                   strict=opts.strict, allow_set_relation_comp=opts.allow_set_relation_comp,
+                   timeout_seconds=timeout_s, raise_on_error=True)
         )
         return verdict
     except TimeoutException:
@@ -143,12 +174,15 @@ class _Worker:
             self._proc.wait()
         self._proc = None
 
-    def compare(self, pred: str, gold: str, timeout_s: int, float_rounding: int, deadline_s: float) -> MathVerdict:
+    def compare(self, pred: str, gold: str, timeout_s: int, float_rounding: int, deadline_s: float,
+                options: MathOptions | None = None) -> MathVerdict:
         with self._lock:
             if self._proc is None or self._proc.poll() is not None:
                 self._start()
             assert self._proc is not None and self._proc.stdin is not None
-            request = {"pred": pred, "gold": gold, "timeout_s": timeout_s, "float_rounding": float_rounding}
+            opts = options if options is not None else MathOptions(float_rounding=float_rounding)
+            request = {"pred": pred, "gold": gold, "timeout_s": timeout_s, "float_rounding": float_rounding,
+                       "options": opts.__dict__}
             try:
                 self._proc.stdin.write(json.dumps(request) + "\n")
                 self._proc.stdin.flush()
@@ -173,11 +207,13 @@ _WORKER = _Worker()
 atexit.register(_WORKER.kill)
 
 
-def math_equal(pred: str, gold: str, timeout_s: int = 5, isolation: str = "auto", float_rounding: int = 6) -> MathVerdict:
+def math_equal(pred: str, gold: str, timeout_s: int = 5, isolation: str = "auto", float_rounding: int = 6,
+               options: MathOptions | None = None) -> MathVerdict:
     """Is ``pred`` mathematically equivalent to ``gold``? Safe on any thread; never raises.
 
     ``timeout_s`` bounds each math-verify parse and comparison (whole seconds: ``signal.alarm``).
     ``isolation``: "auto" (inline on the main thread, worker process elsewhere), "inline", "process".
+    ``options``: math-verify's comparison options (``MathOptions``); default: its defaults with ``float_rounding``.
 
     >>> math_equal("0.5", "\\\\frac{1}{2}").equal
     True
@@ -193,9 +229,9 @@ def math_equal(pred: str, gold: str, timeout_s: int = 5, isolation: str = "auto"
     if isolation == "inline" or (isolation == "auto" and on_main):
         if not on_main:
             return MathVerdict(False, "isolation='inline' needs the main thread (math-verify uses signal.alarm)")
-        return compare_inline(pred, gold, timeout_s, float_rounding)
+        return compare_inline(pred, gold, timeout_s, float_rounding, options)
     # gold parse + pred parse + comparison each get timeout_s inside the worker; allow start-up on top
-    return _WORKER.compare(pred, gold, timeout_s, float_rounding, deadline_s=3 * timeout_s + 10)
+    return _WORKER.compare(pred, gold, timeout_s, float_rounding, deadline_s=3 * timeout_s + 10, options=options)
 
 
 def _serve() -> None:
@@ -203,7 +239,9 @@ def _serve() -> None:
     for line in sys.stdin:
         try:
             req = json.loads(line)
-            v = compare_inline(str(req["pred"]), str(req["gold"]), int(req["timeout_s"]), int(req["float_rounding"]))
+            opts = MathOptions(**req["options"]) if req.get("options") else None
+            v = compare_inline(str(req["pred"]), str(req["gold"]), int(req["timeout_s"]), int(req["float_rounding"]),
+                               opts)
         except Exception as e:  # noqa: BLE001
             v = MathVerdict(False, f"bad request: {e}")
         sys.stdout.write(json.dumps(v.__dict__) + "\n")

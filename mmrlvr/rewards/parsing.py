@@ -187,40 +187,59 @@ def split_think_answer(text: str, think_prefilled: bool = False) -> ParsedRespon
 
 
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BRACE_RE = re.compile(r"\\[{}]|[{}]")
+_WS_RE = re.compile(r"\s*")
 
 
 def extract_boxed(text: str) -> list[str]:
-    """Contents of every ``\\boxed{…}`` (and ``\\fbox{…}``) in order, with balanced braces.
+    """Contents of every outermost ``\\boxed{…}`` (and ``\\fbox{…}``) in order, with balanced braces.
 
-    An unclosed ``\\boxed{`` is skipped: it has no content to trust.
+    A box nested inside another box is part of that box's content, not a second answer; a box whose whole
+    content is one box is unwrapped (``\\boxed{\\boxed{2}}`` states one answer, 2). An unclosed
+    ``\\boxed{`` is skipped: it has no content to trust. Linear time in ``len(text)`` at any nesting depth
+    (a list of every nested box's content would be quadratic: 5,000 nested boxes cost seconds).
 
     >>> extract_boxed(r"so \\boxed{\\frac{1}{2}} and \\boxed{3}")
     ['\\\\frac{1}{2}', '3']
     >>> extract_boxed(r"\\boxed{unclosed")
     []
+    >>> extract_boxed(r"\\boxed{ \\boxed{2} }")
+    ['2']
     """
     starts = [m.end() - 1 for m in _BOXED_RE.finditer(text)]  # index of each box's "{"
     if not starts:
         return []
     closing = _matching_braces(text)
-    return [text[i + 1 : closing[i]].strip() for i in starts if i in closing]
+    out: list[str] = []
+    outer_end = -1
+    for i in starts:
+        if i <= outer_end or i not in closing:
+            continue  # inside a closed box already taken, or never closed
+        j = outer_end = closing[i]
+        while True:  # unwrap \boxed{\boxed{…}}: content that is exactly one closed box
+            k = _WS_RE.match(text, i + 1).end()
+            m = _BOXED_RE.match(text, k)
+            if m is None:
+                break
+            inner = m.end() - 1
+            end = closing.get(inner)
+            if end is None or text[end + 1 : j].strip():
+                break
+            i, j = inner, end
+        out.append(text[i + 1 : j].strip())
+    return out
 
 
 def _matching_braces(text: str) -> dict[int, int]:
-    """Index of each "{" -> its matching "}" in one pass (escaped \\{ \\} do not count)."""
+    """Index of each "{" -> its matching "}" in one linear pass (escaped \\{ \\} do not count)."""
     stack: list[int] = []
     match: dict[int, int] = {}
-    i = 0
-    while i < len(text):
-        c = text[i]
-        if c == "\\" and i + 1 < len(text) and text[i + 1] in "{}":
-            i += 2
-            continue
+    for m in _BRACE_RE.finditer(text):
+        c = m.group()
         if c == "{":
-            stack.append(i)
+            stack.append(m.start())
         elif c == "}" and stack:
-            match[stack.pop()] = i
-        i += 1
+            match[stack.pop()] = m.start()
     return match
 
 
@@ -289,28 +308,36 @@ _LEAD_IN_RE = re.compile(
     re.IGNORECASE,
 )
 _TEXT_CMD_RE = re.compile(r"\\(?:text|textbf|mathrm|mathbf|textit|operatorname)\s*\{([^{}]*)\}")
-_ARTICLE_RE = re.compile(r"^(?:a|an|the)\s+(?=\S)", re.IGNORECASE)
-_THOUSANDS_RE = re.compile(r"(?<![\d.])(\d{1,3}(?:,\d{3})+)(?![\d,])")
+_ARTICLE_RE = re.compile(r"^(?:a|an|the)\s+(?=[A-Za-z]{2})", re.IGNORECASE)  # "a + b" keeps its a
+# Thousands separators: "1,000", "12,345,678"; never "0,125" (a decimal comma: 0.125, not 125).
+_THOUSANDS_RE = re.compile(r"(?<![\d.])([1-9]\d{0,2}(?:,\d{3})+)(?![\d,])")
+
+
+_MAX_LEAD_INS = 8
 
 
 def strip_lead_in(s: str) -> str:
     """Remove phrases such as "The answer is", "Answer:", "option", "So the final answer is".
 
+    At most ``_MAX_LEAD_INS`` stacked lead-ins are removed: each removal copies the string, and a hostile
+    answer repeating "answer:" 100,000 times would otherwise cost quadratic time.
+
     >>> strip_lead_in("The answer is C.")
     'C.'
     """
-    prev = None
-    while prev != s:
+    for _ in range(_MAX_LEAD_INS):
         prev, s = s, _LEAD_IN_RE.sub("", s, count=1)
+        if s == prev:
+            break
     return s.strip()
 
 
-def normalize_answer(s: str | None) -> str:
+def normalize_answer(s: str | None, lower: bool = True) -> str:
     """Canonical text for exact-match comparison of short answers.
 
     Lower-cases; removes lead-ins ("The answer is"), math delimiters ($…$, \\(…\\)), ``\\text{}`` wrappers,
     a leading article, surrounding quotes/brackets of a lone word, trailing punctuation, thousands separators;
-    collapses whitespace. Numbers are not re-formatted ("3.0" stays "3.0": numeric comparison is the
+    collapses whitespace (``lower=False`` keeps the case: ``X`` and ``x`` differ in math). Numbers are not re-formatted ("3.0" stays "3.0": numeric comparison is the
     ``numeric`` reward's job).
 
     >>> normalize_answer("  The answer is: **Red**. ")
@@ -340,8 +367,8 @@ def normalize_answer(s: str | None) -> str:
             s = s[1:-1].strip()
     s = _THOUSANDS_RE.sub(lambda m: m.group(1).replace(",", ""), s)
     s = _ARTICLE_RE.sub("", s)
-    s = re.sub(r"\s+", " ", s).strip().lower()
-    return s
+    s = re.sub(r"\s+", " ", s).strip()
+    return s.lower() if lower else s
 
 
 _UNSIGNED = r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
@@ -353,13 +380,31 @@ _LATEX_FRAC_RE = re.compile(r"\\[dt]?frac\s*\{\s*([^{}]+?)\s*\}\s*\{\s*([^{}]+?)
 _LATEX_FRAC_SHORT_RE = re.compile(r"\\[dt]?frac\s*(\d)(\d)")
 
 
+# A currency sign before the number (plain, LaTeX-escaped, or a LaTeX command): "$12", "\\$12", "€5".
+_CURRENCY_RE = re.compile(r"^([-+]?)\s*(?:\\\$|\$|€|£|¥|₹|\\euro\b|\\pounds\b|\\yen\b|\\textdollar\b)\s*")
+
+
+def _frac_sub(replacement: str):
+    """A \\frac right after a digit is the fraction part of a mixed number: 1\\frac{1}{2} = 1 1/2, not 11/2."""
+
+    def sub(m: re.Match[str]) -> str:
+        lead = " " if m.start() > 0 and m.string[m.start() - 1].isdigit() else ""
+        return lead + m.expand(replacement)
+
+    return sub
+
+
 def _canonical_number_text(s: str) -> str:
-    s = s.strip().strip("$").strip()
-    s = s.replace("−", "-").replace("\\left", "").replace("\\right", "")
-    s = re.sub(r"\\[,!;: ]", "", s)  # LaTeX thin spaces
+    s = s.strip()
+    if len(s) >= 2 and s[0] == "$" and s[-1] == "$" and s[-2] != "\\":
+        s = s[1:-1].strip()  # math delimiters (an escaped \\$ at the end is a currency sign)
+    s = s.replace("−", "-").replace("\\left", "").replace("\\right", "").replace("{,}", ",")
+    s = _CURRENCY_RE.sub(r"\1", s).strip()
+    s = s.strip("$").strip()
+    s = re.sub(r"\\[,!;: ]", "", s)  # LaTeX thin spaces (also thousands separators: 1\\,000)
     s = _THOUSANDS_RE.sub(lambda m: m.group(1).replace(",", ""), s)
-    s = _LATEX_FRAC_SHORT_RE.sub(r"\1/\2", s)
-    s = _LATEX_FRAC_RE.sub(r"(\1)/(\2)", s)
+    s = _LATEX_FRAC_SHORT_RE.sub(_frac_sub(r"\1/\2"), s)
+    s = _LATEX_FRAC_RE.sub(_frac_sub(r"(\1)/(\2)"), s)
     s = re.sub(r"\((" + _NUM + r")\)", r"\1", s)  # (3)/(4) -> 3/4
     return s.strip()
 
@@ -367,12 +412,15 @@ def _canonical_number_text(s: str) -> str:
 def parse_number(s: str | None) -> float | None:
     """The number a short string states, or None unless the whole string is one number.
 
-    Accepts integers, decimals, scientific notation, thousands separators, ``a/b``, ``\\frac{a}{b}``,
-    mixed numbers ``1 1/2`` and ``$…$`` delimiters. Units are not stripped here (see
+    Accepts integers, decimals, scientific notation, thousands separators (``1,000``, ``1{,}000``,
+    ``1\\,000``; ``0,125`` is not one), ``a/b``, ``\\frac{a}{b}``, mixed numbers ``1 1/2`` and
+    ``1\\frac{1}{2}``, a leading currency sign (``$``, ``\\$``, ``€``, ``£``) and ``$…$`` delimiters. Units are not stripped here (see
     ``split_number_unit``).
 
     >>> parse_number("-3.5"), parse_number("\\\\frac{3}{4}"), parse_number("1,000"), parse_number("1 1/2")
     (-3.5, 0.75, 1000.0, 1.5)
+    >>> parse_number("1\\\\frac{1}{2}"), parse_number("\\\\$1{,}000"), parse_number("0,125") is None
+    (1.5, 1000.0, True)
     >>> parse_number("2 or 3") is None
     True
     """
