@@ -93,9 +93,14 @@ def test_lora_reference_is_the_adapter_disabled_model(tiny_dir, tmp_path):
 
 
 def _final_params(run_dir: Path) -> dict[str, torch.Tensor]:
+    """Weights of the newest checkpoint, read with safetensors alone (full model or peft adapter)."""
+    from safetensors.torch import load_file
+
     from mmrlvr.train.checkpoint import list_checkpoints
 
-    return torch.load(list_checkpoints(run_dir)[-1] / "trainable.pt")
+    newest = list_checkpoints(run_dir)[-1]
+    name = "adapter_model.safetensors" if (newest / "adapter_config.json").exists() else "model.safetensors"
+    return load_file(newest / name)
 
 
 def _write_cfg(path: Path, data: dict) -> Path:

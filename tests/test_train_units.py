@@ -64,7 +64,9 @@ def test_checkpoint_round_trip_and_pruning(tmp_path):
         save_checkpoint(tmp_path, step, model, opt, sched, {"note": "x"}, keep=2)
     found = list_checkpoints(tmp_path)
     assert [p.name for p in found] == ["step-00000002", "step-00000003"]
-    saved = torch.load(found[-1] / "trainable.pt")
+    from safetensors.torch import load_file
+
+    saved = load_file(found[-1] / "trainable.safetensors")
     assert "0.weight" not in saved and "1.weight" in saved
     model2, opt2, sched2 = _tiny_training_state()
     with torch.no_grad():
