@@ -138,3 +138,81 @@ def entropy_from_logits(logits: torch.Tensor, *, temperature: float = 1.0,
     """
     _check(chunk_size, temperature)
     return _Entropy.apply(logits, float(temperature), int(chunk_size))
+
+
+class _LinearTokenLogProb(torch.autograd.Function):
+    """log softmax((hidden @ W^T) / T)[ids] chunked over positions; logits exist one chunk at a time.
+
+    The fused linear + log-softmax + gather of Liger-Kernel's ``LigerFusedLinearCrossEntropy`` (Hsu et
+    al. 2024, arXiv:2410.10989), in pure torch: the forward saves only ``hidden`` and ``weight`` (no
+    [N, L, V] tensor), the backward recomputes each chunk's logits and turns dL/dlogits =
+    (onehot(ids) - softmax) * grad / T into dL/dhidden (chunk @ W) and dL/dW (accumulated chunk^T @ h).
+    The entropy (optional second output, no gradient) comes from the same chunk's logits.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, ids, temperature, chunk_size, with_entropy):  # type: ignore[override]
+        cdtype = torch.promote_types(hidden.dtype, torch.float32)
+        out = torch.empty(ids.shape, dtype=cdtype, device=hidden.device)
+        ent = torch.empty(ids.shape, dtype=cdtype, device=hidden.device) if with_entropy else None
+        for idx in _chunk_index(tuple(ids.shape), chunk_size):
+            z = _scaled(torch.nn.functional.linear(hidden[idx], weight), temperature)  # [c, V]
+            lse = torch.logsumexp(z, dim=-1)
+            out[idx] = z.gather(-1, ids[idx].unsqueeze(-1)).squeeze(-1) - lse
+            if ent is not None:
+                _, pz = _Entropy._p_and_pz(z)
+                ent[idx] = lse - pz.sum(-1)
+            del z
+        ctx.save_for_backward(hidden, weight, ids)
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        if ent is None:
+            return out, torch.empty(0, dtype=cdtype, device=hidden.device)
+        ctx.mark_non_differentiable(ent)
+        return out, ent
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_ent):  # type: ignore[override]
+        hidden, weight, ids = ctx.saved_tensors
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        # dL/dW accumulates over chunks: keep it in float32 (or float64) even for half weights
+        grad_w = torch.zeros(weight.shape, dtype=_compute_dtype(weight), device=weight.device) if need_w else None
+        for idx in _chunk_index(tuple(ids.shape), ctx.chunk_size):
+            h = hidden[idx]
+            z = _scaled(torch.nn.functional.linear(h, weight), ctx.temperature)
+            go = grad_out[idx].unsqueeze(-1).to(z.dtype)
+            g = torch.softmax(z, dim=-1).mul_(-go)
+            g.scatter_add_(-1, ids[idx].unsqueeze(-1), go)
+            if ctx.temperature != 1.0:
+                g.div_(ctx.temperature)
+            g = g.to(weight.dtype)  # dL/dlogits of this chunk, in the head's dtype (as autograd would)
+            del z
+            if grad_h is not None:
+                grad_h[idx] = g @ weight
+            if grad_w is not None:
+                grad_w += (g.reshape(-1, g.shape[-1]).t() @ h.reshape(-1, h.shape[-1])).to(grad_w.dtype)
+        return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None, None, None
+
+
+def logprobs_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, *,
+                         temperature: float = 1.0, chunk_size: int = 256,
+                         with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(hidden @ weight^T / T)[ids] (and the entropy) without materialising the logits.
+
+    hidden: [N, L, H] (any leading dims, the LM head's *input*: the final normed hidden states; may be a
+    non-contiguous slice); weight: [V, H] the LM head (a bias-free linear layer; models with logit
+    soft-capping or scaling need the logits path); ids: [N, L]. Returns (log-probs [N, L] float32, or
+    float64 for float64 inputs, differentiable w.r.t. hidden and weight; entropy [N, L] without gradient
+    when ``with_entropy``, else None). Equal to ``logprobs_from_logits(lm_head(hidden), ids)`` up to
+    float rounding, but the largest buffers are a few [chunk_size, V] ones in the forward and in the
+    backward, against [N, L, V] logits kept alive from the forward until the backward.
+    """
+    _check(chunk_size, temperature)
+    if hidden.shape[:-1] != ids.shape:
+        raise ValueError(f"hidden {tuple(hidden.shape)} does not match ids {tuple(ids.shape)} "
+                         "(want [..., H] and [...])")
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(f"weight {tuple(weight.shape)} is not [V, {hidden.shape[-1]}]")
+    logp, ent = _LinearTokenLogProb.apply(hidden, weight, ids.long(), float(temperature), int(chunk_size),
+                                          bool(with_entropy))
+    return logp, (ent if with_entropy else None)
