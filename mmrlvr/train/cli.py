@@ -1,11 +1,17 @@
-"""``mmrlvr train CONFIG.yaml [key=value ...] [--resume]``: one training run from a config file."""
+"""``mmrlvr train CONFIG.yaml [key=value ...] [--resume | --overwrite] [--dry-run]``: one run from a config.
+
+Flags and ``key=value`` overrides mix in any order. Everything that can be checked before the model loads
+is checked first (``mmrlvr.validation.check_run``) and reported at once; then the run folder is prepared
+(``mmrlvr.train.run_dir.prepare_run_dir``: never clobbered, locked for this run) and training starts.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
-from mmrlvr.config import describe, load_config
+from mmrlvr.config import describe
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,26 +23,48 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", nargs="?", help="YAML config (see configs/)")
     p.add_argument("overrides", nargs="*", help="key=value overrides")
     p.add_argument("--resume", action="store_true", help="continue from the last complete checkpoint in output_dir")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing run in output_dir (removed atomically before the new run starts)")
+    p.add_argument("--allow-config-change", action="store_true",
+                   help="with --resume: accept a config that differs from the run's in keys that break exactness")
     p.add_argument("--help-config", action="store_true", help="list every config key with its default and help")
-    p.add_argument("--dry-run", action="store_true", help="validate the config, print it and exit")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the config, data, rewards, run folder and judge endpoints; print the config and exit")
     return p
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_intermixed_args(argv)  # flags before, between or after overrides
     if args.help_config:
         print("\n".join(describe()))
         return 0
+    if args.config and "=" in args.config and not Path(args.config).is_file():
+        # overrides written before the config file: the first word without "=" is the config
+        words = [args.config, *args.overrides]
+        first = next((w for w in words if "=" not in w), None)
+        if first is not None:
+            words.remove(first)
+        args.config, args.overrides = first, words
     if not args.config:
         build_parser().error("a CONFIG.yaml is required (or --help-config)")
-    cfg = load_config(args.config, args.overrides)
-    if args.dry_run:
-        print(cfg.to_yaml())
-        return 0
-    from mmrlvr.train.trainer import Trainer
+    from mmrlvr.validation import check_run
 
-    trainer = Trainer(cfg, resume=args.resume)
-    summary = trainer.train()
+    cfg = check_run(args.config, args.overrides, dry_run=args.dry_run, resume=args.resume,
+                    overwrite=args.overwrite, allow_config_change=args.allow_config_change)
+    if args.dry_run:
+        print(cfg.to_yaml())  # secrets redacted
+        return 0
+    from mmrlvr.train.run_dir import prepare_run_dir
+
+    lock = prepare_run_dir(cfg, resume=args.resume, overwrite=args.overwrite,
+                           allow_config_change=args.allow_config_change, where=str(args.config))
+    try:
+        from mmrlvr.train.trainer import Trainer
+
+        trainer = Trainer(cfg, resume=args.resume)
+        summary = trainer.train()
+    finally:
+        lock.release()
     if trainer.is_main:
         print(json.dumps({k: v for k, v in summary.items() if k != "last"}, indent=2, default=float))
         print(f"run directory: {cfg.output_dir}")

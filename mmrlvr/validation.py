@@ -1,0 +1,447 @@
+"""Pre-flight checks of a training run: everything that can be known before the model loads, at once.
+
+``check_run(path, overrides, ...)`` loads the config and returns it, or raises ``ConfigErrors`` with one
+line per problem (file, key, allowed values, a "did you mean" hint). It checks, on top of the config's own
+types and ranges (``mmrlvr.config.range_problems``):
+
+- names chosen from registries: policy losses, advantage estimators, aggregation modes, KL estimators,
+  credit schemes, perturbations, LoRA inits, rewards, judges, prompt templates and column presets;
+- reward parameters (unknown or missing ones; each reward is built with its params, which also reads
+  rubric files), and that every reward's answer template matches the prompt template (``data.template:
+  boxed`` with a reward reading ``<answer>`` tags scores every response 0);
+- data: ``synth:`` task names, or the first rows of a dataset read through ``mmrlvr.data.load_samples``
+  (paths, columns, answers);
+- the model folder (or ``tiny:`` spec), plugins, optional packages an engine or kernel needs;
+- the run folder (``mmrlvr.train.run_dir.check_run_dir``): a file in the way, an existing run without
+  ``--resume``/``--overwrite``, a resumed run whose config changed, a folder in use by another run;
+- with ``dry_run=True``, that each judge endpoint accepts a TCP connection.
+
+Nothing here imports torch or transformers: names of the torch-side registries are kept in
+``BUILTIN_NAMES`` (a test keeps them equal to the live registries), and a plugin's registrations are read
+from the live registry once the plugin is imported. Rewards are built with torch and transformers imports
+blocked, so a reward that would load a model (an NLI judge) is checked by its signature only.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import inspect
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+from urllib.parse import urlparse
+
+from mmrlvr.config import RunConfig, collect_config, validate
+from mmrlvr.errors import ConfigErrors, UserError, did_you_mean
+
+#: config key -> (what, module, attribute, built-in names). The names of registries whose modules import
+#: torch; ``tests/test_bad_inputs.py`` checks them against the live registries.
+BUILTIN_NAMES: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
+    "algo.loss": ("policy loss", "mmrlvr.algos.losses", "POLICY_LOSSES", ("cispo", "gspo", "nsr", "ppo_clip")),
+    "algo.advantage": ("advantage estimator", "mmrlvr.algos.advantages", "ADVANTAGES",
+                       ("dr_grpo", "grpo", "reinforce_pp", "rloo")),
+    "algo.agg": ("loss aggregation mode", "mmrlvr.algos.aggregation", "AGG_MODES",
+                 ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-mean")),
+    "algo.kl_estimator": ("KL estimator", "mmrlvr.algos.kl", "KL_ESTIMATORS", ("k1", "k2", "k3")),
+    "credit.scheme": ("credit scheme", "mmrlvr.credit.schemes", "CREDIT_SCHEMES",
+                      ("entropy_topk", "none", "papo", "rsi", "vepo", "vppo")),
+    "credit.perturbation": ("perturbation", "mmrlvr.credit.perturb", "PERTURBATIONS",
+                            ("blur", "gaussian", "patch_blackout", "zero")),
+    "model.lora.init": ("LoRA init", "mmrlvr.models.lora", "INITS",
+                        ("default", "gaussian", "mica", "olora", "orthogonal", "pissa")),
+}
+
+#: prompt template -> the answer shape its instruction asks for (the rewards' ``template`` parameter);
+#: templates missing here ask for no particular shape and are not cross-checked
+TEMPLATE_ANSWER_FORMAT: dict[str, str] = {"r1": "r1", "r1_user": "r1", "boxed": "boxed"}
+_FORMAT_WORDS = {"r1": "<think>/<answer> tags", "boxed": "\\boxed{}"}
+
+#: packages whose import a config check must never trigger (a model load starts with them)
+_HEAVY = ("torch", "transformers", "accelerate", "peft", "vllm", "flash_attn")
+#: rows of each dataset read by the check
+DATA_ROWS_CHECKED = 4
+#: seconds allowed for a judge endpoint to accept a TCP connection in --dry-run
+JUDGE_CONNECT_TIMEOUT_S = 3.0
+
+
+def registry_names(key: str) -> list[str]:
+    """Names valid for config ``key`` (a ``BUILTIN_NAMES`` key): the live registry when its module is
+    already imported (plugins may have added names), else the built-in list."""
+    _, module, attr, builtin = BUILTIN_NAMES[key]
+    mod = sys.modules.get(module)
+    if mod is not None and hasattr(mod, attr):
+        live = getattr(mod, attr)
+        return sorted(live.names() if hasattr(live, "names") else live)
+    return sorted(builtin)
+
+
+def _unknown(where: str, key: str, what: str, value: Any, known: list[str]) -> str:
+    return (f"{where}: {key}: unknown {what} {value!r}; allowed: {', '.join(known) or '(none)'}"
+            f"{did_you_mean(value, known)}")
+
+
+class _HeavyImportBlocked(ImportError):
+    pass
+
+
+class _BlockHeavy(importlib.abc.MetaPathFinder):
+    """Refuse imports of torch / transformers / ... while a config check builds objects."""
+
+    def find_spec(self, name, path=None, target=None):  # noqa: D102
+        if name.split(".")[0] in _HEAVY:
+            raise _HeavyImportBlocked(f"{name} is not imported during config checks")
+        return None
+
+
+class _no_heavy_imports:
+    """Context manager: ``_BlockHeavy`` first on ``sys.meta_path`` (only for modules not yet imported)."""
+
+    def __enter__(self):
+        self.finder = _BlockHeavy()
+        sys.meta_path.insert(0, self.finder)
+        return self
+
+    def __exit__(self, *exc):
+        sys.meta_path.remove(self.finder)
+        return False
+
+
+def _lines(exc: BaseException) -> list[str]:
+    """A (possibly multi-line) error message as separate lines, blank lines dropped."""
+    text = "\n".join(exc.problems) if isinstance(exc, ConfigErrors) else str(exc)
+    return [ln.strip() for ln in text.splitlines() if ln.strip()] or [type(exc).__name__]
+
+
+# ---------------------------------------------------------------------------------------------- checks
+def load_plugins_checked(plugins: list[str], where: str) -> list[str]:
+    """Import plugin files/modules (as the trainer will; same module names, so it does not re-run them)."""
+    problems: list[str] = []
+    for i, spec in enumerate(plugins):
+        key = f"{where}: plugins[{i}]"
+        try:
+            if spec.endswith(".py"):
+                path = Path(spec)
+                if not path.is_file():
+                    problems.append(f"{key}: {spec}: no such file")
+                    continue
+                name = f"mmrlvr_plugin_{path.stem}"
+                if name in sys.modules:
+                    continue
+                mod_spec = importlib.util.spec_from_file_location(name, path)
+                module = importlib.util.module_from_spec(mod_spec)
+                sys.modules[name] = module
+                try:
+                    mod_spec.loader.exec_module(module)
+                except BaseException:
+                    sys.modules.pop(name, None)
+                    raise
+            else:
+                importlib.import_module(spec)
+        except UserError as exc:
+            problems += [f"{key}: {spec}: {ln}" for ln in _lines(exc)]
+        except ImportError as exc:
+            problems.append(f"{key}: cannot import {spec!r}: {exc}")
+        except Exception as exc:  # a plugin's own bug: name it, no traceback
+            problems.append(f"{key}: {spec} raised {type(exc).__name__}: {exc}")
+    return problems
+
+
+def name_problems(cfg: RunConfig, where: str) -> list[str]:
+    """Registry names in the config: losses, advantages, aggregation, KL, credit, perturbation, LoRA init,
+    judge, prompt template, column preset."""
+    out: list[str] = []
+    values = {
+        "algo.loss": cfg.algo.loss, "algo.advantage": cfg.algo.advantage, "algo.agg": cfg.algo.agg,
+        "algo.kl_estimator": cfg.algo.kl_estimator, "credit.scheme": cfg.credit.scheme,
+        "credit.perturbation": cfg.credit.perturbation, "model.lora.init": cfg.model.lora.init,
+    }
+    for key, value in values.items():
+        if value is None:
+            continue
+        known = registry_names(key)
+        if value not in known:
+            out.append(_unknown(where, key, BUILTIN_NAMES[key][0], value, known))
+    from mmrlvr.rubric.judges import JUDGES
+
+    judges = ["none", *JUDGES.names()]
+    if cfg.rubric.judge not in judges:
+        out.append(_unknown(where, "rubric.judge", "judge", cfg.rubric.judge, judges))
+    from mmrlvr.data.prompts import TEMPLATES
+
+    if cfg.data.template not in TEMPLATES:
+        out.append(_unknown(where, "data.template", "prompt template", cfg.data.template, list(TEMPLATES)))
+    from mmrlvr.data.loading import PRESETS
+
+    if cfg.data.preset is not None and cfg.data.preset not in PRESETS:
+        out.append(_unknown(where, "data.preset", "column preset", cfg.data.preset, list(PRESETS)))
+    return out
+
+
+def _signature_problems(factory: Any, params: dict[str, Any], key: str) -> list[str]:
+    """Unknown and missing keyword parameters of ``factory`` (a class or function)."""
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return []
+    ps = sig.parameters
+    if any(p.kind is p.VAR_KEYWORD for p in ps.values()):
+        accepted = None
+    else:
+        accepted = [n for n, p in ps.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    out = []
+    if accepted is not None:
+        for name in params:
+            if name not in accepted:
+                out.append(f"{key}.{name}: unknown parameter; known: {', '.join(accepted) or '(none)'}"
+                           f"{did_you_mean(name, accepted)}")
+    for name, p in ps.items():
+        if (p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                and name not in params and name != "self"):
+            out.append(f"{key}.{name}: missing (required parameter)")
+    return out
+
+
+def reward_params(cfg: RunConfig, index: int) -> dict[str, Any]:
+    """The params reward ``index`` will be built with: the trainer adds the rubric judge and group size."""
+    spec = cfg.rewards[index]
+    params = dict(spec.params)
+    if spec.name == "rubric" and cfg.rubric.judge != "none":
+        params.setdefault("judge", cfg.rubric.judge)
+        params.setdefault("judge_params", dict(cfg.rubric.judge_params))
+    if spec.name in ("rubric", "consistency"):
+        params.setdefault("group_size", cfg.rollout.group_size)
+    return params
+
+
+def reward_problems(cfg: RunConfig, where: str) -> list[str]:
+    """Reward names, parameters (each reward is built; rubric files are read), template consistency."""
+    import mmrlvr.consistency.reward  # noqa: F401  (registers "consistency")
+    import mmrlvr.rewards  # noqa: F401  (registers the built-in rewards)
+    import mmrlvr.rubric.reward  # noqa: F401  (registers "rubric")
+    from mmrlvr.rewards.base import REWARDS
+
+    out: list[str] = []
+    known = REWARDS.names()
+    expected = TEMPLATE_ANSWER_FORMAT.get(cfg.data.template)
+    for i, spec in enumerate(cfg.rewards):
+        key = f"{where}: rewards[{i}]"
+        if not spec.name:
+            continue  # range_problems reports it
+        if spec.name not in known:
+            out.append(_unknown(where, f"rewards[{i}].name", "reward", spec.name, known))
+            continue
+        factory = REWARDS.get(spec.name)
+        params = reward_params(cfg, i)
+        sig = _signature_problems(factory, params, f"{key}.params")
+        if sig:
+            out += sig
+            continue
+        try:
+            with _no_heavy_imports():
+                factory(**params)
+        except _HeavyImportBlocked:
+            pass  # builds a model (e.g. an NLI judge): checked by signature only
+        except UserError as exc:
+            out += [f"{key} ({spec.name}): {ln}" for ln in _lines(exc)]
+        except (TypeError, ValueError, KeyError, OSError) as exc:
+            out.append(f"{key} ({spec.name}): bad params {spec.params}: {exc}")
+        except Exception as exc:  # a plugin reward's own bug
+            out.append(f"{key} ({spec.name}): building it raised {type(exc).__name__}: {exc}")
+        fmt = _reward_template(factory, params)
+        if expected and fmt in TEMPLATE_ANSWER_FORMAT.values() and fmt != expected:
+            out.append(f"{key} ({spec.name}): reads answers as {_FORMAT_WORDS[fmt]} (template {fmt!r}) but "
+                       f"data.template={cfg.data.template!r} asks for {_FORMAT_WORDS[expected]}: every response "
+                       f"would score 0; set rewards[{i}].params.template: {expected} (or 'any'), or change "
+                       f"data.template")
+    return out
+
+
+def _reward_template(factory: Any, params: dict[str, Any]) -> str | None:
+    """The answer template a reward will parse with: its ``template`` param or that parameter's default."""
+    if "template" in params:
+        return params["template"] if isinstance(params["template"], str) else None
+    try:
+        p = inspect.signature(factory).parameters.get("template")
+    except (TypeError, ValueError):
+        return None
+    return p.default if p is not None and isinstance(p.default, str) else None
+
+
+def _judge_specs(cfg: RunConfig) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """(config key, judge name, judge params) of every judge the run will call."""
+    if cfg.rubric.judge != "none":
+        yield "rubric.judge_params", cfg.rubric.judge, dict(cfg.rubric.judge_params)
+    for i, spec in enumerate(cfg.rewards):
+        if spec.name != "rubric":
+            continue
+        judge = spec.params.get("judge")
+        params = dict(spec.params.get("judge_params") or {})
+        if isinstance(judge, dict):
+            params = {**{k: v for k, v in judge.items() if k != "name"}, **params}
+            judge = judge.get("name")
+        if isinstance(judge, str) and judge != "none":
+            yield f"rewards[{i}].params.judge_params", judge, params
+
+
+def judge_problems(cfg: RunConfig, where: str, dry_run: bool) -> list[str]:
+    """Judge parameters (by signature) and, in a dry run, that each endpoint accepts a connection."""
+    from mmrlvr.rubric.judges import JUDGES
+
+    out: list[str] = []
+    seen: set[str] = set()
+    for key, name, params in _judge_specs(cfg):
+        if name not in JUDGES:
+            continue  # name_problems / reward_problems report it
+        out += _signature_problems(JUDGES.get(name), params, f"{where}: {key}")
+        url = params.get("base_url")
+        if name == "openai" and dry_run and url not in seen:
+            seen.add(url)
+            problem = endpoint_problem(url)
+            if problem:
+                out.append(f"{where}: {key}.base_url: {problem}")
+    return out
+
+
+def endpoint_problem(url: str | None, timeout: float = JUDGE_CONNECT_TIMEOUT_S) -> str | None:
+    """None when ``url``'s host accepts a TCP connection within ``timeout`` s, else why not."""
+    if not url:
+        url = os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
+    parsed = urlparse(str(url))
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return f"{url!r} is not an http(s) URL (e.g. http://localhost:8000/v1)"
+    try:
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    except ValueError:
+        return f"{url!r} has a bad port"
+    try:
+        with socket.create_connection((parsed.hostname, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        return (f"judge endpoint {parsed.scheme}://{parsed.hostname}:{port} is unreachable ({reason}); "
+                f"start the server or fix base_url (checked with --dry-run)")
+
+
+def data_problems(cfg: RunConfig, where: str) -> list[str]:
+    """``synth:`` task names, or the first rows of each dataset through the data loader's public API."""
+    out: list[str] = []
+    if not cfg.data.train:
+        out.append(f"{where}: data.train: missing (a dataset path, or synth:TASK)")
+    for key, spec, split in (("data.train", cfg.data.train, "train"), ("data.eval", cfg.data.eval, "test")):
+        if spec:
+            out += [f"{where}: {key}: {ln}" for ln in _data_source_problems(spec, cfg, split)]
+    return out
+
+
+#: as in ``mmrlvr.train.data`` (which imports numpy; a test keeps these equal)
+SYNTH_PREFIX = "synth:"
+RUBRIC_SYNTH_TASKS: tuple[str, ...] = ("rubric_count",)
+
+
+def _data_source_problems(spec: str, cfg: RunConfig, split: str) -> list[str]:
+    if spec.startswith(SYNTH_PREFIX):
+        from mmrlvr.data.synth import TASKS
+
+        task = spec[len(SYNTH_PREFIX):]
+        known = [*TASKS, *RUBRIC_SYNTH_TASKS]
+        if task not in known:
+            return [f"unknown synthetic task {task!r}; allowed: {', '.join(known)}{did_you_mean(task, known)}"]
+        return []
+    if not Path(spec).exists():
+        return [f"{spec}: no such file or folder (a dataset dir, Parquet/JSON(L) file, or synth:TASK)"]
+    from mmrlvr.data import load_samples
+
+    d = cfg.data
+    try:
+        samples, report = load_samples(
+            spec, preset=d.preset, columns=d.columns or None, template=d.template,
+            split=d.train_split if split == "train" else d.eval_split, limit=DATA_ROWS_CHECKED,
+            min_pixels=d.min_pixels, max_pixels=d.max_pixels, on_error=d.on_error, factor=d.factor,
+            max_image_pixels=d.max_image_pixels, image_dir=d.image_dir,
+        )
+    except UserError as exc:
+        return _lines(exc)
+    except (OSError, ValueError, TypeError, KeyError) as exc:  # a reader's own error on a bad file
+        return [f"{spec}: cannot be read as a dataset: {type(exc).__name__}: {exc}"]
+    if not samples:
+        n = getattr(report, "n_rows", 0)
+        if n:
+            first = report.skipped[0] if getattr(report, "skipped", None) else None
+            why = f" (row {first.row}, field {first.field!r}: {first.message})" if first else ""
+            return [f"{spec}: none of the first {n} rows is usable{why}"]
+        return [f"{spec}: no rows"]
+    return []
+
+
+def model_problems(cfg: RunConfig, where: str) -> list[str]:
+    """model.path: a ``tiny:`` spec that parses, or a local model folder (nothing is downloaded)."""
+    spec = cfg.model.path
+    key = f"{where}: model.path"
+    if not spec:
+        return [f"{key}: missing (a local model folder, or tiny:FAMILY[:warm] for the offline tiny VLM)"]
+    if spec.startswith("tiny:"):
+        from mmrlvr.train.model_path import tiny_spec
+
+        try:
+            tiny_spec(spec)
+        except UserError as exc:
+            return [f"{where}: {ln}" for ln in _lines(exc)]
+        return []
+    p = Path(spec)
+    if not p.exists():
+        return [f"{key}: {spec}: no such folder (nothing is downloaded; point to a local checkpoint or use "
+                f"tiny:qwen2_5_vl:warm)"]
+    if not p.is_dir() or not (p / "config.json").is_file():
+        return [f"{key}: {spec}: not a model folder (no config.json; expected what save_pretrained writes)"]
+    return []
+
+
+def package_problems(cfg: RunConfig, where: str) -> list[str]:
+    """Optional packages a setting needs (looked up, not imported)."""
+    out = []
+    if cfg.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        out.append(f"{where}: rollout.engine: 'vllm' needs the vllm package (pip install 'mmrlvr[vllm]', GPU "
+                   f"only); use engine: hf on this machine")
+    if cfg.model.attn_implementation in ("flash_attention_2", "flash_attention_3") and \
+            importlib.util.find_spec("flash_attn") is None:
+        out.append(f"{where}: model.attn_implementation: {cfg.model.attn_implementation!r} needs the flash_attn "
+                   f"package; use sdpa or eager")
+    return out
+
+
+def preflight_problems(cfg: RunConfig, where: str, *, dry_run: bool = False, resume: bool = False,
+                       overwrite: bool = False, allow_config_change: bool = False) -> list[str]:
+    """Every problem of a typed config that can be found before the model loads (none raised)."""
+    from mmrlvr.train.run_dir import check_run_dir
+
+    problems = load_plugins_checked(cfg.plugins, where)
+    for check in (name_problems, reward_problems, model_problems, data_problems, package_problems):
+        try:
+            problems += check(cfg, where)
+        except UserError as exc:  # a check's own lookup failing on a bad value: still one line
+            problems += [f"{where}: {ln}" for ln in _lines(exc)]
+    problems += judge_problems(cfg, where, dry_run)
+    problems += check_run_dir(cfg, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change,
+                              where=where)
+    return problems
+
+
+def check_run(path: str | Path | None = None, overrides: list[str] | None = None, *,
+              data: dict[str, Any] | None = None, dry_run: bool = False, resume: bool = False,
+              overwrite: bool = False, allow_config_change: bool = False) -> RunConfig:
+    """Load and check a run's config; raise ``ConfigErrors`` listing every problem, or return the config.
+
+    Creates nothing on disk and loads no model.
+    """
+    where = str(path) if path is not None else "config"
+    cfg, problems = collect_config(path, overrides, data)
+    problems += preflight_problems(cfg, where, dry_run=dry_run, resume=resume, overwrite=overwrite,
+                                   allow_config_change=allow_config_change)
+    problems = list(dict.fromkeys(problems))  # a problem found by two checks is listed once
+    if problems:
+        raise ConfigErrors(problems)
+    return validate(cfg, where)
