@@ -1,6 +1,9 @@
-"""``mmrlvr data synth``: write a synthetic visual task as a Hugging Face dataset folder.
+"""``mmrlvr data synth`` (write a synthetic visual task) and ``mmrlvr data inspect`` (check a dataset).
 
     mmrlvr data synth --task count --split train --n 2000 --out data/count-train [--seed 0] [--image-size 112]
+    mmrlvr data inspect data/train.parquet [--format auto] [--rows 3] [--max-prompt-length 1024]
+
+``inspect`` is described in ``mmrlvr.data.inspect``.
 
 The folder is readable with ``datasets.load_from_disk`` and with ``mmrlvr.data.load_samples``.
 """
@@ -24,7 +27,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="mmrlvr data", description="Synthetic visual tasks with verifiable answers.")
+    parser = _Parser(prog="mmrlvr data", description="Synthetic visual tasks with verifiable answers; dataset checks.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     synth = sub.add_parser("synth", help="write a synthetic task as a datasets folder (save_to_disk)",
                            description="Write a synthetic task as a datasets folder (save_to_disk).")
@@ -34,12 +37,24 @@ def _parser() -> argparse.ArgumentParser:
     synth.add_argument("--out", required=True, help="output folder (created; an existing dataset is replaced)")
     synth.add_argument("--seed", type=int, default=0, help="seed of the row streams (default 0)")
     synth.add_argument("--image-size", type=int, default=112, help="image side in pixels (default 112)")
+    from mmrlvr.data.inspect import add_arguments
+
+    inspect = sub.add_parser("inspect", help="show a dataset as the model will see it, and every problem in it",
+                             description="Show the detected layout, the first rows rendered through the chat "
+                                         "template (image markers, token counts), and every problem with its "
+                                         "row and field. Exit 0: no problem; 1: some rows have problems; "
+                                         "2: the file cannot be used.")
+    add_arguments(inspect)
     return parser
 
 
 def main(argv: list[str]) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "inspect":
+        from mmrlvr.data.inspect import run
+
+        return run(args)
     if args.command != "synth":
         parser.print_help()
         return 0 if args.command is None else 2
