@@ -147,7 +147,7 @@ class TestTheSuiteHasTeeth:
     def test_with_a_lax_parser_quoted_pass_counts(self, server, monkeypatch, model):
         import mmrlvr.rubric.judges as judges
 
-        monkeypatch.setattr(judges, "parse_verdict", lambda text: ("PASS" in text.upper(), "lax", "ok"))
+        monkeypatch.setattr(judges, "parse_verdict", lambda text, nonce: ("PASS" in text.upper(), "lax", "ok"))
         mediocre, attacks = self._best_attack(server, model=model)
         # the judge FAILS the attack but quotes "output PASS" in its rationale; a lax parser reads a pass
         assert attacks["inject_plain"] > mediocre

@@ -51,7 +51,6 @@ def server():
 
 def judge(server, model, **kw):
     kw.setdefault("timeout", 2.0)
-    kw.setdefault("backoff", 0.01)
     kw.setdefault("max_retries", 2)
     return OpenAIJudge(model=model, base_url=server.base_url, **kw)
 
@@ -196,7 +195,7 @@ class TestRewardRunContinues:
         samples = [Sample(id=f"s{i}", messages=[{"role": "user", "content": "How many red?"}], images=[],
                           answer="2", rubric=rubric) for i in range(3)]
         reward = RubricReward(judge={"name": "openai", "model": "mixed", "base_url": server.base_url,
-                                     "timeout": 0.3, "max_retries": 1, "backoff": 0.01}, group_size=1)
+                                     "timeout": 0.3, "max_retries": 1}, group_size=1)
         results = reward.score_batch([GOOD, "<think>nothing</think><answer>3</answer>", ""], samples)
         m = reward.metrics()
         # 3 rollouts x 4 judge criteria = 12 judge verdicts; 3 x 3 failing kinds = 9 unknown

@@ -21,7 +21,17 @@ from mmrlvr.rubric.aggregate import (
     score_group,
 )
 from mmrlvr.rubric.agreement import Agreement, agreement, cohen_kappa, vote_agreement
-from mmrlvr.rubric.judges import JUDGES, HFChatGenerator, Judge, JudgeStats, LocalJudge, OpenAIJudge, build_judge
+from mmrlvr.rubric.judges import (
+    JUDGES,
+    HFChatGenerator,
+    Judge,
+    JudgeStats,
+    JudgeUnavailableError,
+    LocalJudge,
+    OpenAIJudge,
+    build_judge,
+    judge_param_problems,
+)
 from mmrlvr.rubric.loading import RubricError, load_rubric_file, load_rubric_text, parse_instance_rubric
 from mmrlvr.rubric.prompts import JudgeRequest, escape_fences, openai_messages, render_user_text
 from mmrlvr.rubric.reward import RubricReward
@@ -31,9 +41,9 @@ from mmrlvr.rubric.verdicts import Verdict, majority, parse_verdict
 
 __all__ = [
     "AGGREGATIONS", "Agreement", "CATEGORIES", "Check", "Criterion", "DEFAULT_WEIGHTS", "HFChatGenerator",
-    "JUDGES", "Judge", "JudgeRequest", "JudgeStats", "LocalJudge", "OpenAIJudge", "Pow3rConfig", "Rubric",
+    "JUDGES", "Judge", "JudgeRequest", "JudgeStats", "JudgeUnavailableError", "LocalJudge", "OpenAIJudge", "Pow3rConfig", "Rubric",
     "RubricError", "RubricReward", "Verdict", "agreement", "build_judge", "cohen_kappa", "escape_fences",
-    "evaluate", "hierarchical", "judge_request", "judge_twin", "load_rubric_file", "load_rubric_text",
+    "evaluate", "hierarchical", "judge_param_problems", "judge_request", "judge_twin", "load_rubric_file", "load_rubric_text",
     "majority", "openai_messages", "parse_instance_rubric", "parse_verdict", "pass_rates", "pow3r_targets",
     "pow3r_update", "rar", "render_user_text", "route", "run_program", "saturated", "score_group",
     "vote_agreement",

@@ -1,14 +1,21 @@
 """Model judges for rubric criteria: a local transformers model or any OpenAI-compatible endpoint.
 
 Both share ``Judge.judge_batch``: every request is asked ``votes`` times (vote i uses seed i and, when
-k > 1, ``vote_temperature``), each output is parsed strictly (``verdicts.parse_verdict``), the majority of
-known votes decides, and a tie or no usable vote is unknown - never a pass. Raw outputs are cached on disk
-(``cache.VerdictCache``) under (prompt version, judge identity, criterion, response section, question,
-reference, image hashes, vote). Counters (``stats``) feed ``judge/unknown_rate`` and friends.
+k > 1, ``vote_temperature``), each output is parsed strictly against the request's id
+(``verdicts.parse_verdict``), the majority of known votes decides, and a tie or no usable vote is unknown -
+never a pass. Raw outputs are cached on disk (``cache.VerdictCache``) under (prompt version, judge identity,
+criterion, response section, question, reference, image hashes, vote). Counters (``stats``) feed
+``judge/unknown_rate`` and friends.
 
-* ``openai``: the ``openai`` client against ``base_url`` (vLLM, SGLang, any compatible server), a per-call
-  timeout, retries with exponential backoff + jitter on timeouts, connection errors, 429 and 5xx (other
-  4xx are not retried), requests run concurrently on a thread pool (``concurrency``).
+* ``openai``: the ``openai`` client against ``base_url`` (vLLM, SGLang, any compatible server). Retries are
+  the client's own (``max_retries``: exponential backoff with jitter on timeouts, connection errors, 408,
+  409, 429 and 5xx; other 4xx are not retried). ``timeout`` is a TOTAL deadline per attempt - connect,
+  first byte and the whole body - enforced under httpx by a network backend that gives every socket
+  operation only the time left (a server that drips its reply one byte at a time cannot hold a call past
+  it), and a reply over ``max_response_bytes`` is cut off unparsed. Requests run concurrently on a thread
+  pool (``concurrency``). The API key comes from ``api_key_env`` (an environment variable's name) or
+  ``api_key_file`` (a file holding only the key), so config files and run folders never hold it; without
+  either, ``OPENAI_API_KEY`` or "EMPTY" (local servers).
 * ``local``: a transformers model from a local folder (``AutoModelForImageTextToText``, falling back to
   ``AutoModelForCausalLM`` for text-only judges), prompted through its chat template, generating in
   batches of ``batch_size``.
@@ -18,8 +25,9 @@ Prompts and fencing live in ``prompts``; what a judge may see is decided in ``ro
 
 from __future__ import annotations
 
+import inspect
+import math
 import os
-import random
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -35,6 +43,10 @@ from mmrlvr.registry import Registry
 from mmrlvr.rubric.cache import VerdictCache, cache_key
 from mmrlvr.rubric.prompts import PROMPT_VERSION, JudgeRequest, hf_messages, openai_messages
 from mmrlvr.rubric.verdicts import ERROR, OK, TIMEOUT, Verdict, majority, parse_verdict
+
+class JudgeUnavailableError(UserError):
+    """The judge is effectively down (unknown rate over ``max_unknown_rate``): stop, naming the endpoint."""
+
 
 #: name -> factory(**params) -> Judge
 JUDGES: Registry[Callable[..., "Judge"]] = Registry("judge")
@@ -84,6 +96,11 @@ class Judge(ABC):
         self.stats = JudgeStats()
         self._lock = threading.Lock()
 
+    @property
+    def endpoint(self) -> str:
+        """Where verdicts come from, for messages (a URL and model, or a model folder)."""
+        return self.name
+
     # identity: everything that changes the judge's answers (not secrets, not the vote count)
     @property
     def identity(self) -> str:
@@ -129,7 +146,7 @@ class Judge(ABC):
                     self._count(timeouts=out.status == TIMEOUT, errors=out.status != TIMEOUT)
                     votes.append((None, out.detail or out.status, out.status))
                     continue
-                met, why, status = parse_verdict(out.text)
+                met, why, status = parse_verdict(out.text, requests[i].nonce)
                 self._count(unparseable=status not in (OK, "refusal"), refusals=status == "refusal")
                 votes.append((met, why, status))
                 raws.append(out.text)
@@ -149,37 +166,237 @@ class Judge(ABC):
 
 
 # --------------------------------------------------------------------------------------------- openai
+class _CallState(threading.local):
+    """Per-thread state of the HTTP attempt in progress (each judge worker thread runs one call at a time)."""
+
+    deadline: float = math.inf   # time.monotonic() by which the whole attempt must be done
+    max_bytes: int = 0           # reply size cap (status line + headers + body)
+    read_bytes: int = 0
+    attempts: int = 0            # HTTP attempts of the current call (retries = attempts - 1)
+    reason: str = ""             # "deadline" | "size" when our limits cut the attempt
+
+    def begin_call(self) -> None:
+        self.attempts, self.reason = 0, ""
+
+    def begin_attempt(self, timeout: float, max_bytes: int) -> None:
+        self.deadline, self.max_bytes, self.read_bytes = time.monotonic() + timeout, max_bytes, 0
+        self.attempts += 1
+
+    def left(self, timeout: float | None, exc: type[Exception]) -> float:
+        """The socket timeout for the next operation: what is left of the deadline (raises when nothing)."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            self.reason = "deadline"
+            raise exc("the judge call's total deadline passed")
+        return left if timeout is None else min(timeout, left)
+
+
+def _http_modules() -> tuple[Any, Any]:
+    """(httpx-like, httpcore-like) modules of the HTTP stack the installed openai client is built on
+    (openai >= 3 uses the httpx2 / httpcore2 fork, older releases httpx / httpcore)."""
+    import importlib
+
+    import openai
+
+    top = openai.DefaultHttpxClient.__mro__[1].__module__.split(".")[0]
+    core = {"httpx": "httpcore", "httpx2": "httpcore2"}.get(top)
+    if core is None:
+        raise RuntimeError(f"unsupported HTTP client under openai: {top}")
+    return importlib.import_module(top), importlib.import_module(core)
+
+
+_TRANSPORT: Any = None
+
+
+def deadline_transport(state: _CallState, timeout: float, max_bytes: int) -> Any:
+    """A ``DeadlineTransport`` for the openai client's HTTP stack (built once per process)."""
+    global _TRANSPORT
+    if _TRANSPORT is None:
+        _TRANSPORT = _make_transport_class(*_http_modules())
+    return _TRANSPORT(state, timeout, max_bytes)
+
+
+def _make_transport_class(hx: Any, hc: Any) -> Any:
+    """Define the deadline-enforcing stream, backend and transport on the given httpx / httpcore pair."""
+
+    class _DeadlineStream(hc.NetworkStream):
+        """A socket stream whose every read/write gets only the time left, and whose reads count bytes."""
+
+        def __init__(self, stream: hc.NetworkStream, state: _CallState) -> None:
+            self._stream, self._state = stream, state
+
+        def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+            data = self._stream.read(max_bytes, self._state.left(timeout, hc.ReadTimeout))
+            self._state.read_bytes += len(data)
+            if self._state.max_bytes and self._state.read_bytes > self._state.max_bytes:
+                self._state.reason = "size"
+                raise hc.ReadError(f"the judge's reply exceeds {self._state.max_bytes} bytes")
+            return data
+
+        def write(self, buffer: bytes, timeout: float | None = None) -> None:
+            self._stream.write(buffer, self._state.left(timeout, hc.WriteTimeout))
+
+        def close(self) -> None:
+            self._stream.close()
+
+        def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
+                      timeout: float | None = None) -> hc.NetworkStream:
+            inner = self._stream.start_tls(ssl_context, server_hostname,
+                                           self._state.left(timeout, hc.ConnectTimeout))
+            return _DeadlineStream(inner, self._state)
+
+        def get_extra_info(self, info: str) -> Any:
+            return self._stream.get_extra_info(info)
+
+
+    class _DeadlineBackend(hc.NetworkBackend):
+        """httpcore's sync backend with connects bounded by the deadline and streams wrapped."""
+
+        def __init__(self, backend: hc.NetworkBackend, state: _CallState) -> None:
+            self._backend, self._state = backend, state
+
+        def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                        socket_options: Any = None) -> hc.NetworkStream:
+            stream = self._backend.connect_tcp(host, port, self._state.left(timeout, hc.ConnectTimeout),
+                                               local_address, socket_options)
+            return _DeadlineStream(stream, self._state)
+
+        def connect_unix_socket(self, path: str, timeout: float | None = None,
+                                socket_options: Any = None) -> hc.NetworkStream:
+            stream = self._backend.connect_unix_socket(path, self._state.left(timeout, hc.ConnectTimeout),
+                                                       socket_options)
+            return _DeadlineStream(stream, self._state)
+
+        def sleep(self, seconds: float) -> None:
+            self._backend.sleep(seconds)
+
+
+    class DeadlineTransport(hx.HTTPTransport):
+        """httpx transport: a total deadline (connect + first byte + body) and a size cap per attempt.
+
+        Each ``handle_request`` (one attempt; the openai client retries by calling it again) starts a fresh
+        deadline of ``timeout`` seconds; the body is read later on the same thread, under the same deadline.
+        A reply that was cut for its size is not asked for again, and a ``Retry-After`` longer than
+        ``timeout`` is dropped (a server must not make the client sleep past the deadline between attempts).
+        """
+
+        def __init__(self, state: _CallState, timeout: float, max_bytes: int, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            pool = getattr(self, "_pool", None)
+            if not hasattr(pool, "_network_backend"):  # guard against an httpx/httpcore layout change
+                raise RuntimeError("mmrlvr's judge deadline needs hx.HTTPTransport._pool._network_backend")
+            pool._network_backend = _DeadlineBackend(pool._network_backend, state)
+            self._state, self._timeout, self._max_bytes = state, timeout, max_bytes
+
+        def handle_request(self, request: hx.Request) -> hx.Response:
+            if self._state.reason == "size":
+                raise hx.ReadError(f"the judge's reply exceeded {self._max_bytes} bytes; not asked again",
+                                      request=request)
+            self._state.begin_attempt(self._timeout, self._max_bytes)
+            response = super().handle_request(request)
+            length = response.headers.get("content-length", "")
+            if length.isdigit() and int(length) > self._max_bytes:
+                response.close()
+                self._state.reason = "size"
+                raise hx.ReadError(f"the judge's reply is {length} bytes, over {self._max_bytes}", request=request)
+            for key in ("retry-after", "retry-after-ms"):
+                value = response.headers.get(key, "")
+                try:
+                    seconds = float(value) / (1000.0 if key.endswith("ms") else 1.0)
+                except ValueError:
+                    seconds = math.inf if value else 0.0  # an HTTP date: not honoured
+                if seconds > self._timeout:
+                    del response.headers[key]
+            return response
+
+    return DeadlineTransport
+
+
+def resolve_api_key(api_key: str | None = None, api_key_env: str | None = None,
+                    api_key_file: str | Path | None = None) -> str:
+    """The judge's API key from exactly one source: ``api_key_env`` (a variable's name), ``api_key_file``
+    (a file holding only the key), ``api_key`` (literal; avoid in configs), else OPENAI_API_KEY or "EMPTY"."""
+    given = [n for n, v in (("api_key", api_key), ("api_key_env", api_key_env), ("api_key_file", api_key_file))
+             if v not in (None, "")]
+    if len(given) > 1:
+        raise UserError(f"judge: give the API key one way, not {' and '.join(given)}")
+    if api_key_env:
+        if not isinstance(api_key_env, str) or not api_key_env.replace("_", "").isalnum():
+            raise UserError(f"judge api_key_env: expected the NAME of an environment variable, got {api_key_env!r}")
+        value = os.environ.get(api_key_env, "")
+        if not value:
+            raise UserError(f"judge api_key_env: environment variable {api_key_env} is not set (or empty)")
+        return value
+    if api_key_file:
+        path = Path(os.path.expanduser(str(api_key_file)))
+        if not path.is_file():
+            raise UserError(f"judge api_key_file: {path} not found")
+        value = path.read_text(encoding="utf-8").strip()
+        if not value or "\n" in value:
+            raise UserError(f"judge api_key_file: {path} must hold the key alone on one line")
+        return value
+    if api_key:
+        return str(api_key)
+    return os.environ.get("OPENAI_API_KEY") or "EMPTY"
+
+
 @JUDGES.register("openai")
 class OpenAIJudge(Judge):
     """Any OpenAI-compatible chat-completions endpoint (vLLM, SGLang, llama.cpp server, OpenAI).
 
-    base_url: e.g. "http://127.0.0.1:8000/v1"; model: the served model name; api_key: defaults to the
-    OPENAI_API_KEY environment variable, or "EMPTY" for local servers (never part of the identity).
-    timeout: seconds per call; max_retries / backoff / backoff_max: retry schedule
-    (sleep ≈ backoff·2^attempt, capped, with ±25% jitter); concurrency: calls in flight at once.
-    extra_body: passed through to the server (e.g. vLLM's {"top_k": 1}).
+    base_url: e.g. "http://127.0.0.1:8000/v1"; model: the served model name.
+    api_key_env: name of the environment variable holding the key (preferred); api_key_file: a file
+    holding only the key; api_key: the key itself (kept out of run folders only by redaction - avoid);
+    none of them: OPENAI_API_KEY, else "EMPTY" for local servers. Never part of the identity.
+    timeout: total seconds per attempt (connect + first byte + whole body); max_retries: the openai
+    client's retries; max_response_bytes: replies larger than this are cut off unparsed (a verdict is a
+    few hundred bytes); concurrency: calls in flight at once; extra_body: passed through to the server
+    (e.g. vLLM's {"top_k": 1}); response_format: "none" or "json_schema" (the server constrains the
+    reply to the verdict object, request id included, e.g. vLLM/SGLang guided decoding).
     """
 
     name = "openai"
-    RETRYABLE_STATUS = (408, 409, 429)
+    RESPONSE_FORMATS = ("none", "json_schema")
 
     def __init__(self, model: str, base_url: str | None = None, api_key: str | None = None, *,
-                 timeout: float = 60.0, max_retries: int = 3, backoff: float = 1.0, backoff_max: float = 30.0,
+                 api_key_env: str | None = None, api_key_file: str | None = None,
+                 timeout: float = 60.0, max_retries: int = 2, max_response_bytes: int = 1_000_000,
                  concurrency: int = 8, max_tokens: int = 256, extra_body: dict[str, Any] | None = None,
-                 **common: Any) -> None:
+                 response_format: str = "none", **common: Any) -> None:
         super().__init__(**common)
         import openai  # imported here so `import mmrlvr.rubric` stays light
 
+        if not isinstance(model, str) or not model:
+            raise UserError(f"judge openai: model must be the served model's name, got {model!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+            raise UserError(f"judge openai: timeout must be a positive number of seconds, got {timeout!r}")
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise UserError(f"judge openai: max_retries must be an integer >= 0, got {max_retries!r}")
+        if isinstance(max_response_bytes, bool) or not isinstance(max_response_bytes, int) or max_response_bytes < 1024:
+            raise UserError(f"judge openai: max_response_bytes must be an integer >= 1024, got {max_response_bytes!r}")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise UserError(f"judge openai: concurrency must be an integer >= 1, got {concurrency!r}")
+        if response_format not in self.RESPONSE_FORMATS:
+            raise UserError(f"judge openai: response_format must be one of {', '.join(self.RESPONSE_FORMATS)}, "
+                            f"got {response_format!r}")
         self._openai = openai
         self.model, self.base_url = model, base_url
         self.timeout, self.max_retries = float(timeout), int(max_retries)
-        self.backoff, self.backoff_max = float(backoff), float(backoff_max)
+        self.max_response_bytes = int(max_response_bytes)
         self.max_tokens, self.extra_body = int(max_tokens), dict(extra_body or {})
-        self.concurrency = max(1, int(concurrency))
-        key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
-        # retries are ours (counted, with our backoff); the client's own are off
-        self.client = openai.OpenAI(base_url=base_url, api_key=key, timeout=self.timeout, max_retries=0)
+        self.response_format = response_format
+        self.concurrency = concurrency
+        self._state = _CallState()
+        transport = deadline_transport(self._state, self.timeout, self.max_response_bytes)
+        self.client = openai.OpenAI(
+            base_url=base_url, api_key=resolve_api_key(api_key, api_key_env, api_key_file),
+            timeout=self.timeout, max_retries=self.max_retries,
+            http_client=openai.DefaultHttpxClient(transport=transport, timeout=self.timeout))
         self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="judge")
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.base_url or 'https://api.openai.com/v1'} (model {self.model})"
 
     @property
     def identity(self) -> str:
@@ -193,38 +410,44 @@ class OpenAIJudge(Judge):
         return list(self._pool.map(self._call, requests, votes))
 
     def _call(self, req: JudgeRequest, vote: int) -> Outcome:
-        oa = self._openai
-        messages = self.messages(req)
-        last = Outcome(None, ERROR, "no attempt made")
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                self._count(retries=1)
-                delay = min(self.backoff_max, self.backoff * 2 ** (attempt - 1))
-                time.sleep(delay * random.uniform(0.75, 1.25))
-            try:
-                resp = self.client.chat.completions.create(
-                    model=self.model, messages=messages, temperature=self._temperature_for_votes(),
-                    max_tokens=self.max_tokens, seed=vote, extra_body=self.extra_body or None)
-                text = resp.choices[0].message.content
-                if not isinstance(text, str):
-                    return Outcome(None, ERROR, "the server returned no message text")
-                return Outcome(text)
-            except oa.APITimeoutError:
-                last = Outcome(None, TIMEOUT, f"timed out after {self.timeout:g}s")
-            except oa.APIConnectionError as exc:
-                last = Outcome(None, ERROR, f"connection error: {exc}")
-            except oa.APIStatusError as exc:
-                last = Outcome(None, ERROR, f"HTTP {exc.status_code}: {str(exc)[:200]}")
-                if exc.status_code < 500 and exc.status_code not in self.RETRYABLE_STATUS:
-                    return last
-            except Exception as exc:  # noqa: BLE001 - a garbage body must not crash the reward run
-                return Outcome(None, ERROR, f"bad response from the server: {type(exc).__name__}: {str(exc)[:200]}")
-        return last
+        oa, state = self._openai, self._state
+        state.begin_call()
+        extra: dict[str, Any] = {}
+        if self.response_format == "json_schema":
+            extra["response_format"] = {"type": "json_schema", "json_schema": verdict_schema(req.nonce)}
+        try:
+            resp = self.client.chat.completions.create(
+                model=self.model, messages=self.messages(req), temperature=self._temperature_for_votes(),
+                max_tokens=self.max_tokens, seed=vote, extra_body=self.extra_body or None, **extra)
+            text = resp.choices[0].message.content
+            out = Outcome(text) if isinstance(text, str) else \
+                Outcome(None, ERROR, "the server returned no message text")
+        except oa.APITimeoutError:
+            out = Outcome(None, TIMEOUT, f"no complete reply within {self.timeout:g}s (connect + first byte + "
+                                         f"body), {state.attempts} attempt(s)")
+        except oa.APIConnectionError as exc:
+            out = Outcome(None, ERROR, f"reply larger than {self.max_response_bytes} bytes, not parsed"
+                          if state.reason == "size" else f"connection error: {exc}")
+        except oa.APIStatusError as exc:
+            out = Outcome(None, ERROR, f"HTTP {exc.status_code}: {str(exc)[:200]}")
+        except Exception as exc:  # noqa: BLE001 - a garbage body must not crash the reward run
+            out = Outcome(None, ERROR, f"bad response from the server: {type(exc).__name__}: {str(exc)[:200]}")
+        self._count(retries=max(0, state.attempts - 1))
+        return out
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.client.close()
         super().close()
+
+
+def verdict_schema(nonce: str) -> dict[str, Any]:
+    """The JSON schema of the verdict object for one request (``response_format: json_schema``)."""
+    return {"name": "verdict", "strict": True, "schema": {
+        "type": "object", "additionalProperties": False, "required": ["request_id", "verdict", "rationale"],
+        "properties": {"request_id": {"type": "string", "enum": [nonce]},
+                       "verdict": {"type": "string", "enum": ["pass", "fail"]},
+                       "rationale": {"type": "string", "maxLength": 300}}}}
 
 
 # ---------------------------------------------------------------------------------------------- local
@@ -310,6 +533,10 @@ class LocalJudge(Judge):
         self.generator = HFChatGenerator(model_path, device=device, dtype=dtype)
 
     @property
+    def endpoint(self) -> str:
+        return f"local model {self.model_path}"
+
+    @property
     def identity(self) -> str:
         return f"local:{Path(self.model_path).resolve()}:{PROMPT_VERSION}:t{self._temperature_for_votes():g}:" \
                f"m{self.max_new_tokens}"
@@ -335,6 +562,45 @@ class LocalJudge(Judge):
         return [results[k] for k in range(len(requests))]
 
 
+#: judge_params keys that hold secrets: redact them wherever a config is written or logged
+SECRET_PARAMS = ("api_key",)
+
+
+def judge_param_problems(name: str, params: dict[str, Any]) -> list[str]:
+    """Every problem with a judge name and its parameters, without building it (no model, no network).
+
+    Checked: the name is registered, every key is a parameter of that judge, the API key sources
+    (one at most; an ``api_key_env`` variable that is set; an ``api_key_file`` that exists). Value ranges
+    are checked when the judge is built (``build_judge`` raises ``UserError`` naming the parameter).
+    """
+    if name not in JUDGES:
+        return [f"unknown judge {name!r}; known: {', '.join(JUDGES.names())}"]
+    factory = JUDGES.get(name)
+    known = judge_params_known(factory)
+    out = [f"judge {name!r}: unknown parameter {k!r}; known: {', '.join(sorted(known))}"
+           for k in params if k not in known]
+    if "api_key_env" in known:
+        try:
+            resolve_api_key(params.get("api_key"), params.get("api_key_env"), params.get("api_key_file"))
+        except UserError as exc:
+            out.append(str(exc))
+    return out
+
+
+def judge_params_known(factory: Callable[..., Judge]) -> set[str]:
+    names: set[str] = set()
+    for fn in (factory.__init__, Judge.__init__):
+        names |= {n for n, prm in inspect.signature(fn).parameters.items()
+                  if n != "self" and prm.kind not in (prm.VAR_KEYWORD, prm.VAR_POSITIONAL)}
+    return names
+
+
 def build_judge(name: str, **params: Any) -> Judge:
-    """Instantiate a registered judge by name (unknown names list the known ones)."""
-    return JUDGES.get(name)(**params)
+    """Instantiate a registered judge by name; bad names and parameters are ``UserError``s listing the known."""
+    problems = judge_param_problems(name, params)
+    if problems:
+        raise UserError("; ".join(problems))
+    try:
+        return JUDGES.get(name)(**params)
+    except TypeError as exc:  # e.g. a required parameter missing
+        raise UserError(f"judge {name!r}: {exc}") from None

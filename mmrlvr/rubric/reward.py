@@ -23,21 +23,38 @@ What comes back per rollout: ``RewardResult.score`` (the rubric reward), ``compo
 criteria are left out), and ``parsed["rubric"]``: one dict per criterion with id, text, category, verdict
 (met | not_met | unknown), score (+1 met, -1 met pitfall, 0 not met, None unknown), weight, effective
 weight, rationale, judge, status, votes, saturated. Batch statistics (``judge/unknown_rate``,
-``judge/timeouts``, ``rubric/undetermined_rate``, ...) are in ``metrics()`` after each batch.
+``judge/timeouts``, ``rubric/undetermined_rate``, ``rubric/check_errors``, ...) are in ``metrics()`` after
+each batch.
+
+Containment: a program check that fails on a response (over the length limit, JSON nested too deep, a
+regex over its time budget, any exception) is a scored failure with the reason (``routing.run_program``),
+counted in ``rubric/check_errors``; nothing a response contains stops ``score_batch``.
+
+Judge outages are loud. The reward keeps the unknown/known flags of the last ``unknown_window`` judged
+criteria. When their unknown rate passes ``warn_unknown_rate`` it prints a warning naming the endpoint and
+the failure kinds (once, again after the rate has recovered); when it passes ``max_unknown_rate`` with at
+least ``unknown_min_requests`` judged criteria in the window, ``score_batch`` raises
+``JudgeUnavailableError`` (a ``UserError``: the CLI prints it without a traceback and exits 2), naming the
+endpoint - a run whose judge is down stops instead of training on the programmatic criteria alone.
+``max_unknown_rate: null`` turns the stop off. ``judge_summary()`` is the one-line summary for the end of a
+run.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import sys
+from collections import Counter, deque
 from typing import Any, Sequence
 
 from mmrlvr.errors import DataError, UserError
 from mmrlvr.rewards.base import REWARDS
 from mmrlvr.rubric.aggregate import AGGREGATIONS, Pow3rConfig, pass_rates, pow3r_targets, pow3r_update, score_group
-from mmrlvr.rubric.judges import Judge, JudgeStats, build_judge
+from mmrlvr.rubric.judges import Judge, JudgeStats, JudgeUnavailableError, build_judge, judge_param_problems
 from mmrlvr.rubric.loading import load_rubric_file, parse_instance_rubric
-from mmrlvr.rubric.routing import evaluate, route
+from mmrlvr.rubric.routing import CHECK_ERROR, evaluate, route
+from mmrlvr.rubric.verifiers import CheckLimits
 from mmrlvr.rubric.schema import Rubric
 from mmrlvr.rubric.verdicts import TIMEOUT, Verdict
 from mmrlvr.types import Completion, RewardResult, Sample
@@ -56,6 +73,9 @@ class RubricReward:
     group_size: rollouts per prompt (see module docstring). drop_saturated: RLR³ saturation dropping.
     pow3r: False, True, or a dict of ``Pow3rConfig`` fields. criterion_components: add ``crit/<id>``.
     undetermined: "group_mean" or "zero"; undetermined_score: used when nothing in the group is known.
+    check_limits: ``verifiers.CheckLimits`` fields, e.g. ``{"max_chars": 50000}``.
+    warn_unknown_rate / max_unknown_rate / unknown_window / unknown_min_requests: the judge-outage warning
+    and stop (module docstring); ``max_unknown_rate: None`` never stops.
     """
 
     def __init__(self, rubric_file: str | None = None, judge: str | dict[str, Any] | Judge | None = None,
@@ -63,13 +83,32 @@ class RubricReward:
                  aggregation_params: dict[str, float] | None = None, group_size: int | None = None,
                  drop_saturated: bool = False, pow3r: bool | dict[str, Any] = False,
                  criterion_components: bool = True, undetermined: str = "group_mean",
-                 undetermined_score: float = 0.0) -> None:
+                 undetermined_score: float = 0.0, check_limits: dict[str, Any] | None = None,
+                 warn_unknown_rate: float = 0.1, max_unknown_rate: float | None = 0.5,
+                 unknown_window: int = 200, unknown_min_requests: int = 20) -> None:
         AGGREGATIONS.get(aggregation)  # unknown name -> error listing the known ones
         if undetermined not in UNDETERMINED_MODES:
             raise UserError(f"rubric reward: undetermined must be one of {', '.join(UNDETERMINED_MODES)}, "
                             f"got {undetermined!r}")
         if group_size is not None and int(group_size) < 1:
             raise UserError(f"rubric reward: group_size must be >= 1, got {group_size}")
+        for key, value in (("warn_unknown_rate", warn_unknown_rate), ("max_unknown_rate", max_unknown_rate)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 0 <= value <= 1):
+                raise UserError(f"rubric reward: {key} must be a fraction in [0, 1]"
+                                f"{' or null (off)' if key == 'max_unknown_rate' else ''}, got {value!r}")
+        for key, value in (("unknown_window", unknown_window), ("unknown_min_requests", unknown_min_requests)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UserError(f"rubric reward: {key} must be an integer >= 1, got {value!r}")
+        try:
+            self.limits = CheckLimits(**(check_limits or {}))
+        except TypeError as exc:
+            raise UserError(f"rubric reward: check_limits: {exc}") from None
+        self.warn_unknown_rate, self.max_unknown_rate = float(warn_unknown_rate), max_unknown_rate
+        self.unknown_min_requests = int(unknown_min_requests)
+        self._recent: deque[tuple[bool, str]] = deque(maxlen=int(unknown_window))  # (unknown, status)
+        self._warned = False
+        _check_judge_spec(judge, judge_params)  # bad judge names / parameters fail here, before any model loads
         self.rubric = load_rubric_file(rubric_file) if rubric_file else None
         self.aggregation, self.aggregation_params = aggregation, dict(aggregation_params or {})
         self.group_size = int(group_size) if group_size is not None else None
@@ -94,7 +133,7 @@ class RubricReward:
         rubrics = [self.rubric_for(s, i) for i, s in enumerate(samples)]
         judge = self.judge if any(r.needs_judge for r in rubrics) else None
         before = JudgeStats(**vars(judge.stats)) if judge is not None else None
-        verdicts = evaluate(rubrics, texts, samples, judge)
+        verdicts = evaluate(rubrics, texts, samples, judge, self.limits)
         results: list[RewardResult | None] = [None] * len(texts)
         n_undetermined, n_saturated, n_crit = 0, 0, 0
         for idx in self.groups(samples):
@@ -107,7 +146,49 @@ class RubricReward:
                 n_crit += len(sat)
         self._metrics = self._batch_metrics(rubrics, verdicts, judge, before, n_undetermined, len(texts),
                                             n_saturated, n_crit)
+        if judge is not None:
+            self._watch_judge(judge, rubrics, verdicts)
         return results  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------------------- judge outages
+    def _watch_judge(self, judge: Judge, rubrics: list[Rubric], verdicts: list[list[Verdict]]) -> None:
+        """Update the window of recent judged criteria; warn, or raise ``JudgeUnavailableError``."""
+        for rubric, row in zip(rubrics, verdicts):
+            for crit, v in zip(rubric.criteria, row):
+                if route(crit) == "judge" and v.status != CHECK_ERROR:
+                    self._recent.append((v.met is None, v.status))
+        n = len(self._recent)
+        unknown = [status for is_unknown, status in self._recent if is_unknown]
+        rate = len(unknown) / n if n else 0.0
+        self._metrics["judge/unknown_rate_recent"] = rate
+        kinds = ", ".join(f"{c} {k}" for k, c in Counter(unknown).most_common()) or "none"
+        where = getattr(judge, "endpoint", judge.identity)
+        if (self.max_unknown_rate is not None and n >= self.unknown_min_requests
+                and rate > self.max_unknown_rate):
+            raise JudgeUnavailableError(
+                f"the rubric judge at {where} is effectively down: {len(unknown)} of the last {n} judged "
+                f"criteria got no verdict ({rate:.0%}: {kinds}), over rubric.max_unknown_rate "
+                f"{self.max_unknown_rate:g}. Check that the server is up and answering (mmrlvr rubric score "
+                "with --judge shows its verdicts), or raise rubric.max_unknown_rate (null never stops).")
+        if rate > self.warn_unknown_rate and not self._warned:
+            self._warned = True
+            print(f"warning: rubric judge at {where}: {len(unknown)} of the last {n} judged criteria got no "
+                  f"verdict ({rate:.0%}: {kinds}); unknown criteria are left out of the score. "
+                  f"Training stops above {self.max_unknown_rate if self.max_unknown_rate is not None else 'never'}"
+                  f"{'' if self.max_unknown_rate is None else ' (rubric.max_unknown_rate)'}.",
+                  file=sys.stderr, flush=True)
+        elif rate <= self.warn_unknown_rate / 2:
+            self._warned = False
+
+    def judge_summary(self) -> str | None:
+        """One line on the judge since it was built (for the end of a run); None when no judge was used."""
+        if self._judge is None or self._judge.stats.requests == 0:
+            return None
+        st, j = self._judge.stats, self._judge
+        return (f"rubric judge {getattr(j, 'endpoint', j.identity)}: {st.requests} requests, {st.unknown} unknown "
+                f"({st.unknown / st.requests:.1%}: {st.timeouts} timeouts, {st.errors} errors, "
+                f"{st.unparseable} unparseable, {st.refusals} refusals), {st.retries} retries, "
+                f"{st.cache_hits} cache hits")
 
     def metrics(self) -> dict[str, float]:
         """Statistics of the last ``score_batch`` call (``judge/unknown_rate``, timeouts, undetermined, ...)."""
@@ -244,6 +325,7 @@ class RubricReward:
             "judge/unparseable": float(sum(v.status in ("unparseable", "contradiction", "refusal", "tie")
                                            for v in unknown)),
             "rubric/undetermined_rate": n_und / n if n else 0.0,
+            "rubric/check_errors": float(sum(v.status == CHECK_ERROR for row in verdicts for v in row)),
             "rubric/saturated_fraction": n_sat / n_crit if n_crit else 0.0,
         }
         if judge is not None and before is not None:
@@ -255,6 +337,22 @@ class RubricReward:
             vals = list(self.alphas.values())
             out["rubric/pow3r_alpha_min"], out["rubric/pow3r_alpha_max"] = min(vals), max(vals)
         return out
+
+
+def _check_judge_spec(judge: Any, judge_params: dict[str, Any] | None) -> None:
+    """Judge name and parameter problems as one ``UserError`` at construction (no model, no network)."""
+    if judge is None or isinstance(judge, Judge):
+        return
+    if isinstance(judge, dict):
+        params = dict(judge)
+        name = params.pop("name", None)
+        if not name:
+            raise UserError("rubric reward: judge given as a mapping needs a `name`")
+    else:
+        name, params = str(judge), dict(judge_params or {})
+    problems = judge_param_problems(str(name), params)
+    if problems:
+        raise UserError("rubric reward: " + "; ".join(problems))
 
 
 def _split_by_rubric(idx: list[int], rubrics: list[Rubric]) -> list[list[int]]:

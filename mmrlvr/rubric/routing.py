@@ -9,6 +9,15 @@
 
 ``evaluate`` runs a whole batch: programs inline, every judge request in one ``judge.judge_batch`` call
 (so an HTTP judge can run them concurrently and a local judge can batch them).
+
+Containment: the response is written by the policy, so nothing it contains may stop a run. Every program
+check runs under a guard (``run_program``): a ``CheckLimitError`` (response over the length limit, JSON
+nested too deep, a regex over its time budget) or any exception an extractor or verifier raises becomes a
+*scored failure* with the reason - ``met`` is the outcome that scores worst for the response (not met; met
+for a pitfall), status ``check_error`` - so a response can never gain by breaking a check, and the reward
+counts it (``rubric/check_errors``). The same holds when the section a judge should see cannot be cut out
+of the response. Bad *data* (a sample without the answer a check compares with) is still a ``DataError``:
+that is the user's to fix, not the policy's doing. A judge backend that raises leaves its criteria unknown.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Protocol, Sequence
 
-from mmrlvr.errors import DataError
+from mmrlvr.errors import DataError, UserError
 from mmrlvr.rubric import verifiers
 from mmrlvr.rubric.prompts import JudgeRequest
 from mmrlvr.rubric.schema import ANSWER_REF, CHECK_PARAMS, JUDGE_KIND, Check, Criterion, Rubric
@@ -24,6 +33,7 @@ from mmrlvr.rubric.verdicts import ERROR, Verdict
 from mmrlvr.types import Sample
 
 PROGRAM, JUDGE = "program", "judge"
+CHECK_ERROR = "check_error"  # status of a verdict whose check failed on the response (scored as a failure)
 
 
 class JudgeLike(Protocol):
@@ -37,18 +47,38 @@ def route(criterion: Criterion) -> str:
     return PROGRAM if criterion.check.is_program else JUDGE
 
 
-def run_program(criterion: Criterion, response: str, sample: Sample | None) -> Verdict:
-    """Extract from the response alone, then verify against the expected value."""
+def run_program(criterion: Criterion, response: str, sample: Sample | None,
+                limits: verifiers.CheckLimits = verifiers.DEFAULT_LIMITS) -> Verdict:
+    """Extract from the response alone, then verify against the expected value - under the guard.
+
+    Any failure caused by the response is a scored failure (``failed_check``), never an exception.
+    """
     check = criterion.check
-    extracted = verifiers.extract(check, response)  # no sample, no ground truth here
     try:
         expected = verifiers.expected_value(check, sample)
-        met, why = verifiers.verify(check, extracted, expected)
     except ValueError as exc:
         sid = sample.id if sample is not None else "?"
         raise DataError(f"criterion {criterion.id!r} ({criterion.where}): {exc}", source=f"sample {sid}",
                         field="answer") from None
+    try:
+        extracted = verifiers.extract(check, response, limits)  # no sample, no ground truth here
+        met, why = verifiers.verify(check, extracted, expected)
+    except verifiers.CheckLimitError as exc:
+        return failed_check(criterion, str(exc))
+    except (UserError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the policy's text must never stop the run
+        return failed_check(criterion, f"the check raised {type(exc).__name__}: {str(exc)[:160]}")
     return Verdict(met=met, rationale=why, source=f"program:{check.kind}")
+
+
+def failed_check(criterion: Criterion, reason: str) -> Verdict:
+    """The worst-scoring verdict for the response, with the reason: not met, or met for a pitfall."""
+    met = criterion.category == "pitfall"
+    return Verdict(met=met, rationale=f"check failed on this response ({reason}); scored as "
+                                      f"{'met (pitfall)' if met else 'not met'}",
+                   status=CHECK_ERROR, source=f"{'program' if criterion.check.is_program else 'judge'}:"
+                                              f"{criterion.check.kind}")
 
 
 def judge_request(criterion: Criterion, response: str, sample: Sample | None) -> JudgeRequest:
@@ -67,8 +97,28 @@ def judge_request(criterion: Criterion, response: str, sample: Sample | None) ->
                         question=question or None, reference=reference, images=images)
 
 
+def guarded_judge_request(criterion: Criterion, response: str, sample: Sample | None,
+                          limits: verifiers.CheckLimits = verifiers.DEFAULT_LIMITS) -> JudgeRequest:
+    """``judge_request`` with the program checks' limits on cutting the target section out of the response.
+
+    Raises ``CheckLimitError`` (a scored failure for the caller) when the section cannot be taken.
+    """
+    if criterion.check.param("target") != "response" and len(response) > limits.max_chars:
+        raise verifiers.CheckLimitError(f"the response is {len(response):,} characters, over the "
+                                        f"{limits.max_chars:,}-character limit for cutting out its "
+                                        f"{criterion.check.param('target')}")
+    try:
+        return judge_request(criterion, response, sample)
+    except (UserError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the policy's text must never stop the run
+        raise verifiers.CheckLimitError(f"cutting out the {criterion.check.param('target')} raised "
+                                        f"{type(exc).__name__}: {str(exc)[:160]}") from None
+
+
 def evaluate(rubrics: Sequence[Rubric], responses: Sequence[str], samples: Sequence[Sample | None],
-             judge: JudgeLike | None) -> list[list[Verdict]]:
+             judge: JudgeLike | None, limits: verifiers.CheckLimits = verifiers.DEFAULT_LIMITS
+             ) -> list[list[Verdict]]:
     """Verdicts for every (response, criterion): ``out[i][j]`` for response i and its rubric's criterion j.
 
     Judge criteria need ``judge``; without one they are an error naming the criterion (a silent
@@ -80,16 +130,27 @@ def evaluate(rubrics: Sequence[Rubric], responses: Sequence[str], samples: Seque
         row: list[Verdict | None] = []
         for j, crit in enumerate(rubric.criteria):
             if route(crit) == PROGRAM:
-                row.append(run_program(crit, response, sample))
-            else:
-                if judge is None:
-                    raise DataError(f"criterion {crit.id!r} ({crit.where}) needs a judge but none is "
-                                    "configured (set the reward's `judge`, or `--judge` on the command line)")
-                pending.append((i, j, judge_request(crit, response, sample)))
-                row.append(None)
+                row.append(run_program(crit, response, sample, limits))
+                continue
+            if judge is None:
+                raise DataError(f"criterion {crit.id!r} ({crit.where}) needs a judge but none is "
+                                "configured (set the reward's `judge`, or `--judge` on the command line)")
+            try:
+                req = guarded_judge_request(crit, response, sample, limits)
+            except verifiers.CheckLimitError as exc:
+                row.append(failed_check(crit, str(exc)))
+                continue
+            pending.append((i, j, req))
+            row.append(None)
         out.append(row)
     if pending:
-        verdicts = judge.judge_batch([req for _, _, req in pending])  # type: ignore[union-attr]
+        try:
+            verdicts = judge.judge_batch([req for _, _, req in pending])  # type: ignore[union-attr]
+        except (UserError, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a broken judge backend leaves its criteria unknown
+            why = f"the judge raised {type(exc).__name__}: {str(exc)[:160]}"
+            verdicts = [Verdict(None, why, ERROR, getattr(judge, "identity", ""))] * len(pending)
         for (i, j, _), verdict in zip(pending, verdicts):
             out[i][j] = verdict
     for row in out:

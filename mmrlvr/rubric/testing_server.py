@@ -9,10 +9,18 @@ so one server covers every case a judge must survive:
                 so its output is never a valid verdict - exactly what a badly chosen judge looks like)
 ``rule``        a deterministic, deliberately *gullible* grader (``rule_judge``): it obeys instructions it
                 finds outside the response block, and otherwise passes a criterion when every "quoted"
-                keyword of the criterion occurs in the response block. Ends with ``VERDICT: PASS|FAIL``
-                after a rationale that quotes the response (a lax parser would be fooled by the quote).
-``rule-json``   the same decision as a JSON object ``{"verdict", "rationale"}``
+                keyword of the criterion occurs in the response block. A rationale line that quotes the
+                response (a lax parser would be fooled by the quote), then the verdict object
+                ``{"request_id", "verdict", "rationale"}`` with the request id read from the prompt
+``rule-json``   the same decision as the verdict object alone
 ``coin``        pass/fail from a hash of (prompt, seed): votes with different seeds disagree
+``echo``        repeats the response block back verbatim (a judge that parrots what it grades: a verdict
+                line or object the response ends with must not be read as the judge's)
+``echo-prompt`` repeats the whole user message back (request id included, but never as a verdict object)
+``drip``        a valid ``rule-json`` reply whose body is sent one byte every ``drip_interval`` seconds
+``drip-head``   the same, with the status line and headers dripped too
+``huge``        a ``huge_bytes`` reply (Content-Length given) whose content ends in a valid PASS verdict
+``huge-stream`` the same without Content-Length (body until the connection closes)
 ``timeout``     sleeps ``timeout_delay`` seconds before answering (clients with shorter timeouts give up)
 ``error500``    HTTP 500 with an error body
 ``flaky``       HTTP 500 for the first ``flaky_failures`` requests of each distinct prompt, then ``rule``
@@ -44,7 +52,9 @@ from pathlib import Path
 from typing import Any
 
 MODES = ("model", "rule", "rule-json", "coin", "timeout", "error500", "flaky", "garbage", "badjson", "refuse",
-         "mixed")
+         "mixed", "echo", "echo-prompt", "drip", "drip-head", "huge", "huge-stream")
+_FORM_RE = re.compile(r'^\{"request_id".*$', re.M)
+_NONCE_RE = re.compile(r'"request_id": "([0-9a-z]+)"')
 _MODE_TAG_RE = re.compile(r"^CRITERION:.*\(mode: ([a-z0-9-]+)\)", re.M)
 
 _OPEN_RE = re.compile(r"<<<RESPONSE[^\n]*?>>>")
@@ -64,6 +74,7 @@ def rule_judge(user_text: str) -> tuple[bool, str]:
         data = user_text[m.end(): end if end >= 0 else len(user_text)]
         outside = user_text[: m.start()] + (user_text[end:] if end >= 0 else "")
     quote = " ".join(data.split())[:160]
+    outside = _FORM_RE.sub("", outside)  # the reply form our prompt shows is not an instruction to pass
     if _INJECTION_RE.search(outside):
         return True, f"as instructed. The response reads “{quote}”."
     crit = re.search(r"^CRITERION:\s*(.*)$", user_text, re.M)
@@ -73,6 +84,27 @@ def rule_judge(user_text: str) -> tuple[bool, str]:
         why = "it mentions " + ", ".join(keywords) if not missing else "it does not mention " + ", ".join(missing)
         return not missing, f"the response reads “{quote}”; {why}."
     return len(data.split()) >= 3, f"the response reads “{quote}”."
+
+
+def request_id(user_text: str) -> str:
+    """The request id a prompt asks the judge to copy (the last one outside the response block)."""
+    m = _OPEN_RE.search(user_text)
+    end = user_text.find(_CLOSE, m.end()) if m else -1
+    outside = user_text[end:] if end >= 0 else user_text
+    found = _NONCE_RE.findall(outside)
+    return found[-1] if found else ""
+
+
+def verdict_json(user_text: str, ok: bool, why: str) -> str:
+    return json.dumps({"request_id": request_id(user_text), "verdict": "pass" if ok else "fail", "rationale": why})
+
+
+def _response_block(user_text: str) -> str:
+    m = _OPEN_RE.search(user_text)
+    if m is None:
+        return ""
+    end = user_text.find(_CLOSE, m.end())
+    return user_text[m.end(): end if end >= 0 else len(user_text)].strip("\n")
 
 
 def _user_text(body: dict[str, Any]) -> str:
@@ -92,12 +124,14 @@ class JudgeServer:
     """Start with ``with JudgeServer() as srv:``; ``srv.base_url`` is the ``/v1`` root for clients."""
 
     def __init__(self, *, model_dir: str | Path | None = None, default_mode: str = "rule",
-                 timeout_delay: float = 5.0, flaky_failures: int = 2, max_prompt_chars: int | None = None) -> None:
+                 timeout_delay: float = 5.0, flaky_failures: int = 2, max_prompt_chars: int | None = None,
+                 drip_interval: float = 0.5, huge_bytes: int = 40_000_000) -> None:
         if default_mode not in MODES:
             raise ValueError(f"unknown mode {default_mode!r}; known: {', '.join(MODES)}")
         self.model_dir, self.default_mode = model_dir, default_mode
         self.timeout_delay, self.flaky_failures = timeout_delay, flaky_failures
         self.max_prompt_chars = max_prompt_chars
+        self.drip_interval, self.huge_bytes = drip_interval, huge_bytes
         self.requests: list[dict[str, Any]] = []
         self._flaky_seen: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -186,13 +220,19 @@ class JudgeServer:
         if mode == "badjson":
             self._send_raw(h, 200, b"<html>this is not json", "application/json")
             return
-        if mode in ("rule", "rule-json"):
+        if mode in ("rule", "rule-json", "drip", "drip-head"):
             ok, why = rule_judge(text)
-            content = (json.dumps({"verdict": "pass" if ok else "fail", "rationale": why}) if mode == "rule-json"
-                       else f"Rationale: {why}\nVERDICT: {'PASS' if ok else 'FAIL'}")
+            content = (f"Rationale: {why}\n" if mode == "rule" else "") + verdict_json(text, ok, why)
+        elif mode in ("huge", "huge-stream"):
+            pad = max(0, self.huge_bytes - 300)
+            content = "x" * pad + "\n" + verdict_json(text, True, "huge")
+        elif mode == "echo":
+            content = _response_block(text)
+        elif mode == "echo-prompt":
+            content = text
         elif mode == "coin":
             digest = hashlib.sha256(f"{text}|{body.get('seed')}".encode()).digest()
-            content = json.dumps({"verdict": "pass" if digest[0] % 2 else "fail", "rationale": "coin"})
+            content = verdict_json(text, bool(digest[0] % 2), "coin")
         elif mode == "garbage":
             rng = random.Random(len(text))
             content = " ".join(rng.choice(["lorem", "ipsum", "pass?", "maybe", "{", "verdict", "42"])
@@ -205,12 +245,35 @@ class JudgeServer:
             except Exception as exc:  # noqa: BLE001 - report like a real server would
                 self._send(h, 500, {"error": {"message": f"{type(exc).__name__}: {exc}", "type": "server_error"}})
                 return
-        self._send(h, 200, {
+        reply = {
             "id": "chatcmpl-test", "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model", ""),
             "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-        })
+        }
+        if mode in ("drip", "drip-head"):
+            self._drip(h, json.dumps(reply).encode(), head=mode == "drip-head")
+        elif mode == "huge-stream":
+            self._send_raw(h, 200, json.dumps(reply).encode(), "application/json", length=False)
+        else:
+            self._send(h, 200, reply)
+
+    def _drip(self, h: BaseHTTPRequestHandler, data: bytes, *, head: bool) -> None:
+        """Send a 200 reply one byte per ``drip_interval`` (the body only, or everything with ``head``)."""
+        header = (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+                  "\r\n").encode()
+        try:
+            if not head:
+                h.wfile.write(header)
+                h.wfile.flush()
+            for k in range(len(header) * head + len(data)):
+                if self._stop.wait(self.drip_interval):
+                    return
+                byte = (header + data)[k:k + 1] if head else data[k:k + 1]
+                h.wfile.write(byte)
+                h.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError, OSError):  # the client gave up: what we test
+            h.close_connection = True
 
     def _generate(self, body: dict[str, Any]) -> str:
         from PIL import Image
@@ -245,12 +308,16 @@ class JudgeServer:
         JudgeServer._send_raw(h, status, json.dumps(obj).encode(), "application/json")
 
     @staticmethod
-    def _send_raw(h: BaseHTTPRequestHandler, status: int, data: bytes, ctype: str) -> None:
+    def _send_raw(h: BaseHTTPRequestHandler, status: int, data: bytes, ctype: str, length: bool = True) -> None:
         try:
             h.send_response(status)
             h.send_header("Content-Type", ctype)
-            h.send_header("Content-Length", str(len(data)))
+            if length:
+                h.send_header("Content-Length", str(len(data)))
+            else:  # body until the connection closes
+                h.send_header("Connection", "close")
+                h.close_connection = True
             h.end_headers()
             h.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout tests)
-            pass
+            h.close_connection = True

@@ -8,6 +8,14 @@ place that reads the sample's ground truth (for ``expected: "{answer}"``).
 Answer parsing (``<think>``/``<answer>`` splitting, ``\\boxed{}``, numbers, math equivalence) comes from
 ``mmrlvr.rewards.parsing`` and ``mmrlvr.rewards.mathverify``; this module adapts them to rubric checks and
 adds only what rubrics need on top (targets, ``pick``, regex, JSON fields, option letters, box IoU).
+
+The response is written by the policy being trained, so every extractor is bounded before it parses
+(``CheckLimits``): responses longer than ``max_chars`` are refused before any parsing, JSON is found by
+an iterative scanner with a nesting limit and a work budget linear in the text length (the standard
+library's recursive decoder raised ``RecursionError`` on ~1,000 nested ``[``), and author regexes run
+under a time budget (the ``regex`` module's ``timeout``: catastrophic backtracking cannot hang a run).
+A limit that is hit raises ``CheckLimitError``; ``routing.run_program`` turns it - and any other
+exception an extractor or verifier raises on a response - into a scored failure with the reason.
 """
 
 from __future__ import annotations
@@ -17,12 +25,41 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import regex as _regex
+
 from mmrlvr.rewards import parsing
 from mmrlvr.rewards.choice import extract_choice
 from mmrlvr.rewards.grounding import iou, parse_boxes
 from mmrlvr.rewards.mathverify import math_equal as _mv_math_equal
+from mmrlvr.rubric.jsonscan import OPEN_RE, json_span
 from mmrlvr.rubric.schema import ANSWER_REF, Check
 from mmrlvr.types import Sample
+
+
+
+@dataclass(frozen=True)
+class CheckLimits:
+    """Bounds on the work one program check may do on one response (all deterministic but the regex one).
+
+    max_chars: longest response a program check parses (longer: a scored failure, nothing parsed).
+    json_max_depth: deepest JSON nesting accepted (deeper: no JSON value; json's decoder recurses).
+    json_work_factor: the JSON search reads at most this many characters per character of text, summed
+        over every candidate start (bounds the cost of many unclosed brackets).
+    regex_timeout_s: wall-clock budget of one regex check (the ``regex`` module raises TimeoutError).
+    """
+
+    max_chars: int = 50_000
+    json_max_depth: int = 64
+    json_work_factor: int = 8
+    regex_timeout_s: float = 1.0
+
+
+DEFAULT_LIMITS = CheckLimits()
+
+
+class CheckLimitError(Exception):
+    """A program check hit one of its ``CheckLimits``; the message is the reason shown to users."""
+
 
 @dataclass(frozen=True)
 class Extracted:
@@ -62,13 +99,25 @@ def section(response: str, target: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------- extraction
-def extract(check: Check, response: str) -> Extracted:
-    """Pull the value a program check needs out of the response alone (never sees the ground truth)."""
+def extract(check: Check, response: str, limits: CheckLimits = DEFAULT_LIMITS) -> Extracted:
+    """Pull the value a program check needs out of the response alone (never sees the ground truth).
+
+    Raises ``CheckLimitError`` when the response is over ``limits.max_chars`` (checked before any
+    parsing) or a regex runs past its time budget.
+    """
+    if len(response) > limits.max_chars:
+        raise CheckLimitError(f"the response is {len(response):,} characters, over the {limits.max_chars:,}-"
+                              "character limit of program checks (nothing was parsed)")
     text = section(response, check.param("target"))
     kind = check.kind
     if kind == "regex":
-        flags = re.I if check.param("ignore_case") else 0
-        return Extracted(len(re.findall(check.param("pattern"), text, flags)))
+        flags = _regex.I if check.param("ignore_case") else 0
+        try:
+            found = _regex.findall(check.param("pattern"), text, flags, timeout=limits.regex_timeout_s)
+        except TimeoutError:
+            raise CheckLimitError(f"the pattern ran past its {limits.regex_timeout_s:g} s budget on this "
+                                  "response") from None
+        return Extracted(len(found))
     if not text.strip():
         return Extracted(None, f"empty {check.param('target')}")
     if kind == "number":
@@ -85,9 +134,9 @@ def extract(check: Check, response: str) -> Extracted:
             return Extracted(None, f"{len(boxes)} different boxes: ambiguous answer")
         return Extracted(boxes[0] if boxes else None, "" if boxes else "no box found")
     if kind == "json_field":
-        obj = _first_json(text)
-        if obj is None:
-            return Extracted(None, "no JSON value found")
+        obj, note = first_json(text, limits)
+        if note:
+            return Extracted(None, note)
         found, value = _dig(obj, check.param("field"))
         return Extracted(value if found else None, "" if found else f"no field {check.param('field')!r}")
     raise ValueError(f"not a program check: {kind}")
@@ -111,19 +160,34 @@ def _pick_number(text: str, pick: str) -> Extracted:
     return Extracted(nums[-1] if pick == "last" else nums[0])
 
 
-def _first_json(text: str) -> Any:
+def first_json(text: str, limits: CheckLimits = DEFAULT_LIMITS) -> tuple[Any, str]:
+    """The first JSON object or array in ``text`` (a ```json fence first): (value, "") or (None, why not).
+
+    Linear time at any nesting: each candidate start ("{" or "[") is scanned iteratively for its
+    matching close (strings and escapes respected), with at most ``json_max_depth`` open brackets - a
+    deeper value ends the search (a degenerate response, not an answer) - and the characters scanned over
+    all candidates are capped at ``json_work_factor`` x the text length. Only a span that closes is
+    handed to ``json.loads``, whose recursion then stays within the depth limit.
+    """
     fenced = re.search(r"```(?:json)?\s*(.*?)```", text, re.S)
     candidates = [fenced.group(1)] if fenced else []
     candidates.append(text)
-    decoder = json.JSONDecoder()
+    budget = limits.json_work_factor * max(len(text), 1) + 1000
     for cand in candidates:
-        for i, ch in enumerate(cand):
-            if ch in "{[":
+        for start in OPEN_RE.finditer(cand):
+            i = start.start()
+            end, why = json_span(cand, i, limits.json_max_depth)
+            budget -= end - i
+            if why == "depth":
+                return None, f"JSON nested deeper than {limits.json_max_depth} levels"
+            if not why:
                 try:
-                    return decoder.raw_decode(cand, i)[0]
-                except json.JSONDecodeError:
-                    continue
-    return None
+                    return json.loads(cand[i:end]), ""
+                except (ValueError, RecursionError):
+                    pass
+            if budget <= 0:
+                return None, "no JSON value found within the search budget"
+    return None, "no JSON value found"
 
 
 def _dig(obj: Any, dotted: str) -> tuple[bool, Any]:
