@@ -50,6 +50,7 @@ class ModelConfig:
     attn_implementation: str | None = _f(None, "attention kernel: eager | sdpa | flash_attention_2 (None = default)")
     freeze_vision: bool = _f(True, "freeze the vision tower (and reuse its features across passes)")
     lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA settings"})
+    gradient_checkpointing: bool = _f(False, "recompute layer activations in the backward (transformers' own; less memory, ~1 extra forward)")
 
 
 @dataclass
@@ -129,6 +130,7 @@ class OptimConfig:
     grad_clip: float = _f(1.0, "clip the global gradient norm (0 = off)")
     schedule: str = _f("constant", "lr schedule: constant | linear | cosine")
     warmup_steps: int = _f(0, "linear warm-up steps")
+    state_dtype: str = _f("auto", "AdamW moment dtype: auto (= weights) | float32 | bfloat16 | float16")
 
 
 @dataclass

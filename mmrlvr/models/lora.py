@@ -101,3 +101,26 @@ def reference_logits_context(model: torch.nn.Module) -> Iterator[None]:
             yield
     else:
         yield
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> torch.nn.Module:
+    """Turn on transformers' own gradient checkpointing (``model.gradient_checkpointing: true``).
+
+    Activations of each decoder layer (and vision block) are recomputed in the backward instead of kept:
+    less memory for about one extra forward. Non-reentrant checkpointing (``use_reentrant=False``, the
+    torch recommendation) works with frozen inputs; for a peft model the embedding output is still made
+    to require grad (peft's ``enable_input_require_grads``, as TRL does), so the reentrant variant a
+    user might configure elsewhere also gets gradients into LoRA layers. The KV cache is switched off
+    for training passes (generation passes ``use_cache=True`` explicitly). Call it before or after
+    ``apply_lora``; returns ``model``. Raises UserError for a model without transformers' support.
+    """
+    core = model.get_base_model() if isinstance(model, PeftModel) else model
+    enable = getattr(core, "gradient_checkpointing_enable", None)
+    if enable is None or not getattr(core, "supports_gradient_checkpointing", False):
+        raise UserError(f"model.gradient_checkpointing: {type(core).__name__} does not support gradient checkpointing")
+    enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if getattr(core, "config", None) is not None:
+        core.config.use_cache = False
+    if isinstance(model, PeftModel) or any(p.requires_grad is False for p in core.get_input_embeddings().parameters()):
+        model.enable_input_require_grads()
+    return model
