@@ -56,29 +56,18 @@ class LengthReport:
 
 
 def _processor_inputs(processor: Any, samples: list[Sample]) -> dict[str, Any]:
+    from mmrlvr.data.video_processing import ensure_video_processor, video_processor_kwargs
     from mmrlvr.rollout.hf import prompt_texts
 
     kwargs: dict[str, Any] = {"text": prompt_texts(processor, samples), "padding": True}
     images = [im for s in samples for im in s.images]
     if images:
         kwargs["images"] = images
-    videos = [v for s in samples for v in video_frames(s)]
-    if videos:
-        kwargs["videos"] = videos
-        kwargs.update(video_kwargs(samples))
+    video = video_processor_kwargs(samples)
+    if video:
+        ensure_video_processor(processor)
+        kwargs.update(video)
     return kwargs
-
-
-def video_frames(sample: Sample) -> list[list[Any]]:
-    """The frame lists of a sample's videos (``meta["videos"]``, written by ``mmrlvr.data.video``)."""
-    return [v["frames"] for v in (sample.meta.get("videos") or [])]
-
-
-def video_kwargs(samples: list[Sample]) -> dict[str, Any]:
-    """Processor arguments for sampled frames: already resized and subsampled, so no further sampling."""
-    from mmrlvr.data.video import processor_video_kwargs
-
-    return processor_video_kwargs(samples)
 
 
 def prompt_lengths(samples: list[Sample], processor: Any, chunk: int = 32) -> list[int]:
@@ -88,7 +77,9 @@ def prompt_lengths(samples: list[Sample], processor: Any, chunk: int = 32) -> li
     out: list[int] = []
     for i in range(0, len(samples), chunk):
         part = samples[i:i + chunk]
-        groups = [[s] for s in part] if any(bool(s.images) != bool(part[0].images) for s in part) else [part]
+        mixed = any(bool(s.images) != bool(part[0].images) or bool(s.meta.get("videos")) != bool(part[0].meta.get("videos"))
+                    for s in part)
+        groups = [[s] for s in part] if mixed else [part]
         for g in groups:  # the processor cannot mix rows with and without images in one call
             enc = processor(**_processor_inputs(processor, g))
             out.extend(int(sum(m)) for m in enc["attention_mask"])

@@ -9,8 +9,9 @@ frames per second, 2 by default), clamped to [``min_frames``, ``max_frames``], r
 because that package imports torchvision at module top (STACK.md), which the CPU install lacks.
 
 The result is stored in ``sample.meta["videos"]``: one dict per video with ``frames`` (PIL RGB, all the
-same size), ``fps`` (the sampled frames' rate, which Qwen2.5-VL / Qwen3-VL use for temporal position
-ids), ``source`` and ``n_source_frames``.
+same size), ``fps`` (the sampled frames' rate), ``source_fps`` and ``indices`` (the source frames taken:
+Qwen2.5-VL's ``second_per_grid_ts`` and Qwen3-VL's ``<t seconds>`` timestamps come from them through
+``mmrlvr.data.video_processing``), ``source`` and ``n_source_frames``.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def _indices(total: int, n: int) -> list[int]:
     return [int(round(i * (total - 1) / (n - 1))) for i in range(n)]
 
 
-def _read_video_file(path: Path, opts: VideoOptions) -> tuple[list[Image.Image], float, int]:
+def _read_video_file(path: Path, opts: VideoOptions) -> tuple[list[Image.Image], float, int, list[int]]:
     import cv2
 
     cap = cv2.VideoCapture(str(path))
@@ -87,11 +88,11 @@ def _read_video_file(path: Path, opts: VideoOptions) -> tuple[list[Image.Image],
     n = n_frames_to_sample(total, fps, opts)
     idx = _indices(total, n)
     frames = [Image.fromarray(cv2.cvtColor(frames_bgr[i], cv2.COLOR_BGR2RGB)) for i in idx]
-    return frames, fps * n / total, total
+    return frames, fps, total, idx
 
 
 def _read_frame_list(values: list[Any], base_dir: Path | None, opts: VideoOptions,
-                     where: str) -> tuple[list[Image.Image], float, int]:
+                     where: str) -> tuple[list[Image.Image], float, int, list[int]]:
     from mmrlvr.data.images import load_image
 
     total = len(values)
@@ -99,12 +100,13 @@ def _read_frame_list(values: list[Any], base_dir: Path | None, opts: VideoOption
         raise DataError(f"{where} has no frames")
     n = n_frames_to_sample(total, opts.source_fps, opts)
     frames = []
-    for i in _indices(total, n):
+    idx = _indices(total, n)
+    for i in idx:
         try:
             frames.append(load_image(values[i], base_dir))
         except DataError as exc:
             raise DataError(f"{where} frame {i}: {exc}") from None
-    return frames, opts.source_fps * n / total, total
+    return frames, opts.source_fps, total, idx
 
 
 def load_video(value: Any, base_dir: str | Path | None = None, opts: VideoOptions | None = None,
@@ -115,7 +117,7 @@ def load_video(value: Any, base_dir: str | Path | None = None, opts: VideoOption
     opts = opts or VideoOptions()
     base = Path(base_dir) if base_dir is not None else None
     if isinstance(value, (list, tuple)):
-        frames, fps, total = _read_frame_list(list(value), base, opts, "frame list")
+        frames, fps, total, idx = _read_frame_list(list(value), base, opts, "frame list")
         source = f"{len(value)} frames"
     elif isinstance(value, str):
         text = value.strip()
@@ -128,9 +130,9 @@ def load_video(value: Any, base_dir: str | Path | None = None, opts: VideoOption
             files = sorted(p for p in path.iterdir() if p.suffix.lower() in FRAME_SUFFIXES)
             if not files:
                 raise DataError(f"frame folder {path} holds no image files ({', '.join(FRAME_SUFFIXES)})")
-            frames, fps, total = _read_frame_list([str(p) for p in files], None, opts, f"frame folder {path}")
+            frames, fps, total, idx = _read_frame_list([str(p) for p in files], None, opts, f"frame folder {path}")
         elif path.is_file():
-            frames, fps, total = _read_video_file(path, opts)
+            frames, fps, total, idx = _read_video_file(path, opts)
         else:
             raise DataError(f"video not found: {path}")
         source = str(path)
@@ -143,7 +145,8 @@ def load_video(value: Any, base_dir: str | Path | None = None, opts: VideoOption
                               opts.max_pixels) for f in frames]
     except ValueError as exc:
         raise DataError(f"video frames of size {first.size[0]}x{first.size[1]} cannot be resized: {exc}") from None
-    return {"frames": sized, "fps": float(fps), "source": source, "n_source_frames": int(total)}
+    return {"frames": sized, "fps": float(fps) * len(idx) / total, "source_fps": float(fps), "indices": idx,
+            "source": source, "n_source_frames": int(total)}
 
 
 def load_videos_for_row(values: list[Any], base_dir: str | Path | None, opts: VideoOptions | None,
@@ -155,9 +158,3 @@ def load_videos_for_row(values: list[Any], base_dir: str | Path | None, opts: Vi
         except DataError as exc:
             raise DataError(f"video {i}: {exc}") from None
     return out
-
-
-def processor_video_kwargs(samples: list[Any]) -> dict[str, Any]:
-    """Extra processor arguments for already-sampled frames: no resampling, and the sampled fps."""
-    fps = [v["fps"] for s in samples for v in (s.meta.get("videos") or [])]
-    return {"do_sample_frames": False, "fps": fps} if fps else {}

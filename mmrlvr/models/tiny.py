@@ -57,15 +57,17 @@ QWEN_SPLIT_PATTERN = (
     r"|\s+(?!\S)|\s+"
 )
 
-# Qwen-style chat template: image parts become <|vision_start|><|image_pad|><|vision_end|> (the processor
-# expands the pad to one token per merged patch). Unlike the real one, no default system message is
+# Qwen-style chat template: image parts become <|vision_start|><|image_pad|><|vision_end|> and video parts
+# <|vision_start|><|video_pad|><|vision_end|> (the processor expands the pad to one token per merged patch). Unlike the real one, no default system message is
 # injected: prompts stay short for a 2-layer model.
 CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
     "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
     "{%- if message['content'] is string -%}{{- message['content'] -}}"
     "{%- else -%}{%- for part in message['content'] -%}"
-    "{%- if part['type'] == 'image' or 'image' in part or 'image_url' in part -%}"
+    "{%- if part['type'] == 'video' or 'video' in part -%}"
+    "{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
+    "{%- elif part['type'] == 'image' or 'image' in part or 'image_url' in part -%}"
     "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
     "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}"
     "{%- endif -%}{%- endfor -%}{%- endif -%}"

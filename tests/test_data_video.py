@@ -1,0 +1,140 @@
+"""Video inputs: frame sampling (files and frame folders), the loader's ``videos`` column, and the Qwen
+video token layout through the real processors and models of the three tiny families (no torchvision).
+
+Expected values are worked by hand: frame indices from the even-spacing rule, token counts from
+T/2 * (H/p) * (W/p) / merge^2, Qwen3-VL timestamps as the mean time of each frame pair.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from mmrlvr.data import load_samples
+from mmrlvr.data.prompts import build_messages
+from mmrlvr.data.video import VideoOptions, load_video, n_frames_to_sample
+from mmrlvr.data.video_processing import FrameVideoProcessor, ensure_video_processor, video_processor_kwargs
+from mmrlvr.errors import DataError
+from mmrlvr.types import Sample
+
+
+def write_mp4(path, n_frames: int, fps: float, size=(56, 56)) -> None:
+    """Frame i is a flat grey of level 10*i (so a decoded frame tells which source frame it was)."""
+    import cv2
+
+    w, h = size
+    out = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (w, h))
+    assert out.isOpened()
+    for i in range(n_frames):
+        out.write(np.full((h, w, 3), 10 * i, dtype=np.uint8))
+    out.release()
+
+
+def test_frame_counts():
+    opts = VideoOptions(fps=2, max_frames=8, min_frames=2)
+    assert n_frames_to_sample(100, 25.0, opts) == 8   # 4 s * 2 fps = 8
+    assert n_frames_to_sample(250, 25.0, opts) == 8   # 10 s -> 20, capped at 8
+    assert n_frames_to_sample(25, 25.0, opts) == 2    # 1 s -> 2
+    assert n_frames_to_sample(75, 25.0, opts) == 6    # 3 s -> 6
+    assert n_frames_to_sample(3, 25.0, opts) == 2     # under min: 2 (a Qwen temporal patch)
+
+
+def test_video_file_sampling(tmp_path):
+    write_mp4(tmp_path / "v.mp4", 20, 10.0)  # 2 s at 10 fps -> 4 frames at 2 fps
+    v = load_video(str(tmp_path / "v.mp4"), opts=VideoOptions(fps=2, max_frames=8, max_pixels=56 * 56))
+    # 4 evenly spaced of 20: round(i * 19 / 3) = 0, 6, 13, 19
+    assert v["indices"] == [0, 6, 13, 19] and v["n_source_frames"] == 20 and v["source_fps"] == 10.0
+    assert v["fps"] == pytest.approx(2.0)  # 4 frames over 2 s
+    levels = [int(np.asarray(f)[20, 20, 0]) for f in v["frames"]]
+    assert all(abs(lv - 10 * i) <= 6 for lv, i in zip(levels, [0, 6, 13, 19]))  # mp4v is lossy
+    assert all(f.size == (56, 56) for f in v["frames"])
+
+
+def test_frame_folder_and_loader_column(tmp_path):
+    folder = tmp_path / "clip"
+    folder.mkdir()
+    for i in range(6):
+        Image.new("RGB", (84, 56), (40 * i, 0, 0)).save(folder / f"{i:03d}.png")
+    rows = [{"problem": "<video>How many frames show red?", "answer": "3", "videos": ["clip"]},
+            {"problem": "How many?", "answer": "2", "videos": ["clip"], "images": []}]
+    (a, b), report = load_samples(rows, preset="easyr1", image_dir=tmp_path,
+                                  video=VideoOptions(fps=2, max_frames=4, source_fps=2))
+    v = a.meta["videos"][0]
+    # 6 frames at 2 fps = 3 s -> 6 wanted, capped at 4: indices round(i * 5 / 3) = 0, 2, 3, 5
+    assert v["indices"] == [0, 2, 3, 5] and [f.getpixel((0, 0))[0] for f in v["frames"]] == [0, 80, 120, 200]
+    assert [p["type"] for p in a.messages[-1]["content"]] == ["video", "text"]
+    assert [p["type"] for p in b.messages[-1]["content"]] == ["video", "text"]  # no placeholder: video first
+    bad = [{"problem": "<video><video>Compare.", "answer": "1", "videos": ["clip"]}]
+    with pytest.raises(DataError, match=r"row 0, field 'videos': the problem has 2 <video> placeholder\(s\) but the "
+                                        r"row has 1 video\(s\)"):
+        load_samples(bad, preset="easyr1", image_dir=tmp_path)
+    with pytest.raises(DataError, match=r"row 0, field 'videos': video 0: video not found"):
+        load_samples([{"problem": "q", "answer": "1", "videos": ["nope.mp4"]}], preset="easyr1", image_dir=tmp_path)
+
+
+def test_video_patches_of_a_still_clip_equal_the_image_patches():
+    """A 2-frame clip of one image must give the rows the image processor gives that image (it tiles an
+    image over the temporal patch): an independent check of the patch order."""
+    from transformers import Qwen2VLImageProcessorPil
+
+    ip = Qwen2VLImageProcessorPil(patch_size=14, merge_size=2, temporal_patch_size=2, min_pixels=28 * 28,
+                                  max_pixels=448 * 448)
+    rng = np.random.default_rng(0)
+    im = Image.fromarray(rng.integers(0, 255, (56, 84, 3), dtype=np.uint8))
+    ref = ip(images=[im], return_tensors="np")
+    vp = FrameVideoProcessor.like(ip)
+    rows, grid = vp.patchify([im, im])
+    assert grid == [1, 4, 6] and ref["image_grid_thw"].tolist() == [[1, 4, 6]]
+    np.testing.assert_allclose(rows, ref["pixel_values"], atol=1e-5)
+
+
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def family_model(request, tmp_path_factory):
+    from mmrlvr.models.compat import load_processor
+    from mmrlvr.models.loading import load_policy
+    from mmrlvr.models.tiny import build_tiny
+
+    path = build_tiny(request.param, tmp_path_factory.mktemp(request.param) / "m")
+    model = load_policy(path)[0]
+    return request.param, model, ensure_video_processor(load_processor(path, request.param))
+
+
+def test_video_token_layout_through_the_real_processor_and_model(family_model):
+    import torch
+
+    from mmrlvr.rollout.hf import prompt_texts
+
+    family, model, proc = family_model
+    f = 32 if family == "qwen3_vl" else 28  # patch 16 x merge 2 for Qwen3-VL, 14 x 2 otherwise
+    frames = [Image.new("RGB", (3 * f, 2 * f), (60 * i, 0, 0)) for i in range(4)]
+    video = {"frames": frames, "fps": 1.0, "source_fps": 2.0, "indices": [0, 2, 4, 6], "n_source_frames": 8}
+    s = Sample(id="v", messages=build_messages("<video>How many?", 0, "plain", n_videos=1), images=[], answer="1",
+               meta={"videos": [video]})
+    enc = proc(text=prompt_texts(proc, [s]), return_tensors="pt", **video_processor_kwargs([s]))
+    assert enc["video_grid_thw"].tolist() == [[2, 4, 6]]  # 4 frames / 2, 2f/(f/2), 3f/(f/2)
+    ids = enc["input_ids"][0].tolist()
+    pad = proc.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    assert ids.count(pad) == 2 * 4 * 6 // 4  # 12 tokens: T/2 * H/p * W/p / merge^2
+    text = proc.tokenizer.decode(ids)
+    if family == "qwen3_vl":  # frame pairs at source times (0, 1) and (2, 3) s -> 0.5 s and 2.5 s
+        assert "<0.5 seconds>" in text and "<2.5 seconds>" in text
+    if family == "qwen2_5_vl":  # temporal patch 2 / sampled fps (4 of 8 frames at 2 fps = 1 fps) = 2 s
+        assert enc["second_per_grid_ts"].tolist() == [2.0]
+    with torch.no_grad():
+        out = model(**enc)  # the model itself checks that video features and tokens match
+    assert out.logits.shape[1] == len(ids)
+
+
+def test_prompt_lengths_count_video_tokens(family_model):
+    from mmrlvr.data.length import prompt_lengths
+    from mmrlvr.rollout.hf import prompt_texts
+
+    family, _, proc = family_model
+    f = 32 if family == "qwen3_vl" else 28
+    frames = [Image.new("RGB", (2 * f, 2 * f)) for _ in range(2)]
+    video = {"frames": frames, "fps": 2.0, "source_fps": 2.0, "indices": [0, 1], "n_source_frames": 2}
+    s = Sample(id="v", messages=build_messages("<video>Count.", 0, "plain", n_videos=1), images=[], answer="1",
+               meta={"videos": [video]})
+    enc = proc(text=prompt_texts(proc, [s]), **video_processor_kwargs([s]))
+    assert prompt_lengths([s], proc) == [len(enc["input_ids"][0])]
