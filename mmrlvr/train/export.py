@@ -169,7 +169,8 @@ def export_checkpoint(ckpt: Path, out: Path, *, merge: bool = False, dtype: str 
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise UserError(f"--out {out}: already exists and is not empty (pass --overwrite to replace it)")
-    model, _processor, state = load_checkpoint_model(ckpt)
+    with _quiet_progress():
+        model, _processor, state = load_checkpoint_model(ckpt)
     lora = state.get("lora")
     from mmrlvr.models.lora import BASE_PRESERVING_INITS
 
