@@ -11,6 +11,9 @@ Responses file: JSON Lines, one object per response with ``response`` (the text)
 index into ``--data``; default: the line number) or, without ``--data``, the sample's own columns
 (``problem``, ``answer``, ``images`` as paths relative to the file, optional ``rubric``, ``id``).
 ``preview`` prints each judge prompt exactly as it is sent (images shown as a placeholder with their hash).
+``validate`` reports every problem of every file (one line each, naming file, line and key; exit 2 if any).
+``score`` warns as soon as the judge's unknown rate passes 10%, ends with a judge summary line, leaves
+undetermined responses out of the mean, and exits 1 when the unknown rate is over ``--max-unknown``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 import yaml
 
 from mmrlvr.errors import UserError
-from mmrlvr.rubric.loading import load_rubric_file, parse_instance_rubric
+from mmrlvr.rubric.loading import RubricError, load_rubric_file, parse_instance_rubric
 from mmrlvr.rubric.schema import CATEGORIES, Rubric
 from mmrlvr.types import Sample
 
@@ -71,6 +74,9 @@ def _parser() -> argparse.ArgumentParser:
             sp.add_argument("--aggregation", default="rar", help="rar or hierarchical (default rar)")
             sp.add_argument("--json", dest="json_out", help="also write per-response results as JSON Lines")
             sp.add_argument("--quiet", action="store_true", help="only the summary table")
+            sp.add_argument("--max-unknown", type=_fraction, default=0.2, metavar="RATE",
+                            help="exit 1 when more than this fraction of judged criteria got no verdict "
+                                 "(default 0.2)")
         else:
             _judge_args(sp, suffix="2")
     return parser
@@ -87,10 +93,30 @@ def main(argv: list[str]) -> int:
 
 # ------------------------------------------------------------------------------------------- validate
 def _validate(args: argparse.Namespace) -> int:
+    """Every file, every problem: one line per problem on stderr; exit 2 when any file has one."""
+    failed = 0
     for f in args.files:
-        rubric = load_rubric_file(f)
+        try:
+            rubric = load_rubric_file(f)
+        except RubricError as exc:
+            failed += 1
+            for problem in exc.problems:
+                print(f"mmrlvr rubric: error: {problem}", file=sys.stderr)
+            continue
         print(f"{f}: ok - {summary(rubric)}")
-    return 0
+    if failed and len(args.files) > 1:
+        print(f"mmrlvr rubric: {failed} of {len(args.files)} files have problems", file=sys.stderr)
+    return 2 if failed else 0
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}")
+    return value
 
 
 def summary(rubric: Rubric) -> str:
@@ -142,7 +168,8 @@ def _score(args: argparse.Namespace) -> int:
     samples = [replace(s, rubric=r) for s, r in zip(samples, rubrics)]  # a resolved Rubric per sample
     judge = _build_judge(args.judge, args.judge_param, args.votes, args.cache) \
         if any(r.needs_judge for r in rubrics) or args.judge else None
-    reward = RubricReward(judge=judge, aggregation=args.aggregation, group_size=1)
+    # no mid-run stop here: the whole file is scored and the exit status reports the unknown rate
+    reward = RubricReward(judge=judge, aggregation=args.aggregation, group_size=1, max_unknown_rate=None)
     results = []
     with tqdm(total=len(texts), desc="scoring", unit="response", disable=len(texts) < 16, file=sys.stderr) as bar:
         for i in range(0, len(texts), 16):
@@ -150,24 +177,36 @@ def _score(args: argparse.Namespace) -> int:
             bar.update(len(texts[i:i + 16]))
     if not args.quiet:
         for k, res in enumerate(results):
-            print(f"response {k} (sample {samples[k].id}): score {res.score:.3f} [{args.aggregation}]")
+            shown = "n/a (undetermined: every criterion it needs is unknown)" if res.parsed["undetermined"] \
+                else f"{res.score:.3f}"
+            print(f"response {k} (sample {samples[k].id}): score {shown} [{args.aggregation}]")
             print(_table(["criterion", "category", "weight", "verdict", "by", "rationale"],
                          [[c["id"], c["category"], f"{c['weight']:g}", c["verdict"], c["judge"],
                            _short(c["rationale"], 70)] for c in res.parsed["rubric"]]))
             print()
     _print_summary(results)
+    rc = 0
     if judge is not None:
         st = judge.stats
+        rate = st.unknown / st.requests if st.requests else 0.0
         print(f"\njudge {judge.identity}: {st.requests} requests, {st.unknown} unknown "
-              f"({st.unknown / max(1, st.requests):.1%}: {st.timeouts} timeouts, {st.errors} errors, "
-              f"{st.unparseable} unparseable, {st.refusals} refusals), {st.cache_hits} cache hits")
+              f"({rate:.1%}: {st.timeouts} timeouts, {st.errors} errors, "
+              f"{st.unparseable} unparseable, {st.refusals} refusals), {st.retries} retries, "
+              f"{st.cache_hits} cache hits")
+        if rate > args.max_unknown:
+            print(f"mmrlvr rubric: error: {rate:.1%} of the judged criteria got no verdict from "
+                  f"{judge.endpoint}, over --max-unknown {args.max_unknown:g}; the scores above rest on "
+                  "the criteria that were decided. Check the judge (timeouts and errors: the server; "
+                  "unparseable: the model's replies) before trusting them.", file=sys.stderr)
+            rc = 1
         judge.close()
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as fh:
             for k, res in enumerate(results):
                 fh.write(json.dumps({"index": k, "sample": samples[k].id, "score": res.score,
+                                     "undetermined": res.parsed["undetermined"],
                                      "criteria": res.parsed["rubric"]}, default=str) + "\n")
-    return 0
+    return rc
 
 
 def _print_summary(results: list[Any]) -> None:
@@ -181,8 +220,12 @@ def _print_summary(results: list[Any]) -> None:
         known = s["met"] + s["not_met"]
         rows.append([cid, s["category"], s["met"], s["not_met"], s["unknown"],
                      f"{s['met'] / known:.2f}" if known else "n/a"])
-    mean = sum(r.score for r in results) / len(results) if results else float("nan")
-    print(f"summary over {len(results)} responses: mean score {mean:.3f}")
+    determined = [r.score for r in results if not r.parsed["undetermined"]]
+    mean = f"{sum(determined) / len(determined):.3f}" if determined else "n/a"
+    left_out = len(results) - len(determined)
+    print(f"summary over {len(results)} responses: mean score {mean}"
+          + (f" over the {len(determined)} determined ({left_out} undetermined: every criterion they need "
+             "is unknown; left out)" if left_out else ""))
     print(_table(["criterion", "category", "met", "not met", "unknown", "met rate"], rows))
 
 

@@ -11,6 +11,8 @@ Two sources, one validator:
   mapping with a ``criteria`` key. Errors name the row (when given) and the criterion index and field.
 
 Unknown keys are errors (a typo such as ``catagory`` would otherwise silently fall back to a default).
+Validation reports EVERY problem of a rubric at once: ``RubricError.problems`` holds one message per
+problem (each naming the file, line, criterion and key) and ``str()`` joins them, one per line.
 """
 
 from __future__ import annotations
@@ -43,7 +45,14 @@ _RUBRIC_KEYS = ("name", "description", "criteria")
 
 
 class RubricError(UserError):
-    """A malformed rubric; the message names file/row, line, criterion and field."""
+    """A malformed rubric; the message names file/row, line, criterion and field.
+
+    ``problems``: every problem found, one message each (``str()`` is them joined by newlines).
+    """
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = list(problems) if problems else [message]
 
 
 # ----------------------------------------------------------------------------------------------- lines
@@ -67,6 +76,15 @@ class _Where:
 
     def __init__(self, source: str, lines: dict[Path_, int] | None = None) -> None:
         self.source, self.lines = source, lines or {}
+        self.problems: list[str] = []
+
+    def report(self, path: Path_, message: str, crit_id: str | None = None) -> None:
+        """Record a problem and carry on validating (all problems are raised together at the end)."""
+        self.problems.append(str(self.error(path, message, crit_id)))
+
+    def raise_problems(self) -> None:
+        if self.problems:
+            raise RubricError("\n".join(self.problems), self.problems)
 
     def line(self, path: Path_) -> int | None:
         while path:
@@ -132,73 +150,86 @@ def parse_instance_rubric(value: Any, *, source: str = "dataset", row: int | Non
 
 
 def rubric_from_data(data: Any, *, where: _Where, default_name: str = "rubric") -> Rubric:
-    """Validate plain data (already parsed) into a ``Rubric``."""
+    """Validate plain data (already parsed) into a ``Rubric``; every problem is reported at once."""
     if not isinstance(data, Mapping):
         raise where.error((), f"a rubric must be a mapping with 'criteria', got {type(data).__name__}")
     for key in data:
         if key not in _RUBRIC_KEYS:
-            raise where.error((key,), f"unknown key; known: {', '.join(_RUBRIC_KEYS)}")
+            where.report((key,), f"unknown key; known: {', '.join(_RUBRIC_KEYS)}")
+    name = data.get("name", default_name)
+    if not isinstance(name, str):
+        where.report(("name",), "must be a string")
     raw = data.get("criteria")
     if not isinstance(raw, list) or not raw:
-        raise where.error(("criteria",), "must be a non-empty list of criteria")
+        where.report(("criteria",), "must be a non-empty list of criteria")
+        where.raise_problems()
     criteria, seen = [], {}
     for i, item in enumerate(raw):
         crit = _criterion(item, i, where)
-        if crit.id in seen:
-            raise where.error(("criteria", i, "id"), f"duplicate id (first used by criteria[{seen[crit.id]}])",
-                              crit.id)
-        seen[crit.id] = i
-        criteria.append(crit)
-    name = data.get("name", default_name)
-    if not isinstance(name, str):
-        raise where.error(("name",), "must be a string")
+        cid = item.get("id") if isinstance(item, Mapping) else None
+        if isinstance(cid, str) and _ID_RE.match(cid):
+            if cid in seen:
+                where.report(("criteria", i, "id"), f"duplicate id (first used by criteria[{seen[cid]}])", cid)
+            else:
+                seen[cid] = i
+        if crit is not None:
+            criteria.append(crit)
+    where.raise_problems()
     return Rubric(tuple(criteria), name=name, description=str(data.get("description") or ""),
                   source=where.source)
 
 
 # --------------------------------------------------------------------------------------- validation
-def _criterion(item: Any, i: int, where: _Where) -> Criterion:
+def _criterion(item: Any, i: int, where: _Where) -> Criterion | None:
+    """A validated criterion, or None after reporting every problem it has."""
     base: Path_ = ("criteria", i)
     if not isinstance(item, Mapping):
-        raise where.error(base, f"a criterion must be a mapping, got {type(item).__name__}")
+        where.report(base, f"a criterion must be a mapping, got {type(item).__name__}")
+        return None
+    before = len(where.problems)
     cid = item.get("id")
-    err: Callable[[str, str], RubricError] = lambda fld, msg: where.error(  # noqa: E731
+    err: Callable[[str, str], None] = lambda fld, msg: where.report(  # noqa: E731
         base + (fld,), msg, cid if isinstance(cid, str) else None)
     for key in item:
         if key not in CRITERION_KEYS:
-            raise err(key, f"unknown key; known: {', '.join(CRITERION_KEYS)}")
+            err(key, f"unknown key; known: {', '.join(CRITERION_KEYS)}")
     if not isinstance(cid, str) or not _ID_RE.match(cid):
-        raise err("id", f"required: a short name of letters, digits, '_', '-', '.', got {cid!r}")
+        err("id", f"required: a short name of letters, digits, '_', '-', '.', got {cid!r}")
     text = item.get("text")
     if not isinstance(text, str) or not text.strip():
-        raise err("text", "required: a non-empty sentence stating the property checked")
+        err("text", "required: a non-empty sentence stating the property checked")
     category = item.get("category")
     if category not in CATEGORIES:
-        raise err("category", f"must be one of {', '.join(CATEGORIES)}, got {category!r}")
-    weight = item.get("weight", DEFAULT_WEIGHTS[category])
+        err("category", f"must be one of {', '.join(CATEGORIES)}, got {category!r}")
+    weight = item.get("weight", DEFAULT_WEIGHTS.get(category, 1.0))
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
-        raise err("weight", f"must be a finite number, got {weight!r}")
-    if weight < 0 and category != "pitfall":
-        raise err("weight", "negative weights are only meaningful for pitfalls; use category: pitfall "
-                            "with a positive weight (the pitfall's weight is subtracted when it is met)")
-    if weight == 0:
-        raise err("weight", "must not be 0 (remove the criterion instead)")
+        err("weight", f"must be a finite number, got {weight!r}")
+    elif weight < 0 and category in CATEGORIES and category != "pitfall":
+        err("weight", "negative weights are only meaningful for pitfalls; use category: pitfall "
+                      "with a positive weight (the pitfall's weight is subtracted when it is met)")
+    elif weight == 0:
+        err("weight", "must not be 0 (remove the criterion instead)")
     needs_image = item.get("needs_image", False)
     if not isinstance(needs_image, bool):
-        raise err("needs_image", f"must be true or false, got {needs_image!r}")
-    check = _check(item.get("check", JUDGE_KIND), base + ("check",), where, cid)
+        err("needs_image", f"must be true or false, got {needs_image!r}")
+    check = _check(item.get("check", JUDGE_KIND), base + ("check",), where, cid if isinstance(cid, str) else None)
+    if check is None or len(where.problems) > before:
+        return None
     return Criterion(id=cid, text=" ".join(text.split()), category=category, weight=abs(float(weight)),
                      check=check, needs_image=needs_image, where=where.place(base))
 
 
-def _check(raw: Any, path: Path_, where: _Where, cid: str) -> Check:
+def _check(raw: Any, path: Path_, where: _Where, cid: str | None) -> Check | None:
     if isinstance(raw, str):
         raw = {"type": raw}
     if not isinstance(raw, Mapping):
-        raise where.error(path, f"must be a check type or a mapping with 'type', got {type(raw).__name__}", cid)
+        where.report(path, f"must be a check type or a mapping with 'type', got {type(raw).__name__}", cid)
+        return None
     kind = raw.get("type")
     if kind not in CHECK_KINDS:
-        raise where.error(path + ("type",), f"must be one of {', '.join(CHECK_KINDS)}, got {kind!r}", cid)
+        where.report(path + ("type",), f"must be one of {', '.join(CHECK_KINDS)}, got {kind!r}", cid)
+        return None
+    before = len(where.problems)
     required, optional = CHECK_PARAMS[kind]
     params: dict[str, Any] = {}
     for key, value in raw.items():
@@ -206,64 +237,69 @@ def _check(raw: Any, path: Path_, where: _Where, cid: str) -> Check:
             continue
         if key not in required and key not in optional:
             known = ", ".join(("type",) + required + tuple(optional))
-            raise where.error(path + (key,), f"unknown parameter for a {kind} check; known: {known}", cid)
+            where.report(path + (key,), f"unknown parameter for a {kind} check; known: {known}", cid)
+            continue
         params[key] = value
     for key in required:
         if key not in params:
-            raise where.error(path, f"a {kind} check needs '{key}'", cid)
+            where.report(path, f"a {kind} check needs '{key}'", cid)
     for key, default in optional.items():
         params.setdefault(key, default)
     _check_values(kind, params, path, where, cid)
-    return Check(kind, params)
+    return None if len(where.problems) > before else Check(kind, params)
 
 
-def _check_values(kind: str, p: dict[str, Any], path: Path_, where: _Where, cid: str) -> None:
-    def bad(key: str, msg: str) -> RubricError:
-        return where.error(path + (key,), msg, cid)
+def _check_values(kind: str, p: dict[str, Any], path: Path_, where: _Where, cid: str | None) -> None:
+    """Report every bad value among the parameters present (missing required ones were reported)."""
+    def bad(key: str, msg: str) -> None:
+        where.report(path + (key,), msg, cid)
 
     if p.get("target") not in TARGETS:
-        raise bad("target", f"must be one of {', '.join(TARGETS)}, got {p.get('target')!r}")
+        bad("target", f"must be one of {', '.join(TARGETS)}, got {p.get('target')!r}")
     for key in ("tolerance", "rel_tolerance", "threshold"):
         if key in p and (isinstance(p[key], bool) or not isinstance(p[key], (int, float)) or p[key] < 0):
-            raise bad(key, f"must be a non-negative number, got {p[key]!r}")
+            bad(key, f"must be a non-negative number, got {p[key]!r}")
     if kind == "regex":
-        if not isinstance(p["pattern"], str):
-            raise bad("pattern", "must be a string")
-        try:
-            re.compile(p["pattern"])
-        except re.error as exc:
-            raise bad("pattern", f"not a valid regular expression: {exc}") from None
-        if not isinstance(p["min_count"], int) or p["min_count"] < 1:
-            raise bad("min_count", "must be an integer >= 1")
+        if "pattern" in p and not isinstance(p["pattern"], str):
+            bad("pattern", "must be a string")
+        elif "pattern" in p:
+            try:
+                re.compile(p["pattern"])
+            except re.error as exc:
+                bad("pattern", f"not a valid regular expression: {exc}")
+        if isinstance(p["min_count"], bool) or not isinstance(p["min_count"], int) or p["min_count"] < 1:
+            bad("min_count", "must be an integer >= 1")
         if not isinstance(p["ignore_case"], bool):
-            raise bad("ignore_case", "must be true or false")
+            bad("ignore_case", "must be true or false")
     if kind == "number":
         if p["pick"] is None:
             p["pick"] = "only" if p["target"] == "answer" else "last"
         if p["pick"] not in ("only", "last", "first"):
-            raise bad("pick", f"must be only, last or first, got {p['pick']!r}")
-        _expect_number_or_ref(p["expected"], lambda m: bad("expected", m))
+            bad("pick", f"must be only, last or first, got {p['pick']!r}")
+        if "expected" in p:
+            _expect_number_or_ref(p["expected"], lambda m: bad("expected", m))
     if kind == "iou":
-        if "threshold" in p and not 0 < p["threshold"] <= 1:
-            raise bad("threshold", "must be in (0, 1]")
-        e = p["expected"]
+        t = p.get("threshold")
+        if isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0 and not 0 < t <= 1:
+            bad("threshold", "must be in (0, 1]")
+        e = p.get("expected", "{answer}")
         if e != "{answer}" and not (isinstance(e, list) and len(e) == 4
-                                    and all(isinstance(v, (int, float)) for v in e)):
-            raise bad("expected", "must be a box [x1, y1, x2, y2] or \"{answer}\"")
-    if kind in ("choice", "math") and not isinstance(p["expected"], (str, int, float)):
-        raise bad("expected", "must be a string (or \"{answer}\")")
-    if kind == "json_field" and (not isinstance(p["field"], str) or not p["field"]):
-        raise bad("field", "must be a dotted path such as 'objects.0.label'")
+                                    and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in e)):
+            bad("expected", "must be a box [x1, y1, x2, y2] or \"{answer}\"")
+    if kind in ("choice", "math") and "expected" in p and not isinstance(p["expected"], (str, int, float)):
+        bad("expected", "must be a string (or \"{answer}\")")
+    if kind == "json_field" and "field" in p and (not isinstance(p["field"], str) or not p["field"]):
+        bad("field", "must be a dotted path such as 'objects.0.label'")
     if kind == "judge":
         for key in ("show_question", "show_reference"):
             if not isinstance(p[key], bool):
-                raise bad(key, "must be true or false")
+                bad(key, "must be true or false")
 
 
-def _expect_number_or_ref(value: Any, bad: Callable[[str], RubricError]) -> None:
+def _expect_number_or_ref(value: Any, bad: Callable[[str], None]) -> None:
     if value == "{answer}" or (isinstance(value, (int, float)) and not isinstance(value, bool)):
         return
     try:
         float(str(value))
     except ValueError:
-        raise bad(f"must be a number or \"{{answer}}\", got {value!r}") from None
+        bad(f"must be a number or \"{{answer}}\", got {value!r}")

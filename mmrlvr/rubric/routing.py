@@ -56,6 +56,7 @@ def run_program(criterion: Criterion, response: str, sample: Sample | None,
     check = criterion.check
     try:
         expected = verifiers.expected_value(check, sample)
+        verifiers.check_expected(check, expected)
     except ValueError as exc:
         sid = sample.id if sample is not None else "?"
         raise DataError(f"criterion {criterion.id!r} ({criterion.where}): {exc}", source=f"sample {sid}",

@@ -163,6 +163,8 @@ def _pick_number(text: str, pick: str) -> Extracted:
 def first_json(text: str, limits: CheckLimits = DEFAULT_LIMITS) -> tuple[Any, str]:
     """The first JSON object or array in ``text`` (a ```json fence first): (value, "") or (None, why not).
 
+    Raises ``CheckLimitError`` for a value nested deeper than the limit or a search over its budget.
+
     Linear time at any nesting: each candidate start ("{" or "[") is scanned iteratively for its
     matching close (strings and escapes respected), with at most ``json_max_depth`` open brackets - a
     deeper value ends the search (a degenerate response, not an answer) - and the characters scanned over
@@ -179,14 +181,15 @@ def first_json(text: str, limits: CheckLimits = DEFAULT_LIMITS) -> tuple[Any, st
             end, why = json_span(cand, i, limits.json_max_depth)
             budget -= end - i
             if why == "depth":
-                return None, f"JSON nested deeper than {limits.json_max_depth} levels"
+                raise CheckLimitError(f"JSON nested deeper than {limits.json_max_depth} levels")
             if not why:
                 try:
                     return json.loads(cand[i:end]), ""
                 except (ValueError, RecursionError):
                     pass
             if budget <= 0:
-                return None, "no JSON value found within the search budget"
+                raise CheckLimitError("no JSON value found within the search budget "
+                                      f"({limits.json_work_factor} characters read per character of text)")
     return None, "no JSON value found"
 
 
@@ -215,6 +218,12 @@ def expected_value(check: Check, sample: Sample | None) -> Any:
             raise ValueError(f"the sample's answer {sample.answer!r} is not a box [x1, y1, x2, y2]")
         return boxes[0]
     return sample.answer
+
+
+def check_expected(check: Check, expected: Any) -> None:
+    """Raise ValueError when the expected value cannot be compared with (bad data, not the response's fault)."""
+    if check.kind == "number" and not isinstance(expected, (int, float)) and not numbers_in(str(expected)):
+        raise ValueError(f"the expected value {str(expected)[:80]!r} of a number check is not a number")
 
 
 def verify(check: Check, extracted: Extracted, expected: Any) -> tuple[bool, str]:
