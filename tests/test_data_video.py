@@ -138,3 +138,32 @@ def test_prompt_lengths_count_video_tokens(family_model):
                meta={"videos": [video]})
     enc = proc(text=prompt_texts(proc, [s]), **video_processor_kwargs([s]))
     assert prompt_lengths([s], proc) == [len(enc["input_ids"][0])]
+
+
+def test_hf_engine_generates_from_videos_and_teacher_forcing_matches(family_model):
+    """Two video prompts x G=2 through the HF engine; the old log-probs equal a teacher-forced forward of the
+    returned batch (so the video inputs were expanded to the rows in the model's own layout)."""
+    import torch
+
+    from mmrlvr.rollout.base import SamplingParams
+    from mmrlvr.rollout.hf import HFEngine
+
+    family, model, proc = family_model
+    f = 32 if family == "qwen3_vl" else 28
+    samples = []
+    for k in range(2):
+        frames = [Image.new("RGB", (2 * f, 2 * f), (100 * k, 50 * i, 0)) for i in range(4)]
+        video = {"frames": frames, "fps": 2.0, "source_fps": 2.0, "indices": [0, 1, 2, 3], "n_source_frames": 4}
+        samples.append(Sample(id=f"v{k}", messages=build_messages("<video>How many?", 0, "plain", n_videos=1),
+                              images=[], answer="1", meta={"videos": [video]}))
+    engine = HFEngine(model, proc)
+    batch = engine.generate(samples, 2, SamplingParams(max_new_tokens=4), seed=0, step=0)
+    # one grid per row, in patches: 4 frames / 2, 2f / (f/2) = 4, 4; each row owns 2*4*4 = 32 patch rows
+    assert batch.vision["video_grid_thw"].tolist() == [[2, 4, 4]] * 4
+    assert batch.vision["pixel_values_videos"].shape[0] == 4 * 32
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **batch.vision).logits
+    p = batch.prompt_length
+    lp = torch.log_softmax(logits[:, p - 1:-1].float(), dim=-1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
+    mask = batch.response_mask > 0
+    torch.testing.assert_close(lp[mask], batch.old_logprobs[mask], atol=2e-4, rtol=1e-4)

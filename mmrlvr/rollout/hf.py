@@ -50,7 +50,8 @@ def _rows_per_prompt(grid: torch.Tensor, images_per_prompt: list[int]) -> list[i
     return out
 
 
-def expand_vision(inputs: dict[str, Any], images_per_prompt: list[int], repeats: int) -> dict[str, Any]:
+def expand_vision(inputs: dict[str, Any], images_per_prompt: list[int], repeats: int,
+                  videos_per_prompt: list[int] | None = None) -> dict[str, Any]:
     """Repeat every prompt's vision inputs ``repeats`` times, group-contiguous, in the processor's layout.
 
     Qwen layout: ``pixel_values`` is [sum of patches, D] (all images' patches concatenated) with one
@@ -67,7 +68,7 @@ def expand_vision(inputs: dict[str, Any], images_per_prompt: list[int], repeats:
         if key in PATCH_KEYS and PATCH_KEYS[key] in inputs:
             grid_key = PATCH_KEYS[key]
             grid = inputs[grid_key]
-            n_images = images_per_prompt if key == "pixel_values" else [1] * b
+            n_images = images_per_prompt if key == "pixel_values" else (videos_per_prompt or [1] * b)
             rows = _rows_per_prompt(grid, n_images)
             chunks = torch.split(value, rows, dim=0)
             grids = torch.split(grid, n_images, dim=0)
@@ -84,13 +85,14 @@ def expand_vision(inputs: dict[str, Any], images_per_prompt: list[int], repeats:
     return out
 
 
-def _slice_rows(vision: dict[str, Any], images_per_row: list[int], start: int, stop: int) -> dict[str, Any]:
+def _slice_rows(vision: dict[str, Any], images_per_row: list[int], start: int, stop: int,
+                videos_per_row: list[int] | None = None) -> dict[str, Any]:
     """Rows start..stop-1 of N-row vision inputs (as built by ``expand_vision``)."""
     out: dict[str, Any] = {}
     for key, value in vision.items():
         if key in PATCH_KEYS and PATCH_KEYS[key] in vision:
             grid = vision[PATCH_KEYS[key]]
-            n_images = images_per_row if key == "pixel_values" else [1] * len(images_per_row)
+            n_images = images_per_row if key == "pixel_values" else (videos_per_row or [1] * len(images_per_row))
             rows = _rows_per_prompt(grid, n_images)
             p0, p1 = sum(rows[:start]), sum(rows[:stop])
             g0, g1 = sum(n_images[:start]), sum(n_images[:stop])
@@ -145,6 +147,12 @@ class HFEngine:
                 raise UserError("a batch mixes samples with and without images; "
                                 f"sample {next(s.id for s in samples if not s.images)!r} has none")
             kwargs["images"] = images
+        from mmrlvr.data.video_processing import ensure_video_processor, video_processor_kwargs
+
+        video = video_processor_kwargs(samples)  # sampled frames of meta["videos"] (mmrlvr.data.video)
+        if video:
+            ensure_video_processor(self.processor)
+            kwargs.update(video)
         if getattr(self.tokenizer, "padding_side", "left") != "left":
             self.tokenizer.padding_side = "left"  # generation needs the prompt's end aligned
         inputs = dict(self.processor(**kwargs))
@@ -204,7 +212,8 @@ class HFEngine:
         t0 = time.perf_counter()
         inputs = self.encode_prompts(samples)
         images_per_prompt = [len(s.images) for s in samples]
-        vision = expand_vision(inputs, images_per_prompt, group_size)
+        videos_per_prompt = [len(s.meta.get("videos") or []) for s in samples]
+        vision = expand_vision(inputs, images_per_prompt, group_size, videos_per_prompt)
         prompt_ids = inputs["input_ids"].repeat_interleave(group_size, dim=0)  # [N, P]
         prompt_mask = inputs["attention_mask"].repeat_interleave(group_size, dim=0)  # [N, P]
         n = prompt_ids.shape[0]
@@ -230,7 +239,8 @@ class HFEngine:
             for start in range(0, n, chunk):
                 stop = min(n, start + chunk)
                 part = {"input_ids": prompt_ids[start:stop], "attention_mask": prompt_mask[start:stop],
-                        **_slice_rows(vision, images_per_row, start, stop)}
+                        **_slice_rows(vision, images_per_row, start, stop,
+                                      [v for v in videos_per_prompt for _ in range(group_size)])}
                 if features is not None:
                     part.pop("pixel_values", None)
                     part["mm_encoder_outputs"] = encoder_outputs(features[first_image[start]:first_image[stop]])
