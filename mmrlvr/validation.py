@@ -181,26 +181,47 @@ def name_problems(cfg: RunConfig, where: str) -> list[str]:
     return out
 
 
+def _accepted_params(factory: Any) -> tuple[list[str], list[str]] | None:
+    """(keyword parameters ``factory`` accepts, required ones), or None when it takes any keyword.
+
+    A class whose ``__init__`` passes ``**kwargs`` on to its base (``OpenAIJudge(**common)`` ->
+    ``Judge.__init__``) accepts the base's parameters too: the MRO is followed until an ``__init__``
+    without ``**kwargs`` closes the set.
+    """
+    inits = [vars(k)["__init__"] for k in getattr(factory, "__mro__", ()) if "__init__" in vars(k)
+             and k is not object] if isinstance(factory, type) else [factory]
+    accepted: list[str] = []
+    required: list[str] = []
+    for i, fn in enumerate(inits):
+        try:
+            ps = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            return None
+        for n, p in ps.items():
+            if n == "self" or p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                continue
+            if n not in accepted:
+                accepted.append(n)
+            if i == 0 and p.default is p.empty:
+                required.append(n)
+        if not any(p.kind is p.VAR_KEYWORD for p in ps.values()):
+            return accepted, required
+    return None if inits else ([], [])
+
+
 def _signature_problems(factory: Any, params: dict[str, Any], key: str) -> list[str]:
     """Unknown and missing keyword parameters of ``factory`` (a class or function)."""
-    try:
-        sig = inspect.signature(factory)
-    except (TypeError, ValueError):
+    found = _accepted_params(factory)
+    if found is None:
         return []
-    ps = sig.parameters
-    if any(p.kind is p.VAR_KEYWORD for p in ps.values()):
-        accepted = None
-    else:
-        accepted = [n for n, p in ps.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    accepted, required = found
     out = []
-    if accepted is not None:
-        for name in params:
-            if name not in accepted:
-                out.append(f"{key}.{name}: unknown parameter; known: {', '.join(accepted) or '(none)'}"
-                           f"{did_you_mean(name, accepted)}")
-    for name, p in ps.items():
-        if (p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-                and name not in params and name != "self"):
+    for name in params:
+        if name not in accepted:
+            out.append(f"{key}.{name}: unknown parameter; known: {', '.join(accepted) or '(none)'}"
+                       f"{did_you_mean(name, accepted)}")
+    for name in required:
+        if name not in params:
             out.append(f"{key}.{name}: missing (required parameter)")
     return out
 
@@ -242,7 +263,11 @@ def reward_problems(cfg: RunConfig, where: str) -> list[str]:
             continue
         try:
             with _no_heavy_imports():
-                factory(**params)
+                built = factory(**params)
+            rubric = getattr(built, "rubric", None)
+            if spec.name == "rubric" and getattr(rubric, "needs_judge", False) and not params.get("judge"):
+                out.append(f"{key} (rubric): rubric {getattr(rubric, 'name', '')!r} has judge criteria but no judge "
+                           f"is configured; set rubric.judge (openai | local) and rubric.judge_params")
         except _HeavyImportBlocked:
             pass  # builds a model (e.g. an NLI judge): checked by signature only
         except UserError as exc:

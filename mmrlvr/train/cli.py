@@ -16,7 +16,7 @@ from mmrlvr.config import describe
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="mmrlvr train",
+        prog="mmrlvr train", allow_abbrev=False,  # `--resum` must not silently mean --resume
         description="Train a VLM with GRPO-family RL from a YAML config. Overrides: dotted key=value, "
                     "e.g. algo.loss=gspo rollout.group_size=8 optim.lr=1e-5.",
     )

@@ -77,7 +77,7 @@ def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
         out: dict[str, Any] = {}
         for k, v in obj.items():
             out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out or {prefix: {}}
+        return out  # an empty section is the same as an absent one
     if isinstance(obj, list) and obj and all(isinstance(v, dict) for v in obj):
         out = {}
         for i, v in enumerate(obj):
