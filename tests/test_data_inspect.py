@@ -60,3 +60,16 @@ def test_inspect_nested_answer_path_with_format(tmp_path, capsys):
                  "--template", "plain"]) == 0
     out = capsys.readouterr().out
     assert "answer       <- gt.value" in out and "answer '3' (math)" in out
+
+
+def test_docs_data_python_example_runs(capsys):
+    """The Python example of docs/data.md runs as written and prints what its comments say."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "data.md").read_text()
+    (code,) = re.findall(r"```python\n(.*?)```", text, re.S)
+    exec(compile(code, "docs/data.md", "exec"), {})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("1 of 1 rows loaded (preset llava, detected)")
+    assert out[1].startswith("1 How many squares? Think step by step") and out[1].endswith("\\boxed{}.")

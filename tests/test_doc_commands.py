@@ -118,6 +118,10 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         (SYNOPSIS, (T_OPTS, T_HELP, T_CLI + "test_eval_writes_json_and_applies_a_lora_checkpoint")),
     "mmrlvr rubric {validate,preview,score,agreement} ...": (SYNOPSIS, (T_OPTS, T_HELP, T_TRANSCRIPTS)),
     "mmrlvr inspect RUN_DIR [--host 127.0.0.1] [--port 7860]": (SYNOPSIS, (T_OPTS, T_HELP, *T_INSPECT)),
+    # ---- docs/data.md
+    "mmrlvr data inspect PATH [--format FORMAT] [--rows N] [--max-prompt-length N]":
+        (SYNOPSIS, (T_OPTS, T_HELP, "tests/test_data_inspect.py::test_inspect_shows_layout_rendered_rows_and_tokens",
+                    "tests/test_data_inspect.py::test_inspect_broken_file_names_row_and_field_of_each_problem")),
     "mmrlvr train --help-config": (RUN, (T_DOC + "test_help_config_lists_the_keys_the_docs_override",)),
     # ---- docs/consistency.md (and configs/consistency-tiny.yaml's header)
     CONSISTENCY: (RUN + " (2 steps)", (cfg_run("consistency-tiny.yaml"), T_DRY)),
