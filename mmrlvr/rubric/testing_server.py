@@ -33,7 +33,7 @@ so one server covers every case a judge must survive:
 
 Any other model name uses ``default_mode``. With ``max_prompt_chars`` set, longer prompts get HTTP 400
 "maximum context length exceeded", as from a real server. Every request body is recorded in ``server.requests`` so tests
-can assert what a judge was shown (minimal exposure). For tests and demos only: it binds 127.0.0.1 and has
+can assert what a judge was shown (minimal exposure), and its Authorization header in ``server.auth``. For tests and demos only: it binds 127.0.0.1 and has
 no authentication.
 """
 
@@ -133,6 +133,7 @@ class JudgeServer:
         self.max_prompt_chars = max_prompt_chars
         self.drip_interval, self.huge_bytes = drip_interval, huge_bytes
         self.requests: list[dict[str, Any]] = []
+        self.auth: list[str] = []  # the Authorization header of each chat request (API key tests)
         self._flaky_seen: dict[str, int] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -172,6 +173,7 @@ class JudgeServer:
                     outer._send(self, 404, {"error": {"message": f"no route {self.path}"}})
                     return
                 outer.requests.append(body)
+                outer.auth.append(self.headers.get("Authorization", ""))
                 outer._answer(self, body)
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
