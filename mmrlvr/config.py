@@ -168,7 +168,11 @@ class ConsistencyConfig:
 @dataclass
 class RubricConfig:
     judge: str = _f("none", "judge for non-programmatic criteria: none | local | openai")
-    judge_params: dict[str, Any] = _f({}, "judge settings (model path, base_url, model, votes, timeout, ...)")
+    judge_params: dict[str, Any] = _f({}, "judge settings (model path, base_url, model, votes, timeout, "
+                                          "api_key_env / api_key_file for keys, ...)")
+    max_unknown_rate: float | None = _f(0.5, "stop training when more than this fraction of the recent judged "
+                                             "criteria got no verdict (judge down); null = never stop")
+    warn_unknown_rate: float = _f(0.1, "print a warning when the recent judge unknown rate passes this")
 
 
 @dataclass
