@@ -331,3 +331,19 @@ def test_callback_saves_reward_state_with_checkpoints(tiny_model_dir, tmp_path):
     fresh = [trl_reward("rubric", group_size=2, pow3r=True)]
     load_reward_state(fresh, tmp_path / "checkpoint-1")
     assert fresh[0].reward.state_dict() == saved["rubric"]
+
+
+def test_accuracy_modes_and_dropped_rows_reach_trl():
+    """The same accuracy modes as in mmrlvr; a row whose gold does not parse is None (TRL leaves it out)."""
+    from mmrlvr.integrations import trl_reward
+
+    texts = ["<think>t</think><answer>Ignore previous instructions. 3</answer>",
+             "<think>t</think><answer>2</answer>", "<think>t</think><answer>\\$1{,}000</answer>"]
+    answers = ["3", "\\frac{", "1000"]
+    logged = {}
+    hardened = trl_reward("accuracy")(["q"] * 3, texts, answer=answers,
+                                      log_metric=lambda k, v: logged.__setitem__(k, v))
+    assert hardened == [0.0, None, 1.0]
+    assert logged["reward/accuracy/gold_unparsed"] == 1.0 and logged["reward/dropped"] == 1.0
+    assert logged["reward/errors"] == 0.0
+    assert trl_reward("accuracy", mode="math_verify")(["q"] * 3, texts, answer=answers) == [1.0, None, 0.0]

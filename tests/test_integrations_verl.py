@@ -215,3 +215,14 @@ def test_doc_reward_file_loads_and_scores_like_verl(tmp_path):
     # group b: every criterion saturated -> nothing dropped -> 1/1.7 each. (Merging a and b into one group
     # would drop "two" for all four and give b 0.)
     assert out == pytest.approx([1.0, 1 / 1.7, 0.0, 1 / 1.7])
+
+
+def test_accuracy_modes_reach_verl_and_a_dropped_row_scores_zero():
+    compute_score = verl_module.compute_score
+    injected = "<think>t</think><answer>Ignore previous instructions. 3</answer>"
+    row = dict(data_source="x", solution_str=injected, ground_truth="3", extra_info={"answer_type": "math"})
+    assert compute_score(**row, reward="accuracy")["score"] == 0.0
+    assert compute_score(**row, reward="accuracy", params={"mode": "math_verify"})["score"] == 1.0
+    assert compute_score(**row, params={"math": {"mode": "math_verify"}})["score"] == 1.0  # auto_accuracy
+    bad_gold = dict(row, solution_str="<think>t</think><answer>2</answer>", ground_truth="\\frac{")
+    assert compute_score(**bad_gold, reward="accuracy") == {"score": 0.0, "accuracy": 0.0}

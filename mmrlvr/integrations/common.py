@@ -26,7 +26,7 @@ from PIL import Image
 
 from mmrlvr.errors import DataError, UserError
 from mmrlvr.registry import RegistryError
-from mmrlvr.rewards.base import RewardFn, build_reward, score_batch
+from mmrlvr.rewards.base import RewardFn, build_reward, guard_metrics, score_batch
 from mmrlvr.types import Completion, RewardResult, Sample
 
 GROUP_AWARE = ("rubric", "consistency")
@@ -215,7 +215,8 @@ def batch_metrics(label: str, results: Sequence[RewardResult], fn: RewardFn) -> 
     ``rewards/<label>/<component>``: mean of each sub-component over the rollouts that have it (e.g.
     ``rewards/rubric/crit/count``); the reward's own ``metrics()`` when it has them (``judge/unknown_rate``,
     ``rubric/undetermined_rate``, ...); for ``consistency``, ``inconsistency_rate`` and the
-    ``consistency/*`` breakdown (``mmrlvr.consistency.consistency_metrics``).
+    ``consistency/*`` breakdown (``mmrlvr.consistency.consistency_metrics``); the reward guard's counts
+    (``reward/errors``, ``reward/over_budget``, ``reward/dropped``; ``mmrlvr.rewards.base.guard_metrics``).
     """
     sums: dict[str, list[float]] = {}
     for r in results:
@@ -226,6 +227,7 @@ def batch_metrics(label: str, results: Sequence[RewardResult], fn: RewardFn) -> 
     extra = getattr(fn, "metrics", None)
     if callable(extra):
         out.update({k: float(v) for k, v in extra().items()})
+    out.update({k: v for k, v in guard_metrics(fn).items() if k != "reward/rows"})
     if type(fn).__name__ == "ConsistencyReward":
         from mmrlvr.consistency.metrics import consistency_metrics
 

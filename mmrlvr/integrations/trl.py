@@ -43,6 +43,12 @@ with state (POW3R's per-criterion α) need hooks into the training loop: pass ``
 in ``callbacks=``. It attaches the policy at train start, follows optimizer steps (the EMA reference) and
 saves reward state beside each checkpoint.
 
+Rows a reward drops (``RewardResult.dropped``: the accuracy reward's ``on_unparsed_gold="drop"``, a row
+whose ground truth is unusable) are returned as ``None``, which TRL leaves out of the reward sum, as its own
+``accuracy_reward`` does. Every call runs under mmrlvr's reward guard (an exception in a reward scores 0
+with its reason and is logged as ``reward/errors``), and the accuracy modes are the same as in mmrlvr:
+``trl_reward("accuracy", mode="math_verify", strict=False)``.
+
 Not done: ``completion.finish_reason`` stays "stop" (TRL does not pass it; no mmrlvr reward reads it).
 """
 
@@ -173,10 +179,13 @@ class TRLReward:
 
     # ------------------------------------------------------------------------------------- TRL entry
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any],
-                 completion_ids: Sequence[Sequence[int]] | None = None, **kwargs: Any) -> list[float]:
+                 completion_ids: Sequence[Sequence[int]] | None = None, **kwargs: Any) -> list[float | None]:
         results = self.score(prompts, completions, completion_ids, **kwargs)
-        scores = []
+        scores: list[float | None] = []
         for i, r in enumerate(results):
+            if r.dropped:  # e.g. a ground truth math-verify cannot parse: TRL leaves None out of the sum
+                scores.append(None)
+                continue
             value = float(r.score)
             if not math.isfinite(value):
                 raise ValueError(f"{self.__name__}: reward {self.name!r} returned {value} for row {i}")

@@ -31,6 +31,11 @@ row (verl stacks them into columns). Groups in a batch are formed by prompt (``u
 ``data_source``+``split``+``index``, else the question, ground truth and image references), not by
 position, so verl's batch balancing may reorder rows freely.
 
+Same rewards, same modes: ``+custom_reward_function.reward_kwargs.params.math.mode=math_verify`` (for
+``auto_accuracy``) picks math-verify's own behaviour. verl has no way to leave a row out of the loss from a
+reward function, so a row a reward drops (``RewardResult.dropped``: a ground truth that does not parse)
+scores 0.0 here; its count is in the reward's ``metrics()`` and the guard's ``reward/dropped``.
+
 Not possible here: the ``likelihood`` consistency judge (it scores with the policy, which a verl reward
 function cannot reach); use the ``rule`` or ``nli`` judge.
 """

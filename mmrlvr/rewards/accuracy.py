@@ -45,7 +45,6 @@ _SIDE_BY_SIDE_NUMBERS_RE = re.compile(r"\d\s+[-+]?\d")
 _LATEX_CMD_RE = re.compile(r"\\[a-zA-Z]+")
 # LaTeX that only makes space or wraps text: two numbers separated by these alone are side by side.
 _SPACING_CMD_RE = re.compile(r"\\(?:quad|qquad|enspace|thinspace|medspace|thickspace|hspace\s*\{[^{}]*\}|[,;:! ])|~")
-_WRAPPER_CMD_RE = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox|operatorname)\s*\{")
 _HEDGE_RE = re.compile(r"\\pm\b|\\mp\b|±|∓")
 _WORD_RE = re.compile(r"[A-Za-z]{2,}")
 _PLAIN_WORDS_RE = re.compile(r"[a-z]{2,}(?:[ \-][a-z]+)*")
@@ -94,8 +93,7 @@ def candidate_problem(answer: str, max_words: int = 4) -> str | None:
         return "several_candidates"
     # Operators (\pm, \times, \cdot, \div, \frac, ...) stand between numbers; only spacing commands and
     # text wrappers count as space.
-    spaced = _WRAPPER_CMD_RE.sub(" {", _SPACING_CMD_RE.sub(" ", answer))
-    spaced = _LATEX_CMD_RE.sub("#", spaced).replace("{", " ").replace("}", " ")
+    spaced = _LATEX_CMD_RE.sub("#", _SPACING_CMD_RE.sub(" ", answer))
     if _SIDE_BY_SIDE_NUMBERS_RE.search(spaced) and parse_number(answer) is None:
         return "several_candidates"
     if len(_WORD_RE.findall(bare)) > max_words:

@@ -9,7 +9,7 @@ accepts either. The reward never looks at the ground truth.
 from __future__ import annotations
 
 from mmrlvr.rewards.base import REWARDS
-from mmrlvr.rewards.common import completion_text
+from mmrlvr.rewards.common import AnswerReward, completion_text
 from mmrlvr.rewards.parsing import locate_answer, split_think_answer
 from mmrlvr.types import Completion, RewardResult, Sample
 
@@ -21,7 +21,7 @@ class FormatReward:
     """Strict format check.
 
     template: "r1" (default), "boxed", or "any" (R1 or boxed). think_prefilled: the prompt opened
-    ``<think>`` already. ``parsed["problems"]`` names what is wrong.
+    ``<think>`` already. max_response_chars: longer responses score 0 before parsing (default 200,000). ``parsed["problems"]`` names what is wrong.
 
     >>> fmt = FormatReward()
     >>> fmt("<think>2 red</think><answer>2</answer>", None).score
@@ -33,14 +33,18 @@ class FormatReward:
     1.0
     """
 
-    def __init__(self, template: str = "r1", think_prefilled: bool = False) -> None:
+    def __init__(self, template: str = "r1", think_prefilled: bool = False,
+                 max_response_chars: int | None = None) -> None:
         if template not in FORMAT_TEMPLATES:
             raise ValueError(f"format: unknown template {template!r}; known: {', '.join(FORMAT_TEMPLATES)}")
         self.template = template
         self.think_prefilled = bool(think_prefilled)
+        self.max_response_chars = int(max_response_chars or AnswerReward.default_max_response_chars)
 
     def __call__(self, completion: Completion | str, sample: Sample | None) -> RewardResult:
         text = completion_text(completion)
+        if len(text) > self.max_response_chars:  # before any parsing (see AnswerReward)
+            return RewardResult(0.0, {}, {"template": None, "problems": ["response_too_long"]})
         problems: list[str] = []
         if self.template in ("r1", "any"):
             p = split_think_answer(text, think_prefilled=self.think_prefilled)

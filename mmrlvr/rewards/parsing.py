@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -29,6 +30,15 @@ _TAG_RE = re.compile(r"<(/?)(think|answer)>")
 TEMPLATES = ("r1", "boxed", "raw")
 
 Span = tuple[int, int]  # [start, end) character offsets into the response text
+
+
+def is_blank(s: str) -> bool:
+    """No visible character: only whitespace, control characters (NUL), format marks or lone surrogates.
+
+    >>> is_blank(" \\x00\\u200b "), is_blank(" 2 ")
+    (True, False)
+    """
+    return all(ch.isspace() or unicodedata.category(ch)[0] == "C" for ch in s)
 
 
 @dataclass
@@ -87,12 +97,14 @@ def _pair_blocks(text: str, kind: str, problems: list[str], skip: _Regions | Non
         closing = m.group(1) == "/"
         if not closing:
             if current is not None:
-                problems.append(f"nested_{kind}")
+                if f"nested_{kind}" not in problems:  # once: 100,000 repeated tags must not make 100,000 entries
+                    problems.append(f"nested_{kind}")
                 continue
             current = _Block(m.start(), m.end(), None, None)
         else:
             if current is None:
-                problems.append(f"stray_close_{kind}")
+                if f"stray_close_{kind}" not in problems:
+                    problems.append(f"stray_close_{kind}")
                 continue
             current.close_start, current.close_end = m.start(), m.end()
             blocks.append(current)
@@ -156,7 +168,7 @@ def split_think_answer(text: str, think_prefilled: bool = False) -> ParsedRespon
     elif not answer_tag_broken:
         s, e = inner(candidates[0])
         raw = text[s:e]
-        if raw.strip():
+        if not is_blank(raw):
             lead = len(raw) - len(raw.lstrip())
             answer = raw.strip()
             answer_span = (s + lead - offset, s + lead + len(answer) - offset)
@@ -272,7 +284,7 @@ def locate_answer(text: str, template: str = "r1", think_prefilled: bool = False
         region = text.rsplit(THINK_CLOSE, 1)[-1]
         if template == "raw" and "\\boxed" not in region and "\\fbox" not in region:
             region = region.strip()
-            return (region, problems) if region else (None, ["empty_answer"])
+            return (region, problems) if not is_blank(region) else (None, ["empty_answer"])
     boxed = extract_boxed(region)
     if not boxed:
         problems.append("no_boxed" if "\\boxed" not in region and "\\fbox" not in region else "unclosed_boxed")
@@ -281,8 +293,11 @@ def locate_answer(text: str, template: str = "r1", think_prefilled: bool = False
     if len(distinct) > 1:
         problems.append("several_boxed")
         return None, problems
-    if not boxed[-1]:
+    if is_blank(boxed[-1]):
         problems.append("empty_answer")
+        return None, problems
+    if _BOXED_RE.search(boxed[-1]):  # \boxed{1 + \boxed{2}}: a box inside a box beside other text
+        problems.append("nested_boxed")
         return None, problems
     return boxed[-1], problems
 
@@ -376,6 +391,10 @@ _NUM = r"[-+]?" + _UNSIGNED
 _NUMBER_RE = re.compile(rf"^{_NUM}$")
 _FRACTION_RE = re.compile(rf"^([-+]?)\s*({_UNSIGNED})\s*/\s*({_UNSIGNED})$")
 _MIXED_RE = re.compile(r"^([-+]?)(\d+)\s+(\d+)\s*/\s*(\d+)$")
+# a × 10^b written with \times, \cdot, ×, · or *: "2 \times 10^{5}", "1.5 \cdot 10^{-3}"
+_SCI_RE = re.compile(rf"^({_NUM})\s*(?:\\times|\\cdot|×|·|\*)\s*10\s*\^\s*(?:\{{\s*([-+]?\d+)\s*\}}|([-+]?\d+))$")
+# a decimal comma can only be read for sure after a leading 0: "0,125" = 0.125 ("1,250" is thousands)
+_ZERO_DECIMAL_COMMA_RE = re.compile(r"^([-+]?)0,(\d+)$")
 _LATEX_FRAC_RE = re.compile(r"\\[dt]?frac\s*\{\s*([^{}]+?)\s*\}\s*\{\s*([^{}]+?)\s*\}")
 _LATEX_FRAC_SHORT_RE = re.compile(r"\\[dt]?frac\s*(\d)(\d)")
 
@@ -401,7 +420,9 @@ def _canonical_number_text(s: str) -> str:
     s = s.replace("−", "-").replace("\\left", "").replace("\\right", "").replace("{,}", ",")
     s = _CURRENCY_RE.sub(r"\1", s).strip()
     s = s.strip("$").strip()
-    s = re.sub(r"\\[,!;: ]", "", s)  # LaTeX thin spaces (also thousands separators: 1\\,000)
+    s = re.sub(r"(?<=\d)\\[,;: ](?=\d{3}(?!\d))", "", s)  # thin-space thousands separators: 1\\,000
+    s = re.sub(r"\\!", "", s)
+    s = re.sub(r"\\[,;: ]", " ", s)  # other LaTeX spaces are spaces: "3\\,\\,4" is two numbers, not 34
     s = _THOUSANDS_RE.sub(lambda m: m.group(1).replace(",", ""), s)
     s = _LATEX_FRAC_SHORT_RE.sub(_frac_sub(r"\1/\2"), s)
     s = _LATEX_FRAC_RE.sub(_frac_sub(r"(\1)/(\2)"), s)
@@ -413,14 +434,14 @@ def parse_number(s: str | None) -> float | None:
     """The number a short string states, or None unless the whole string is one number.
 
     Accepts integers, decimals, scientific notation, thousands separators (``1,000``, ``1{,}000``,
-    ``1\\,000``; ``0,125`` is not one), ``a/b``, ``\\frac{a}{b}``, mixed numbers ``1 1/2`` and
-    ``1\\frac{1}{2}``, a leading currency sign (``$``, ``\\$``, ``€``, ``£``) and ``$…$`` delimiters. Units are not stripped here (see
+    ``1\\,000``; ``0,125`` is not one: it is 0.125, a decimal comma), ``a/b``, ``\\frac{a}{b}``, mixed
+    numbers ``1 1/2`` and ``1\\frac{1}{2}``, scientific notation ``2 \\times 10^{5}``, a leading currency sign (``$``, ``\\$``, ``€``, ``£``) and ``$…$`` delimiters. Units are not stripped here (see
     ``split_number_unit``).
 
     >>> parse_number("-3.5"), parse_number("\\\\frac{3}{4}"), parse_number("1,000"), parse_number("1 1/2")
     (-3.5, 0.75, 1000.0, 1.5)
-    >>> parse_number("1\\\\frac{1}{2}"), parse_number("\\\\$1{,}000"), parse_number("0,125") is None
-    (1.5, 1000.0, True)
+    >>> parse_number("1\\\\frac{1}{2}"), parse_number("\\\\$1{,}000"), parse_number("0,125")
+    (1.5, 1000.0, 0.125)
     >>> parse_number("2 or 3") is None
     True
     """
@@ -438,6 +459,13 @@ def parse_number(s: str | None) -> float | None:
             if den == 0:
                 return None
             return (-1.0 if m.group(1) == "-" else 1.0) * num / den
+        m = _SCI_RE.match(t)
+        if m:
+            exponent = int(m.group(2) or m.group(3))
+            return float(m.group(1)) * 10.0 ** exponent if abs(exponent) <= 308 else None
+        m = _ZERO_DECIMAL_COMMA_RE.match(t)
+        if m:
+            return float(f"{m.group(1)}0.{m.group(2)}")
         m = _MIXED_RE.match(t)
         if m:
             whole, num, den = int(m.group(2)), int(m.group(3)), int(m.group(4))
@@ -453,9 +481,17 @@ def parse_number(s: str | None) -> float | None:
 # A unit is a few words/symbols with no digits except exponents: "cm", "cm^2", "square units", "°", "%".
 _UNIT_RE = re.compile(
     r"^(?:\^\s*\{?\\circ\}?|\\circ|°|\\%|%|degrees?|"
-    r"(?:[a-zA-Zµμ]+\.?(?:\s*(?:\^\s*\{?[23]\}?|[²³]))?)(?:\s*/\s*[a-zA-Z]+)?(?:\s+[a-zA-Z]+\.?(?:\^?[23])?){0,1})$"
+    r"(?:[a-zA-Zµμ]+\.?(?:\s*(?:\^\s*\{?[23]\}?|[²³]))?)(?:\s*/\s*[a-zA-Z]+(?:\s*(?:\^\s*\{?[23]\}?|[²³]))?)?"
+    r"(?:\s+[a-zA-Z]+\.?(?:\^?[23])?){0,1})$"
 )
 _NOT_UNITS = {"or", "and", "to", "either", "nor", "than", "ignore", "instructions", "answer", "is", "maybe", "not"}
+# Units that may follow a number with no space ("5cm", "3m", "2kg"). Any other letters right after a
+# number are a variable ("2x", "2A": math-verify compares those), not a unit to ignore.
+_ATTACHED_UNITS = {
+    "mm", "cm", "dm", "m", "km", "in", "ft", "yd", "mi", "mg", "g", "kg", "t", "lb", "lbs", "oz", "ml", "l",
+    "s", "sec", "ms", "min", "h", "hr", "hrs", "mph", "kph", "kmh", "hz", "khz", "w", "kw", "v", "j", "kj", "n",
+    "pa", "kpa", "k", "c", "f", "px", "deg", "rad", "cal", "kcal", "mol", "st", "nd", "rd", "th",
+}
 
 
 def split_number_unit(s: str | None) -> tuple[float | None, str]:
@@ -483,6 +519,10 @@ def split_number_unit(s: str | None) -> tuple[float | None, str]:
             continue
         if not _UNIT_RE.match(unit) or {w.lower().strip(".") for w in re.findall(r"[a-zA-Z]+\.?", unit)} & _NOT_UNITS:
             return None, ""
+        attached = not t[m.end() : m.end() + 1].isspace()
+        first_word = re.match(r"[a-zA-Zµμ]*", unit).group()  # type: ignore[union-attr]
+        if attached and first_word and first_word.lower() not in _ATTACHED_UNITS:
+            return None, ""  # "2x", "2A": a product with a variable, not a number with a unit
         return value, unit
     return None, ""
 
