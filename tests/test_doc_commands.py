@@ -141,6 +141,8 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "python benchmarks/credit_study.py":
         (RUN + " (1 arm, 2 steps, cold model)", ("tests/test_credit_study.py::test_study_runs_one_arm_two_steps",)),
     "python demos/credit_study.py": (RUN + " (2 steps)", (T_DOC + "test_credit_study_demo_runs",)),
+    "python benchmarks/reward_agreement.py":  # docs/rewards.md; its corpus table is tests/test_rewards_corpus.py
+        (RUN + " (cost and nesting tables, 1 pass)", ("tests/test_rewards_corpus.py::test_agreement_benchmark_runs",)),
     "python benchmarks/credit_overhead.py":  # the harness (one subprocess per arm for memory) is run by hand
         ("its timed trainer steps run for every arm",
          ("tests/test_credit_benchmark.py::test_every_arm_runs_the_same_rollouts_with_its_credit",)),

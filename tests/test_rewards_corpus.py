@@ -77,3 +77,14 @@ def test_the_hardened_default_departs_from_math_verify_only_where_documented(har
     doc = DOCS.read_text(encoding="utf-8")
     missing = sorted({rule for rule in listed.values() if f"`{rule}`" not in doc})
     assert not missing, f"docs/rewards.md does not explain the rules {missing}"
+
+
+def test_agreement_benchmark_runs(capsys, monkeypatch):
+    """``python benchmarks/reward_agreement.py`` (its corpus table is what the tests above check)."""
+    import runpy
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "reward_agreement.py"
+    monkeypatch.setattr("sys.argv", [str(script), "--skip-corpus", "--repeat", "1"])
+    runpy.run_path(str(script), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "auto_accuracy (hardened)" in out and "p99 ms" in out and "per doubling" in out
