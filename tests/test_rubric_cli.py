@@ -76,6 +76,51 @@ class TestValidate:
         err = capsys.readouterr().err
         assert f"{bad}:10: criteria[1] 'count': field 'category'" in err and "Traceback" not in err
 
+    def test_every_problem_of_every_file_is_reported(self, tmp_path, files, capsys):
+        bad = tmp_path / "many.yaml"
+        bad.write_text("""\
+name: many
+colour: red
+criteria:
+  - id: a
+    text: Uses the colour "red".
+    catagory: important
+  - id: b
+    text: ""
+    category: optional
+    weight: 0
+    check: {type: regex, pattern: "(", min_count: 0}
+  - id: a
+    text: States the count.
+    category: essential
+    check: {type: number, expected: three, pick: any}
+  - id: c
+    text: Boxes.
+    category: pitfall
+    check: {type: iou}
+""")
+        assert mmrlvr_main(["rubric", "validate", str(bad), str(files[0])]) == 2
+        captured = capsys.readouterr()
+        errors = [line for line in captured.err.splitlines() if line.startswith("mmrlvr rubric: error: ")]
+        expected = [  # (line, where, key) of each problem, in file order
+            ("2", "", "field 'colour': unknown key"),
+            ("6", "criteria[0] 'a'", "field 'catagory': unknown key"),
+            ("4", "criteria[0] 'a'", "field 'category': must be one of"),
+            ("8", "criteria[1] 'b'", "field 'text': required"),
+            ("10", "criteria[1] 'b'", "field 'weight': must not be 0"),
+            ("11", "criteria[1] 'b'", "field 'check.pattern': not a valid regular expression"),
+            ("11", "criteria[1] 'b'", "field 'check.min_count': must be an integer >= 1"),
+            ("15", "criteria[2] 'a'", "field 'check.pick': must be only, last or first"),
+            ("15", "criteria[2] 'a'", "field 'check.expected': must be a number"),
+            ("12", "criteria[2] 'a'", "field 'id': duplicate id (first used by criteria[0])"),
+            ("19", "criteria[3] 'c'", "field 'check': a iou check needs 'expected'"),
+        ]
+        assert len(errors) == len(expected), "\n".join(errors)
+        for line, (lineno, where, key) in zip(errors, expected):
+            assert line.startswith(f"mmrlvr rubric: error: {bad}:{lineno}: ") and where in line and key in line, line
+        # the good file after it is still validated
+        assert f"{files[0]}: ok" in captured.out and "1 of 2 files have problems" in captured.err
+
     def test_bad_arguments(self, capsys):
         assert mmrlvr_main(["rubric", "score"]) == 2
         assert "--responses" in capsys.readouterr().err
