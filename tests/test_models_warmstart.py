@@ -87,3 +87,26 @@ def test_cli_warm_start_beats_chance_and_second_call_is_cached(tmp_path):
     second_metrics = json.loads(re.search(r"^metrics: (.*)$", second.stdout, re.M).group(1))
     assert second_metrics["cached"] is True
     assert {k: v for k, v in second_metrics.items() if k != "cached"} == {k: v for k, v in metrics.items() if k != "cached"}
+
+
+def test_warm_start_is_bit_identical_under_1_and_2_threads(tmp_path):
+    """The caller's thread count must not reach the weights (it did: 50 of 57 tensors differed)."""
+    from safetensors.torch import load_file
+
+    opts = dict(steps=6, eval_every=6, n_train=64, n_val=4, n_test=4, k=1, batch_size=16, stop_at=None,
+                progress=False)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two = warm_start(tmp_path / "two", **opts)
+        torch.set_num_threads(1)
+        one = warm_start(tmp_path / "one", **opts)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.get_num_threads() == before  # the build restores the caller's setting
+    a, b = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
+    assert one["options_hash"] == two["options_hash"]
+    # the cache key names what decides the bits besides the options
+    assert one["options"]["threads"] == 1 and one["options"]["torch"] == torch.__version__.split("+")[0]

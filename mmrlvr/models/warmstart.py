@@ -17,6 +17,7 @@ build is redone.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -38,7 +39,30 @@ from mmrlvr.models.tiny import build_tiny
 from mmrlvr.rollout.hf import HFEngine, expand_vision, prompt_texts
 from mmrlvr.types import Sample
 
-WARMSTART_VERSION = 1  # bump when the recipe changes: invalidates every cache
+WARMSTART_VERSION = 2  # bump when the recipe changes: invalidates every cache (2: fixed threads, deterministic)
+# The build runs on this many intra-op threads whatever the machine or OMP_NUM_THREADS: a float sum's order
+# (and so every trained weight) depends on how a matmul is split over threads, so the same options give the
+# same bits on a 2-core laptop and a 64-core server, loaded or idle.
+BUILD_THREADS = 1
+
+
+@contextlib.contextmanager
+def deterministic_build(threads: int = BUILD_THREADS):
+    """Fixed intra-op thread count and deterministic kernels for the duration of a build (then restored)."""
+    old_threads = torch.get_num_threads()
+    old_det, old_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old_threads)
+        torch.use_deterministic_algorithms(old_det, warn_only=old_warn)
+
+
+def build_determinants() -> dict[str, Any]:
+    """What besides the options decides the warm start's bits: thread count and the torch build (cache key)."""
+    return {"threads": BUILD_THREADS, "torch": torch.__version__.split("+")[0]}
 RESULT_FILE = "warmstart.json"
 IN_PROGRESS = ".warmstart-in-progress"
 
@@ -166,7 +190,7 @@ def warm_start(out_dir: str | Path, *, family: str = "qwen2_5_vl", task: str = "
     options = {"version": WARMSTART_VERSION, "family": family, "task": task, "steps": steps,
                "answer_noise": answer_noise, "seed": seed, "stop_at": stop_at, "eval_every": eval_every,
                "batch_size": batch_size, "lr": lr, "n_train": n_train, "n_val": n_val, "n_test": n_test, "k": k,
-               "template": template}
+               "template": template, **build_determinants()}
     digest = _options_hash(options)
     out = Path(out_dir)
     if not force and (hit := cached_result(out, digest)) is not None:
@@ -175,6 +199,16 @@ def warm_start(out_dir: str | Path, *, family: str = "qwen2_5_vl", task: str = "
     if (out / "config.json").exists() and not force and not (out / RESULT_FILE).exists() and not marker.exists():
         raise UserError(f"{str(out)!r} holds a model that is not a warm start; pass force=True (--force) to "
                         "overwrite it")
+    with deterministic_build():
+        return _build(out, marker, options, digest, family=family, task=task, steps=steps, answer_noise=answer_noise,
+                      seed=seed, stop_at=stop_at, eval_every=eval_every, batch_size=batch_size, lr=lr,
+                      n_train=n_train, n_val=n_val, n_test=n_test, k=k, template=template, progress=progress)
+
+
+def _build(out: Path, marker: Path, options: dict[str, Any], digest: str, *, family: str, task: str, steps: int,
+           answer_noise: float, seed: int, stop_at: float | None, eval_every: int, batch_size: int, lr: float,
+           n_train: int, n_val: int, n_test: int, k: int, template: str, progress: bool) -> dict[str, Any]:
+    """The warm start itself (``warm_start`` runs it under ``deterministic_build``)."""
     t_start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     marker.touch()  # lets a rerun overwrite an interrupted build without --force
