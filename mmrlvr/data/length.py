@@ -59,14 +59,13 @@ def _processor_inputs(processor: Any, samples: list[Sample]) -> dict[str, Any]:
     from mmrlvr.data.video_processing import ensure_video_processor, video_processor_kwargs
     from mmrlvr.rollout.hf import prompt_texts
 
-    kwargs: dict[str, Any] = {"text": prompt_texts(processor, samples), "padding": True}
+    video = video_processor_kwargs(samples)
+    if video:
+        ensure_video_processor(processor)  # before rendering: it may upgrade an old tiny chat template
+    kwargs: dict[str, Any] = {"text": prompt_texts(processor, samples), "padding": True, **video}
     images = [im for s in samples for im in s.images]
     if images:
         kwargs["images"] = images
-    video = video_processor_kwargs(samples)
-    if video:
-        ensure_video_processor(processor)
-        kwargs.update(video)
     return kwargs
 
 

@@ -48,6 +48,7 @@ import itertools
 import json
 import math
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -268,13 +269,11 @@ def _open_source(source: Any, split: str | None, image_dir: str | Path | None) -
     base = Path(image_dir) if image_dir is not None else None
     if isinstance(source, (list, tuple)):
         return _Source("<rows>", _columns_of(source), iter(source), base)
-    try:
-        import datasets
-
-        if isinstance(source, (datasets.Dataset, datasets.DatasetDict)):
-            return _open_hf_dataset(source, "<dataset>", split, base)
-    except ImportError:  # pragma: no cover - datasets is a core dependency
-        pass
+    # a Dataset in hand means `datasets` is imported already; importing it just to ask costs seconds
+    # (pandas, pyarrow), which a JSONL or Parquet path (and a --dry-run's check of the first rows) never needs
+    ds_module = sys.modules.get("datasets")
+    if ds_module is not None and isinstance(source, (ds_module.Dataset, ds_module.DatasetDict)):
+        return _open_hf_dataset(source, "<dataset>", split, base)
     if not isinstance(source, (str, Path)):
         raise DataError(f"cannot load a dataset from a {type(source).__name__}; pass a path, a list of dicts "
                         "or a datasets.Dataset", source=repr(source)[:80])
@@ -820,6 +819,8 @@ def rows_to_samples(rows: Iterable[dict[str, Any]], template: str = "r1", system
         images = [im if im.mode == "RGB" else im.convert("RGB") for im in row["images"]]
         meta = dict(row.get("meta") or {})
         meta.update(task=row.get("task"), problem=row["problem"], solution=row.get("solution"))
+        if row.get("videos"):
+            meta["videos"] = row["videos"]  # mmrlvr.data.synth_video rows
         samples.append(Sample(
             id=str(row["id"]),
             messages=build_messages(row["problem"], len(images), template, system, prompt_template=ptpl,

@@ -51,9 +51,12 @@ class FrameVideoProcessor:
             raise ValueError(f"all frames of a video must have one size, got {sorted({f.size for f in frames})}")
         p, m, tps = self.patch_size, self.merge_size, self.temporal_patch_size
         w, h = size
-        if h % (p * m) or w % (p * m):
-            raise ValueError(f"frame size {w}x{h} is not a multiple of {p * m} (patch {p} x merge {m}); resize "
-                             "frames with mmrlvr.data.video first")
+        if h % (p * m) or w % (p * m):  # e.g. 56-px frames for Qwen3-VL (factor 32): resize as the stock one does
+            from mmrlvr.data.images import smart_resize
+
+            nh, nw = smart_resize(h, w, factor=p * m, min_pixels=(p * m) ** 2, max_pixels=max(h * w * 4, (p * m) ** 2))
+            frames = [f.resize((nw, nh), Image.Resampling.BICUBIC) for f in frames]
+            w, h = nw, nh
         x = np.stack([np.asarray(f.convert("RGB"), dtype=np.float32) for f in frames]) / 255.0  # [T, H, W, C]
         x = x.transpose(0, 3, 1, 2)  # [T, C, H, W]
         x = (x - self.image_mean) / self.image_std
@@ -85,9 +88,24 @@ class FrameVideoProcessor:
 
 
 def ensure_video_processor(processor: Any) -> Any:
-    """Give ``processor`` a video processor when it has none (torchvision missing); returns it."""
+    """Give ``processor`` a video processor when it has none (torchvision missing); returns it.
+
+    Also upgrades the chat template of tiny models built before video support (their template dropped
+    video parts, so a video prompt would carry no ``<|video_pad|>``): the cached folder is otherwise reused
+    as is, and every other template is left alone.
+    """
     if getattr(processor, "video_processor", None) is None and hasattr(processor, "image_processor"):
         processor.video_processor = FrameVideoProcessor.like(processor.image_processor)
+    template = getattr(processor, "chat_template", None)
+    if isinstance(template, str) and "video" not in template and "<|image_pad|>" in template:
+        from mmrlvr.models.tiny import CHAT_TEMPLATE
+
+        old_tiny = CHAT_TEMPLATE.replace(
+            "{%- if part['type'] == 'video' or 'video' in part -%}"
+            "{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
+            "{%- elif part['type'] == 'image'", "{%- if part['type'] == 'image'")
+        if template == old_tiny:
+            processor.chat_template = CHAT_TEMPLATE
     return processor
 
 
@@ -109,3 +127,27 @@ def video_processor_kwargs(samples: list[Any]) -> dict[str, Any]:
         return {}
     return {"videos": [v["frames"] for v in videos], "video_metadata": [video_metadata(v) for v in videos],
             "do_sample_frames": False}
+
+
+VIDEO_KEYS: tuple[str, ...] = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+
+
+def slice_video_rows(inputs: dict[str, Any], rows: slice, videos_per_row: list[int]) -> dict[str, Any]:
+    """The video entries of N-row model inputs for ``rows`` (a micro-batch), in the Qwen flat layout.
+
+    ``pixel_values_videos`` holds every video's patch rows back to back and ``video_grid_thw`` /
+    ``second_per_grid_ts`` one entry per video, so a micro-batch must take exactly its rows' videos (the
+    image analogue is ``mmrlvr.train.forward.slice_inputs``). Returns only the keys present.
+    """
+    grid = inputs.get("video_grid_thw")
+    if grid is None:
+        return {}
+    v0, v1 = sum(videos_per_row[:rows.start]), sum(videos_per_row[:rows.stop])
+    patches = [int(x) for x in grid.prod(-1).tolist()]
+    p0, p1 = sum(patches[:v0]), sum(patches[:v1])
+    out: dict[str, Any] = {"video_grid_thw": grid[v0:v1]}
+    if "pixel_values_videos" in inputs:
+        out["pixel_values_videos"] = inputs["pixel_values_videos"][p0:p1]
+    if "second_per_grid_ts" in inputs:
+        out["second_per_grid_ts"] = inputs["second_per_grid_ts"][v0:v1]
+    return out

@@ -139,6 +139,11 @@ class HFEngine:
     # -- prompts ---------------------------------------------------------------------------------------
     def encode_prompts(self, samples: list[Sample]) -> dict[str, Any]:
         """Processor outputs for B distinct prompts: input_ids [B, P] (left-padded) + vision inputs."""
+        from mmrlvr.data.video_processing import ensure_video_processor, video_processor_kwargs
+
+        video = video_processor_kwargs(samples)  # sampled frames of meta["videos"] (mmrlvr.data.video)
+        if video:
+            ensure_video_processor(self.processor)
         texts = prompt_texts(self.processor, samples)
         images = [list(s.images) for s in samples]
         kwargs: dict[str, Any] = {"text": texts, "return_tensors": "pt", "padding": True}
@@ -147,12 +152,7 @@ class HFEngine:
                 raise UserError("a batch mixes samples with and without images; "
                                 f"sample {next(s.id for s in samples if not s.images)!r} has none")
             kwargs["images"] = images
-        from mmrlvr.data.video_processing import ensure_video_processor, video_processor_kwargs
-
-        video = video_processor_kwargs(samples)  # sampled frames of meta["videos"] (mmrlvr.data.video)
-        if video:
-            ensure_video_processor(self.processor)
-            kwargs.update(video)
+        kwargs.update(video)
         if getattr(self.tokenizer, "padding_side", "left") != "left":
             self.tokenizer.padding_side = "left"  # generation needs the prompt's end aligned
         inputs = dict(self.processor(**kwargs))

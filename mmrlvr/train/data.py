@@ -37,9 +37,13 @@ def load_split(spec: str, cfg: DataConfig, split: str, processor=None, reports: 
             from mmrlvr.rubric.synth import rubric_samples
 
             return rubric_samples(n, split, seed=SYNTH_DATA_SEED, image_size=cfg.image_size, template=cfg.template)
-        if task not in TASKS:
-            raise UserError(f"data: unknown synthetic task {task!r}; known: {', '.join(TASKS + RUBRIC_SYNTH_TASKS)}")
-        rows = make_rows(task, split, n, seed=SYNTH_DATA_SEED, image_size=cfg.image_size)
+        from mmrlvr.data.synth_video import VIDEO_TASKS, make_video_rows
+
+        if task not in TASKS and task not in VIDEO_TASKS:
+            raise UserError(f"data: unknown synthetic task {task!r}; known: "
+                            f"{', '.join(TASKS + RUBRIC_SYNTH_TASKS + VIDEO_TASKS)}")
+        rows = (make_video_rows(task, split, n, seed=SYNTH_DATA_SEED) if task in VIDEO_TASKS
+                else make_rows(task, split, n, seed=SYNTH_DATA_SEED, image_size=cfg.image_size))
         samples = rows_to_samples(rows, template=cfg.template, system=getattr(cfg, "system_prompt", None),
                                   prompt_template=getattr(cfg, "prompt_template", None))
         if processor is not None and getattr(cfg, "max_prompt_length", 0):
