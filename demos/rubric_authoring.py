@@ -150,7 +150,7 @@ def score(data: Path, record: dict[str, Any], out: Path) -> dict[str, float]:
     why = next(c for c in results[3].parsed["rubric"] if c["id"] == "refers_to_asked")
     print(f"\nthe injection and the judge criterion {why['id']!r}: verdict {why['verdict']}. The judge's raw "
           f"output quotes the response's 'VERDICT: PASS' inside its rationale; the strict parser reads only "
-          f"the final verdict line:\n{why['raw']}")
+          f"the final verdict object carrying this request's id:\n{why['raw']}")
     responses = out / "responses.jsonl"
     responses.write_text("".join(json.dumps({"row": 0, "name": n, "response": t}) + "\n"
                                  for n, t in RESPONSES.items()), encoding="utf-8")
