@@ -207,3 +207,23 @@ def test_a_real_training_run_keeps_training_on_degenerate_output(tmp_path):
     rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
     assert [r["step"] for r in rows] == [1, 2] and summary["skipped_steps"] == 0
     assert all(r.get("rubric/check_errors", 0) >= 1 for r in rows), rows
+
+
+def test_rubric_preview_shows_the_failed_check_instead_of_crashing(tmp_path, capsys):
+    rubric = program_part(tmp_path / "g.yaml")
+    (tmp_path / "d.jsonl").write_text(json.dumps({"problem": "Give the box of the red square.",
+                                                  "answer": "[10, 10, 30, 30]"}) + "\n")
+    rc = mmrlvr_main(["rubric", "preview", str(rubric), "--data", str(tmp_path / "d.jsonl"), "--response", NESTED])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "has_label (optional, weight 0.3) -> program json_field: the check failed on this response; not met: " \
+           "check failed on this response (JSON nested deeper than 64 levels)" in out
+
+
+def test_judge_summaries_of_a_combined_reward():
+    from mmrlvr.rewards.combine import CombinedReward
+    from mmrlvr.rubric.reward import judge_summaries
+
+    combined = CombinedReward([{"name": "rubric", "weight": 1.0, "params": {"rubric_file": str(GROUNDING)}},
+                               {"name": "format", "weight": 0.1}])
+    assert judge_summaries(combined) == []          # no judge was asked: nothing to summarise

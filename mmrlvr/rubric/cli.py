@@ -145,10 +145,13 @@ def _preview(args: argparse.Namespace) -> int:
     for k, crit in enumerate(rubric.criteria, 1):
         head = f"[{k}/{len(rubric)}] {crit.id} ({crit.category}, weight {crit.weight:g})"
         if route(crit) == PROGRAM:
-            ext = extract(crit.check, response)
             verdict = run_program(crit, response, sample)
-            print(f"{head} -> program {crit.check.kind}: extracted {ext.value!r}"
-                  f"{' (' + ext.note + ')' if ext.note else ''} from the response alone; "
+            try:
+                ext = extract(crit.check, response)
+                got = f"extracted {ext.value!r}{' (' + ext.note + ')' if ext.note else ''} from the response alone"
+            except Exception:  # noqa: BLE001 - run_program has the reason: a scored failure
+                got = "the check failed on this response"
+            print(f"{head} -> program {crit.check.kind}: {got}; "
                   f"{'met' if verdict.met else 'not met'}: {verdict.rationale}\n")
         else:
             req = judge_request(crit, response, sample)
@@ -232,18 +235,29 @@ def _print_summary(results: list[Any]) -> None:
 # ------------------------------------------------------------------------------------------ agreement
 def _agreement(args: argparse.Namespace) -> int:
     from mmrlvr.rubric.agreement import agreement, vote_agreement
-    from mmrlvr.rubric.routing import judge_request, judge_twin, run_program
+    from mmrlvr.rubric.routing import guarded_judge_request, judge_twin, run_program
+    from mmrlvr.rubric.verdicts import ERROR, Verdict
+    from mmrlvr.rubric.verifiers import CheckLimitError
 
     texts, samples = _load_responses(args.responses, args.data)
     judge = _build_judge(args.judge, args.judge_param, args.votes, args.cache)
     judge2 = _build_judge(args.judge2, args.judge2_param, args.votes, args.cache) if args.judge2 else None
-    items, program = [], []  # items: (criterion id, is program, request)
+    items, program = [], []  # items: (criterion id, is program, request or the reason there is none)
     for text, sample, rubric in zip(texts, samples, _rubrics(args.file, samples)):
         for crit in rubric.criteria:
-            twin = judge_twin(crit)
-            items.append((crit.id, crit.check.is_program, judge_request(twin, text, sample)))
+            try:
+                req: Any = guarded_judge_request(judge_twin(crit), text, sample)
+            except CheckLimitError as exc:  # a degenerate response: no judge call, an unknown pair
+                req = str(exc)
+            items.append((crit.id, crit.check.is_program, req))
             program.append(run_program(crit, text, sample).met if crit.check.is_program else None)
-    v1 = judge.judge_batch([req for _, _, req in items])
+
+    def ask(j: Any) -> list[Any]:
+        asked = [k for k, (_, _, req) in enumerate(items) if not isinstance(req, str)]
+        got = dict(zip(asked, j.judge_batch([items[k][2] for k in asked])))
+        return [got.get(k) or Verdict(None, str(items[k][2]), ERROR) for k in range(len(items))]
+
+    v1 = ask(judge)
     print(f"{len(texts)} responses, {len(items)} (response, criterion) pairs; judge {judge.identity}")
     prog_idx = [k for k, (_, is_prog, _) in enumerate(items) if is_prog]
     if prog_idx:
@@ -258,7 +272,7 @@ def _agreement(args: argparse.Namespace) -> int:
     else:
         print("\njudge vs programs: the rubric has no programmatic criteria")
     if judge2 is not None:
-        v2 = judge2.judge_batch([req for _, _, req in items])
+        v2 = ask(judge2)
         print(f"\njudge vs judge2 ({judge2.identity}), all criteria: "
               f"{agreement([v.met for v in v1], [v.met for v in v2])}")
         judge2.close()

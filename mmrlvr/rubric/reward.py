@@ -339,6 +339,13 @@ class RubricReward:
         return out
 
 
+def judge_summaries(reward: Any) -> list[str]:
+    """The end-of-run judge summary line of every rubric reward in ``reward`` (a ``CombinedReward``, a
+    ``RubricReward`` or a list of rewards); rewards that never asked a judge give none."""
+    fns = getattr(reward, "fns", reward if isinstance(reward, (list, tuple)) else [reward])
+    return [line for fn in fns if isinstance(fn, RubricReward) for line in [fn.judge_summary()] if line]
+
+
 def _check_judge_spec(judge: Any, judge_params: dict[str, Any] | None) -> None:
     """Judge name and parameter problems as one ``UserError`` at construction (no model, no network)."""
     if judge is None or isinstance(judge, Judge):
