@@ -14,12 +14,18 @@ so it is not a faithful KL reference (``BASE_PRESERVING_INITS`` lists the inits 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any, Iterator
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
 from mmrlvr.errors import UserError
+
+# peft's PeftModel (get_peft_model, PeftModel.from_pretrained) asks the model `is_gradient_checkpointing`,
+# which transformers 5 deprecates for `is_activation_checkpointing`: a FutureWarning on every LoRA run that
+# no user can act on (peft's call, not theirs). Only that message is silenced.
+warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 # our name -> peft's init_lora_weights value
 INITS: dict[str, Any] = {
