@@ -1,42 +1,80 @@
-"""Grounding with boxes, seen in the inspector.
+"""Grounding with boxes, learnt by RL and seen in the inspector.
 
-What to look at: the tiny VLM is asked for the pixel box of a described shape ("Give the box of the red
-circle.") and rewarded by IoU with the true box. After a short run the inspector opens on it: pick a step
-and a prompt group, and the image panel draws each response's predicted box (magenta, with its IoU)
-beside the ground truth (cyan). Sort the group by reward to see what separates a 0.8-IoU answer from a
-0.1 one; switch the token heatmap to "advantage" or "ratio" to see which tokens the update pushed on;
-use the Filter tab (component `grounding` failed, finish reason `length`) to find reward bugs such as a
-full-image box. The grounding reward refuses boxes covering > 80% of the image unless the target does.
+What to look at: the tiny VLM, warm-started on grounding (``tiny:qwen2_5_vl:warm:grounding``: it already
+answers ``<answer>[x1, y1, x2, y2]</answer>`` but places boxes poorly), is asked for the pixel box of a
+described shape ("Give the box of the red circle.") and rewarded by IoU with the true box. The demo
+trains it, then trains an lr-0 control with the same seed (identical prompts and samples, no update),
+and prints the mean IoU reward of both over the first and last steps: the trained run rises, the
+control stays flat. Then the inspector opens on the trained run: it starts on the step's most
+informative group (widest IoU spread); the image shows each predicted box (magenta outline, with its
+IoU) over the ground truth (cyan outline, no fill); sort the group by reward to see what separates a
+0.6-IoU answer from a 0.1 one; switch the token heatmap to "advantage" or "Δlog-prob" and click the
+digits of the box to see which numbers the update pushed; the compare slider shows the same prompt at an
+earlier step (prompts recur: the training pool is smaller than steps × prompts per step).
 
-    python demos/grounding_inspector.py [--steps 30] [--out runs/demo-grounding] [--no-inspect]
+Measured (2 CPU cores, seed 0, 60 steps, the command below): mean IoU reward over the last 15 steps
+0.256 trained vs 0.200 for the lr-0 control (first 15 steps: 0.205 vs 0.205).
+
+    python demos/grounding_inspector.py [--steps 60] [--out runs/demo-grounding] [--no-control] [--no-inspect]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+METRIC = "reward/grounding"  # the IoU reward (mean IoU over Hungarian-matched boxes), unweighted
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--out", default="runs/demo-grounding")
-    p.add_argument("--port", type=int, default=7860)
-    p.add_argument("--no-inspect", action="store_true", help="train only; print the inspect command")
-    args = p.parse_args(argv)
+def iou_curve(run_dir: str | Path) -> list[float]:
+    """The per-step mean IoU reward of a run (``reward/grounding`` in its metrics.jsonl)."""
+    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [float(r[METRIC]) for r in rows if METRIC in r]
+
+
+def window_means(curve: list[float], k: int) -> tuple[float, float]:
+    """(mean of the first k values, mean of the last k values); k is capped at half the curve."""
+    k = max(1, min(k, len(curve) // 2 or 1))
+    return sum(curve[:k]) / k, sum(curve[-k:]) / k
+
+
+def train(out: str, steps: int, *overrides: str) -> dict:
     from mmrlvr.config import load_config
     from mmrlvr.train.trainer import Trainer
 
     cfg = load_config(ROOT / "configs" / "grounding-tiny.yaml", [
-        f"output_dir={args.out}", f"max_steps={args.steps}", "save_every=0", "eval.every=0", "data.eval_size=32",
-    ])
-    summary = Trainer(cfg).train()
+        f"output_dir={out}", f"max_steps={steps}", "save_every=0", "eval.every=0", "data.eval_size=32", *overrides])
+    return Trainer(cfg).train()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--out", default="runs/demo-grounding")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--no-control", action="store_true", help="skip the lr-0 control run")
+    p.add_argument("--no-inspect", action="store_true", help="train only; print the inspect command")
+    args = p.parse_args(argv)
+
+    summary = train(args.out, args.steps)
     b, a = summary.get("before", {}), summary.get("after", {})
     if b and a:
         print(f"held-out greedy box accuracy (IoU >= 0.5): {b['greedy_accuracy']:.3f} -> {a['greedy_accuracy']:.3f}")
-    print(f"run directory: {args.out}\ninspect it:    mmrlvr inspect {args.out}")
+    trained = iou_curve(args.out)
+    k = max(1, args.steps // 4)
+    rows = [("trained", trained)]
+    if not args.no_control:
+        control_dir = f"{args.out}-lr0"
+        train(control_dir, args.steps, "optim.lr=0")
+        rows.append(("lr-0 control", iou_curve(control_dir)))
+    if trained:
+        print(f"\nmean IoU reward ({METRIC})   first {k} steps   last {k} steps")
+        for name, curve in rows:
+            first, last = window_means(curve, k)
+            print(f"{name:<28}{first:>14.3f}{last:>15.3f}")
+    print(f"\nrun directory: {args.out}\ninspect it:    mmrlvr inspect {args.out}")
     if args.no_inspect:
         return 0
     from mmrlvr.inspector.cli import main as inspect_main

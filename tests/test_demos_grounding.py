@@ -11,7 +11,7 @@ def test_grounding_demo_trains_and_stores_boxes(tmp_path, capsys):
     demo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(demo)
     out = tmp_path / "g"
-    assert demo.main(["--steps", "2", "--out", str(out), "--no-inspect"]) == 0
+    assert demo.main(["--steps", "2", "--out", str(out), "--no-control", "--no-inspect"]) == 0
     assert f"mmrlvr inspect {out}" in capsys.readouterr().out
     from mmrlvr.store.reader import RolloutReader
 

@@ -75,6 +75,10 @@ T_TRANSCRIPTS = T_DOC + "test_rubric_transcripts_reproduce"
 T_INSPECT = ("tests/test_inspector_app.py::test_launch_binds_loopback_only",
              "tests/test_inspector_app.py::test_cli_validates_arguments")
 T_GROUNDING = "tests/test_demos_grounding.py::test_grounding_demo_trains_and_stores_boxes"
+T_SCREENS = "tests/test_inspector_screens.py::test_browse_view_fits_and_reads_at_a_glance"
+T_EXPOSED = ("tests/test_inspector_app.py::test_cli_refuses_an_exposed_host_without_auth",
+             "tests/test_inspector_app.py::test_cli_exposed_host_warns_and_passes_the_login",
+             "tests/test_inspector_app.py::test_launch_with_auth_requires_the_login")
 T_WARM_CLI = "tests/test_models_warmstart.py::test_cli_warm_start_beats_chance_and_second_call_is_cached"
 T_VERL = "tests/test_integrations_verl.py::"
 T_TRL = "tests/test_integrations_trl.py::test_doc_example_trains_two_steps_with_our_rewards"
@@ -213,8 +217,17 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     # ---- demos/*.py docstrings
     "python demos/credit_study.py [--steps 20] [--out runs/demo-credit] [any credit_study.py option]":
         (RUN + " (--steps 2 ...)", (T_DOC + "test_credit_study_demo_runs", T_OPTS)),
-    "python demos/grounding_inspector.py [--steps 30] [--out runs/demo-grounding] [--no-inspect]":
-        (DEMO + " (--steps 2 --no-inspect)", (T_GROUNDING, T_OPTS)),
+    "python demos/grounding_inspector.py [--steps 60] [--out runs/demo-grounding] [--no-control] [--no-inspect]":
+        (DEMO + " (--steps 2 --no-control --no-inspect)", (T_GROUNDING, T_OPTS)),
+    # ---- docs/inspector.md
+    "mmrlvr demo --steps 40": (RUN + " (mmrlvr demo, 3 steps)", (T_DEMO,)),
+    "mmrlvr inspect runs/demo": ("the inspector's CLI, server and its screens in a browser are tested",
+                                 (*T_INSPECT, T_SCREENS)),
+    "mmrlvr inspect runs/demo --host 0.0.0.0 --auth ann:correct-horse":
+        ("the CLI (launch stubbed) and a server with a login are tested", T_EXPOSED),
+    "MMRLVR_INSPECT_AUTH=ann:correct-horse mmrlvr inspect runs/demo --host 0.0.0.0":
+        ("the CLI (launch stubbed) reads the variable", T_EXPOSED),
+    "mmrlvr inspect runs/demo --host 0.0.0.0 --insecure": ("the CLI (launch stubbed) is tested", T_EXPOSED),
     "python demos/rubric_authoring.py [--out DIR]": (DEMO, (T_RUBRIC_DEMO, T_OPTS)),
 }
 

@@ -228,3 +228,82 @@ def test_render_falls_back_to_a_recorded_signal(tmp_path: Path) -> None:
     assert "not recorded" in heat.label and "not recorded" in hover
     # no images in this run: the image panel is empty rather than an error
     assert out[ANNOTATED].value is None and out[SLIDER] is None
+
+
+# -- exposure: a non-loopback host needs a login or an explicit --insecure; only images/rollouts served ------
+def test_cli_refuses_an_exposed_host_without_auth(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = make_fake_run(tmp_path / "run", steps=1, groups=1, group_size=2)
+    monkeypatch.delenv(cli.AUTH_ENV, raising=False)
+    for host in ("0.0.0.0", "192.168.1.5", "::", "example.org"):
+        with pytest.raises(UserError, match="--auth USER:PASS"):
+            cli.main([str(run), "--host", host])
+    for bad in ("user", "user:", ":pass", ""):
+        with pytest.raises(UserError, match="USER:PASS"):
+            cli.main([str(run), "--host", "0.0.0.0", "--auth", bad])
+    assert all(cli.is_loopback(h) for h in ("127.0.0.1", "127.1.2.3", "::1", "localhost", "[::1]"))
+    assert cli.parse_auth("ann:p:w") == ("ann", "p:w")  # the password may hold ':'
+
+
+def test_cli_exposed_host_warns_and_passes_the_login(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from mmrlvr.inspector import app as inspector_app
+
+    run = make_fake_run(tmp_path / "run", steps=1, groups=1, group_size=2)
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(inspector_app, "launch", lambda app, **kw: calls.append(kw))
+    monkeypatch.delenv(cli.AUTH_ENV, raising=False)
+    assert cli.main([str(run), "--host", "0.0.0.0", "--auth", "ann:s3cret"]) == 0
+    assert calls[-1]["auth"] == ("ann", "s3cret") and calls[-1]["host"] == "0.0.0.0"
+    err = capsys.readouterr().err
+    assert "WARNING" in err and "0.0.0.0" in err and "login required" in err and "s3cret" not in err
+    assert cli.main([str(run), "--host", "0.0.0.0", "--insecure"]) == 0
+    assert calls[-1]["auth"] is None and "NO login" in capsys.readouterr().err
+    monkeypatch.setenv(cli.AUTH_ENV, "bob:pw")
+    assert cli.main([str(run), "--host", "10.0.0.1"]) == 0 and calls[-1]["auth"] == ("bob", "pw")
+    assert "WARNING" in capsys.readouterr().err
+    monkeypatch.delenv(cli.AUTH_ENV)
+    assert cli.main([str(run)]) == 0  # loopback: no warning, no login needed
+    assert calls[-1]["auth"] is None and calls[-1]["host"] == "127.0.0.1" and "WARNING" not in capsys.readouterr().err
+
+
+def test_server_serves_images_and_rollouts_never_config_or_checkpoints(tmp_path: Path) -> None:
+    run = make_fake_run(tmp_path / "run", steps=1, groups=1, group_size=2)
+    (run / "config.yaml").write_text("rubric:\n  judge_params: {api_key: sk-SECRET}\n")
+    ckpt = run / "checkpoints" / "step-00000001"
+    ckpt.mkdir(parents=True)
+    (ckpt / "model.safetensors").write_bytes(b"SECRET-WEIGHTS")
+    (run / "metrics.jsonl").write_text('{"step": 0, "note": "SECRET"}\n')
+    (run / "images" / "cfg-link.yaml").symlink_to(run / "config.yaml")  # a link inside a served folder
+    app = build_app(run, refresh_s=3600)
+    _, url, _ = launch(app, port=free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        base = url.rstrip("/") + "/gradio_api/file="
+        image = next((run / "images").rglob("*.png"))
+        shard = next((run / "rollouts").glob("step-*.parquet"))
+        for served in (image, shard):
+            status, body = _get(base + str(served))
+            assert status == 200 and len(body) == served.stat().st_size, served
+        for hidden in (run / "config.yaml", ckpt / "model.safetensors", run / "metrics.jsonl",
+                       run / "images" / "cfg-link.yaml", run / "images" / ".." / "config.yaml"):
+            status, body = _get(base + str(hidden))
+            assert status in (403, 404), (hidden, status)
+            assert b"SECRET" not in body
+    finally:
+        app.close()
+
+
+def test_launch_with_auth_requires_the_login(tmp_path: Path) -> None:
+    run = make_fake_run(tmp_path / "run", steps=1, groups=1, group_size=2)
+    app = build_app(run, refresh_s=3600)
+    _, url, _ = launch(app, port=free_port(), prevent_thread_lock=True, quiet=True, auth=("ann", "pw"))
+    try:
+        with pytest.raises(Exception):
+            Client(url, verbose=False)  # no login: the API is closed
+        client = Client(url, verbose=False, auth=("ann", "pw"))
+        out = client.predict(None, None, None, "entropy", None, api_name="/render")
+        assert value(out[STEP]) == 0
+        image = next((run / "images").rglob("*.png"))
+        status, _ = _get(url.rstrip("/") + "/gradio_api/file=" + str(image))
+        assert status in (401, 403)  # files too need the login
+    finally:
+        app.close()

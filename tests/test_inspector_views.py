@@ -225,3 +225,96 @@ def test_fake_run_is_realistic(tmp_path: Path) -> None:
     assert [m["step"] for m in reader.metrics()] == [0, 1]
     assert math.isfinite(reader.metrics()[0]["reward/mean"])
     assert tokenize("a <b> c") == ["a", " <", "b", ">", " c"]  # lossless, leading spaces kept like BPE
+
+
+# -- second pass: what the views say at a glance -------------------------------------------------------
+def test_most_informative_group_widest_spread_then_advantage() -> None:
+    rows = pd.DataFrame({
+        "prompt_id": ["a", "a", "b", "b", "c", "c", "d", "d"],
+        # spreads: a 0 (flat), b 0.5, c 0.5, d 0.25; b and c tie on spread
+        "reward": [1.0, 1.0, 0.0, 0.5, 0.25, 0.75, 0.5, 0.75],
+        # mean |advantage|: b (0.5 + 0.5) / 2 = 0.5, c (1 + 1) / 2 = 1 -> c wins the tie
+        "advantage": [0.0, 0.0, -0.5, 0.5, -1.0, 1.0, -1.0, 1.0],
+    })
+    pid, why = views.most_informative_group(rows)
+    assert pid == "c"
+    assert "spread 0.5" in why and "0.25 → 0.75" in why and "1 flat group" in why
+    flat = rows.assign(reward=1.0, advantage=0.0)
+    pid, why = views.most_informative_group(flat)
+    assert pid == "a" and "equal rewards" in why
+    assert views.most_informative_group(rows.iloc[:0]) == (None, "")
+
+
+def test_reward_breakdown_weights_contributions_and_no_duplicate_rubric() -> None:
+    comps = {"format": 1.0, "accuracy": 0.0, "rubric": 0.75, "rubric/rubric": 0.75, "rubric/crit/c1": 1.0,
+             "grounding": 0.5, "grounding/iou": 0.5}
+    weights = {"format": 0.2, "accuracy": 1.0, "rubric": 0.5}
+    rows = views.reward_rows(comps, weights)
+    # the config's order first, then unweighted components; rubric/rubric repeats rubric: dropped
+    assert [(r.component, r.parent) for r in rows] == [
+        ("format", None), ("accuracy", None), ("rubric", None), ("crit/c1", "rubric"), ("grounding", None),
+        ("iou", "grounding")]
+    # contributions: 0.2 x 1 = 0.2, 1 x 0 = 0, 0.5 x 0.75 = 0.375; grounding has no weight
+    assert [r.contribution for r in rows if r.parent is None] == [0.2, 0.0, 0.375, None]
+    html = views.reward_breakdown_html(rec_with(reward_components={"format": 1.0, "accuracy": 1.0},
+                                                reward=1.2), {"format": 0.2, "accuracy": 1.0})
+    assert "weight × raw" in html and "<b>1.2</b>" in html and "stored reward" not in html  # 0.2 + 1.0
+    shaped = views.reward_breakdown_html(rec_with(reward_components={"accuracy": 1.0}, reward=0.9),
+                                         {"accuracy": 1.0})
+    assert "(stored reward 0.9)" in shaped  # a shaping term outside the components is not hidden
+    unknown = views.reward_breakdown_html(rec_with(reward_components={"accuracy": 1.0}, reward=1.0), None)
+    assert "weights not recorded" in unknown
+    assert views.run_weights({"rewards": [{"name": "format", "weight": 0.2},
+                                          {"name": "grounding", "label": "iou2", "weight": 2}]}) == {
+        "format": 0.2, "iou2": 2.0}
+    assert views.run_weights({"seed": 0}) is None
+
+
+def test_rubric_verdicts_met_and_not_met_are_coloured() -> None:
+    rec = rec_with(rubric_results=[{"id": "a", "text": "t", "verdict": "met", "score": 1.0, "weight": 1.0,
+                                    "rationale": "why a", "judge": "program"},
+                                   {"id": "b", "text": "t", "verdict": "not_met", "score": 0.0, "weight": 1.0,
+                                    "rationale": "why b", "judge": "program"}])
+    html = views.reward_breakdown_html(rec)
+    assert "color:#2e7d32;font-weight:bold;white-space:nowrap'>met<" in html
+    assert "color:#c62828;font-weight:bold;white-space:nowrap'>not_met<" in html
+    assert "why a" in html and "why b" in html
+
+
+def test_delta_logprob_signal_is_log_ratio() -> None:
+    rec = rec_with(response_tokens=["a", "b", "c"], response_token_ids=[1, 2, 3], token_ratio=[math.e, 1.0, 1 / math.e])
+    # log e = 1, log 1 = 0, log 1/e = -1 -> scores [1, 0, -1]; the hover lists Δlog-prob beside the ratio
+    assert views.signal_values(rec, "Δlog-prob") == pytest.approx([1.0, 0.0, -1.0])
+    assert [t.score for t in views.heatmap_tokens(rec, "Δlog-prob")] == pytest.approx([1.0, 0.0, -1.0])
+    assert "Δlog-prob 1" in views.heatmap_tokens(rec, "ratio")[0].raw
+    assert views.signal_peak(rec, "Δlog-prob") == pytest.approx(1.0)
+    html = views.heatmap_html(views.heatmap_tokens(rec, "Δlog-prob"), "Δlog-prob", 1.0)
+    assert 'class="mm-legend"' in html and 'tabindex="0"' in html and 'data-v="token 0' in html
+    assert "max-height:260px" in html
+
+
+def test_outline_masks_leave_the_inside_clear() -> None:
+    (mask, label), = views.outline_masks([((2, 3, 9, 8), "gt 1")], (12, 10), width=2)
+    assert label == "gt 1" and mask.shape == (10, 12)
+    assert mask[3, 2] == 1 and mask[3, 9] == 1 and mask[8, 5] == 1 and mask[4, 3] == 1  # the 2-px border
+    assert mask[5, 5] == 0 and mask[0, 0] == 0  # inside and outside: untouched (no fill over the object)
+
+
+def test_draw_boxes_labels_and_no_fill() -> None:
+    rec = rec_with(parsed_boxes=[[30, 30, 60, 60]], gt_boxes=[[30, 30, 60, 60]])
+    img = Image.new("RGB", (100, 100), (235, 195, 20))  # a yellow object filling the image
+    out = views.draw_boxes(img, rec)
+    k = views.display_scale((100, 100))
+    assert out.getpixel((45 * k, 45 * k)) == (235, 195, 20)  # inside both boxes: the object's own colour
+    assert out.getpixel((30 * k, 45 * k)) == (0xFF, 0, 0xFF)  # predicted outline drawn last, on top
+
+
+def test_filter_table_shows_response_text_and_keeps_headers_when_empty(tmp_path: Path) -> None:
+    run = make_fake_run(tmp_path / "run", steps=1, groups=2, group_size=2)
+    reader = RolloutReader(run)
+    rows = reader.filter(limit=2)
+    table = views.filter_table(rows, reader.components(), texts=reader.texts(rows))
+    assert table["response"].tolist() == [views.text_preview(r.response_text) for r in reader.records(rows)]
+    empty = views.filter_table(reader.filter(reward_range=(99, None)), reader.components(), texts=[])
+    assert len(empty) == 0 and list(empty.columns[:3]) == ["step", "prompt", "sample"]
+    assert views.text_preview("a\nb", 10) == "a ⏎ b" and views.text_preview("x" * 20, 5) == "xxxx…"

@@ -260,16 +260,16 @@ class Inspector:
             images = views.load_images(self.run_dir, rec)
         if not images:
             return None
-        left = views.draw_boxes(images[0], rec, caption=f"◀ step {step} #{sample} r={views.fmt(rec.reward, 2)}")
+        left = views.draw_boxes(images[0], rec, caption=f"left: step {step} #{sample} r={views.fmt(rec.reward, 2)}")
         if other_step is None:
-            only = views.draw_boxes(images[0], rec, caption=f"step {step} only: this prompt never recurs",
+            only = views.draw_boxes(images[0], rec, caption=f"right: only step {step} has this prompt",
                                     caption_right=True)
             return (left, only)
         others = self.reader.group(int(other_step), prompt_id)
         other = next((r for r in others if r.sample_index == int(sample)), others[0])
         other_images = views.load_images(self.run_dir, other) or images
         right = views.draw_boxes(other_images[0], other,
-                                 caption=f"step {other_step} #{other.sample_index} r={views.fmt(other.reward, 2)} ▶",
+                                 caption=f"right: step {other_step} #{other.sample_index} r={views.fmt(other.reward, 2)}",
                                  caption_right=True)
         return (left, right)
 
@@ -405,12 +405,9 @@ def build_app(run_dir: str | os.PathLike[str], *, refresh_s: float = 5.0) -> gr.
                 with gr.Row():
                     with gr.Column(scale=2):
                         annotated = gr.AnnotatedImage(label="Image · predicted boxes (magenta, with IoU) vs ground "
-                                                      "truth (cyan), outlines", format="png", elem_id="mm-annotated")
+                                                      "truth (cyan), outlines", format="png", height=360,
+                                                      elem_id="mm-annotated")
                         gallery = gr.Gallery(label="More images", visible=False, columns=4, height=160)
-                        compare_dd = gr.Dropdown(label="Compare with step", allow_custom_value=True,
-                                                 elem_id="mm-compare")
-                        slider = gr.ImageSlider(label="Same prompt at two steps (drag)", type="pil", format="png",
-                                                elem_id="mm-slider")
                     with gr.Column(scale=3):
                         ta_html = gr.HTML(elem_id="mm-thinking-answer")
                         reward_html = gr.HTML(elem_id="mm-reward")
@@ -422,6 +419,17 @@ def build_app(run_dir: str | os.PathLike[str], *, refresh_s: float = 5.0) -> gr.
                 heat = gr.HighlightedText(label="Response tokens (scaled to [-1, 1])", show_legend=False,
                                           combine_adjacent=False, visible=False, elem_id="mm-heatmap-values")
                 heat_html = gr.HTML(elem_id="mm-heatmap", css_template=views.HEATMAP_CSS, js_on_load=None)
+                with gr.Row(equal_height=False):
+                    with gr.Column(scale=1, min_width=240):
+                        compare_dd = gr.Dropdown(label="Compare with step", allow_custom_value=True,
+                                                 elem_id="mm-compare")
+                        gr.Markdown("Drag the handle: left is the selected step, right the step chosen here "
+                                    "(each image is captioned with its step and reward).")
+                    with gr.Column(scale=1, min_width=300):
+                        slider = gr.ImageSlider(label="Same prompt at two steps (drag)", type="pil", format="png",
+                                                elem_id="mm-slider")
+                    with gr.Column(scale=1, min_width=0):  # keeps the slider (and its image) at a third of the width
+                        pass
             with gr.Tab("Filter", id="filter"):
                 with gr.Row():
                     # text boxes, not gr.Number: an empty box must mean "no bound" (a Number sends 0)
@@ -441,7 +449,8 @@ def build_app(run_dir: str | os.PathLike[str], *, refresh_s: float = 5.0) -> gr.
                                      label="order (round robin: one sample per group first)")
                     run_btn = gr.Button("Filter", variant="primary", scale=0, min_width=100, elem_id="mm-run-filter")
                 count_md = gr.Markdown(elem_id="mm-count")
-                results = gr.Dataframe(interactive=False, elem_id="mm-results", max_height=480, wrap=True)
+                results = gr.Dataframe(interactive=False, elem_id="mm-results", max_height=480, wrap=True,
+                                       column_widths=["56px", "84px", "64px", "72px", "84px", "64px", "64px"])
             with gr.Tab("Prompt across steps", id="history"):
                 history_title = gr.HTML()
                 with gr.Row():

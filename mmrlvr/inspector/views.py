@@ -604,7 +604,7 @@ def annotated_value(image: Image.Image, rec: RolloutRecord) -> tuple[tuple[Image
 
 
 def outline_masks(annotations: Sequence[tuple[Sequence[int], str]], size: tuple[int, int],
-                  width: int = 3) -> list[tuple[np.ndarray, str]]:
+                  width: int = BOX_LINE) -> list[tuple[np.ndarray, str]]:
     """Box annotations -> ``gr.AnnotatedImage`` masks that are only the box outline (``width`` px).
 
     Given boxes, Gradio paints the whole box at half opacity; a mask of just the border keeps the object's
@@ -638,8 +638,8 @@ def draw_boxes(image: Image.Image, rec: RolloutRecord, caption: str | None = Non
                caption_right: bool = False, labels: bool = True) -> Image.Image:
     """A copy of ``image`` with GT (cyan) and predicted (magenta) boxes as labelled outlines, no fill.
 
-    Each outline has a 1-px white halo so it shows on dark images; labels ("GT 1", "pred 1 IoU 0.62")
-    sit above the box's top-left corner (inside the image). The caption goes bottom-left (or bottom-right
+    Each outline has a 1-px white halo so it shows on dark images; labels ("gt 1", "pred 1 IoU 0.62")
+    sit at the box's left corner, above it for predictions and below it for ground truth (inside the image). The caption goes bottom-left (or bottom-right
     for the slider's right-hand image, whose left half the slider covers)."""
     img = image.convert("RGB").copy()
     scale = display_scale(img.size)  # small training images: enlarge so lines and labels stay visible
@@ -648,7 +648,7 @@ def draw_boxes(image: Image.Image, rec: RolloutRecord, caption: str | None = Non
     draw = ImageDraw.Draw(img)
     drawn: list[tuple[list[float], str, str]] = []
     for i, box in enumerate(rec.gt_boxes):
-        drawn.append(([v * scale for v in _clip_box(box, image.size)], GT_COLOUR, f"GT {i + 1}"))
+        drawn.append(([v * scale for v in _clip_box(box, image.size)], GT_COLOUR, f"gt {i + 1}"))
     for i, (box, iou) in enumerate(zip(rec.parsed_boxes, best_ious(rec.parsed_boxes, rec.gt_boxes))):
         text = f"pred {i + 1}" + (f" IoU {iou:.2f}" if iou is not None else "")
         drawn.append(([v * scale for v in _clip_box(box, image.size)], PRED_COLOUR, text))
@@ -657,9 +657,9 @@ def draw_boxes(image: Image.Image, rec: RolloutRecord, caption: str | None = Non
         draw.rectangle([x1 - 1, y1 - 1, x2 + 1, y2 + 1], outline=(255, 255, 255), width=BOX_LINE + 2)
     for xy, colour, _ in drawn:
         draw.rectangle(xy, outline=colour, width=BOX_LINE)
-    if labels:
+    if labels:  # predicted labels above the box, ground truth below: a good prediction hides no label
         for xy, colour, text in drawn:
-            _label(draw, (xy[0], xy[1] - 12), text, colour, img.size)
+            _label(draw, (xy[0], xy[1] - 12 if colour == PRED_COLOUR else xy[3] + 2), text, colour, img.size)
     if caption:  # bottom-left: Gradio's component label covers the top-left corner
         draw.rectangle([0, img.height - 14, img.width, img.height], fill=(255, 255, 255))
         width = draw.textlength(caption)
