@@ -97,32 +97,46 @@ def encode_sft(processor: Any, samples: list[Sample], targets: list[str], chunk:
     """One dict per example: unpadded ``input_ids`` [T], per-token extras, vision rows, response length.
 
     The processor runs once per example (in chunks); ``collate_sft`` then pads any subset cheaply.
+    Video samples (``meta["videos"]``, e.g. ``synth:video_count``) carry their video rows the same way.
     """
+    from mmrlvr.data.video_processing import VIDEO_KEYS, ensure_video_processor, slice_video_rows, video_processor_kwargs
+
     tokenizer = processor.tokenizer
     eos = tokenizer.eos_token
     out: list[dict[str, Any]] = []
     for start in range(0, len(samples), chunk):
         part, tgt = samples[start:start + chunk], targets[start:start + chunk]
+        video = video_processor_kwargs(part)
+        if video:
+            ensure_video_processor(processor)
         texts = [p + t + eos for p, t in zip(prompt_texts(processor, part), tgt)]
-        inputs = dict(processor(text=texts, images=[s.images for s in part], return_tensors="pt", padding=True))
-        vision = expand_vision(inputs, [len(s.images) for s in part], 1)
+        kwargs: dict[str, Any] = {"text": texts, "return_tensors": "pt", "padding": True, **video}
+        if any(s.images for s in part):
+            kwargs["images"] = [s.images for s in part]
+        inputs = dict(processor(**kwargs))
+        videos_per = [len(s.meta.get("videos") or []) for s in part]
+        vision = expand_vision(inputs, [len(s.images) for s in part], 1, videos_per)
         n_resp = [len(tokenizer(t + eos, add_special_tokens=False).input_ids) for t in tgt]
-        patches = vision["image_grid_thw"].prod(-1).tolist()
         offsets = [0]
-        for p in patches:
-            offsets.append(offsets[-1] + p)
+        if "image_grid_thw" in vision:
+            for p in vision["image_grid_thw"].prod(-1).tolist():
+                offsets.append(offsets[-1] + p)
         img = 0
         for i, s in enumerate(part):
             keep = inputs["attention_mask"][i].bool()
             k = len(s.images)
-            out.append({
+            example = {
                 "input_ids": inputs["input_ids"][i][keep],
                 "per_token": {key: v[i][keep] for key, v in vision.items()
                               if v.dim() == 2 and v.shape == inputs["input_ids"].shape},
-                "pixel_values": vision["pixel_values"][offsets[img]:offsets[img + k]],
-                "image_grid_thw": vision["image_grid_thw"][img:img + k],
                 "n_resp": n_resp[i],
-            })
+            }
+            if "image_grid_thw" in vision:
+                example["pixel_values"] = vision["pixel_values"][offsets[img]:offsets[img + k]]
+                example["image_grid_thw"] = vision["image_grid_thw"][img:img + k]
+            example.update(slice_video_rows({key: vision[key] for key in VIDEO_KEYS if key in vision},
+                                            slice(i, i + 1), videos_per))
+            out.append(example)
             img += k
     return out
 
@@ -142,9 +156,10 @@ def collate_sft(examples: list[dict[str, Any]], pad_id: int) -> dict[str, torch.
         labels[i, length - e["n_resp"]:] = e["input_ids"][t - e["n_resp"]:]
         for key, v in e["per_token"].items():
             per_token[key][i, length - t:] = v
-    return {"input_ids": input_ids, "attention_mask": attention, "labels": labels, **per_token,
-            "pixel_values": torch.cat([e["pixel_values"] for e in examples]),
-            "image_grid_thw": torch.cat([e["image_grid_thw"] for e in examples])}
+    vision = {key: torch.cat([e[key] for e in examples])
+              for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
+                          "second_per_grid_ts") if key in examples[0]}
+    return {"input_ids": input_ids, "attention_mask": attention, "labels": labels, **per_token, **vision}
 
 
 # -- the warm start -----------------------------------------------------------------------------------
@@ -185,8 +200,10 @@ def warm_start(out_dir: str | Path, *, family: str = "qwen2_5_vl", task: str = "
     """
     if not 0.0 <= answer_noise <= 1.0:
         raise UserError(f"answer_noise must be in [0, 1], got {answer_noise}")
-    if task not in synth.TASKS:
-        raise UserError(f"unknown synthetic task {task!r}; known tasks: {', '.join(synth.TASKS)}")
+    from mmrlvr.data.synth_video import VIDEO_TASKS
+
+    if task not in synth.TASKS and task not in VIDEO_TASKS:
+        raise UserError(f"unknown synthetic task {task!r}; known tasks: {', '.join(synth.TASKS + VIDEO_TASKS)}")
     options = {"version": WARMSTART_VERSION, "family": family, "task": task, "steps": steps,
                "answer_noise": answer_noise, "seed": seed, "stop_at": stop_at, "eval_every": eval_every,
                "batch_size": batch_size, "lr": lr, "n_train": n_train, "n_val": n_val, "n_test": n_test, "k": k,
@@ -217,10 +234,13 @@ def _build(out: Path, marker: Path, options: dict[str, Any], digest: str, *, fam
     model, processor = load_policy(out)
     tokenizer = processor.tokenizer
 
+    from mmrlvr.data.synth_video import VIDEO_TASKS, make_video_rows
+
+    rows_of = make_video_rows if task in VIDEO_TASKS else make_rows
     rng = random.Random(f"warmstart/{seed}")
-    train_rows = make_rows(task, "train", n_train, seed=seed)
-    val_rows = make_rows(task, "train", n_val, seed=seed + 10_000)  # other scenes than the training rows
-    test_rows = make_rows(task, "test", n_test, seed=seed)
+    train_rows = rows_of(task, "train", n_train, seed=seed)
+    val_rows = rows_of(task, "train", n_val, seed=seed + 10_000)  # other scenes than the training rows
+    test_rows = rows_of(task, "test", n_test, seed=seed)
     train_samples = rows_to_samples(train_rows, template=template)
     targets = [noisy_target(r["solution"], task, answer_noise, rng) for r in train_rows]
     examples = encode_sft(processor, train_samples, targets)
@@ -271,5 +291,5 @@ def _build(out: Path, marker: Path, options: dict[str, Any], digest: str, *, fam
 
 def _chance(task: str) -> float | None:
     """Accuracy of uniform guessing over the task's answers (None where not meaningful)."""
-    return {"count": 1 / 4, "count_chatter": 1 / 4, "largest_colour": 1 / len(synth.COLOURS), "left_right": 1 / 2,
+    return {"count": 1 / 4, "count_chatter": 1 / 4, "video_count": 1 / 4, "largest_colour": 1 / len(synth.COLOURS), "left_right": 1 / 2,
             "geometry": 1 / len(synth.ANGLES)}.get(task)
