@@ -34,7 +34,7 @@ import re
 from mmrlvr.rewards.base import REWARDS
 from mmrlvr.rewards.common import AnswerReward, require_answer
 from mmrlvr.rewards.mathverify import ISOLATIONS, MathOptions, math_equal
-from mmrlvr.rewards.parsing import extract_boxed, normalize_answer, parse_number, split_number_unit, strip_lead_in
+from mmrlvr.rewards.parsing import box_key, extract_boxed, normalize_answer, parse_number, split_number_unit, strip_lead_in
 from mmrlvr.types import RewardResult, Sample
 
 MODES = ("hardened", "math_verify")
@@ -116,7 +116,7 @@ def _unwrap_boxed(answer: str) -> str | None:
     if "\\boxed" not in answer and "\\fbox" not in answer:
         return answer
     boxed = extract_boxed(answer)
-    if not boxed or len({normalize_answer(b) for b in boxed}) > 1:
+    if not boxed or len({box_key(b) for b in boxed}) > 1:
         return None
     return boxed[-1]
 

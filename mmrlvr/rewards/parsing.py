@@ -242,6 +242,13 @@ def extract_boxed(text: str) -> list[str]:
     return out
 
 
+def box_key(content: str) -> object:
+    """What two boxed answers are compared by to decide whether they are one answer: the number they
+    state (``\\boxed{2}`` and ``\\boxed{2.0}`` are one answer), else their normalised text."""
+    value = parse_number(content)
+    return value if value is not None else normalize_answer(content)
+
+
 def _matching_braces(text: str) -> dict[int, int]:
     """Index of each "{" -> its matching "}" in one linear pass (escaped \\{ \\} do not count)."""
     stack: list[int] = []
@@ -289,7 +296,7 @@ def locate_answer(text: str, template: str = "r1", think_prefilled: bool = False
     if not boxed:
         problems.append("no_boxed" if "\\boxed" not in region and "\\fbox" not in region else "unclosed_boxed")
         return None, problems
-    distinct = {normalize_answer(b) for b in boxed}
+    distinct = {box_key(b) for b in boxed}
     if len(distinct) > 1:
         problems.append("several_boxed")
         return None, problems
@@ -326,6 +333,7 @@ _TEXT_CMD_RE = re.compile(r"\\(?:text|textbf|mathrm|mathbf|textit|operatorname)\
 _ARTICLE_RE = re.compile(r"^(?:a|an|the)\s+(?=[A-Za-z]{2})", re.IGNORECASE)  # "a + b" keeps its a
 # Thousands separators: "1,000", "12,345,678"; never "0,125" (a decimal comma: 0.125, not 125).
 _THOUSANDS_RE = re.compile(r"(?<![\d.])([1-9]\d{0,2}(?:,\d{3})+)(?![\d,])")
+_SPACE_THOUSANDS_RE = re.compile(r"^[-+]?[1-9]\d{0,2}(?: \d{3})+$")
 
 
 _MAX_LEAD_INS = 8
@@ -377,7 +385,9 @@ def normalize_answer(s: str | None, lower: bool = True) -> str:
         if s.startswith("\\[") and s.endswith("\\]"):
             s = s[2:-2].strip()
         s = _TEXT_CMD_RE.sub(r"\1", s)
-        s = s.rstrip(" .;:!").strip()
+        s = s.rstrip(" .;:").strip()
+        if s.endswith("!") and not re.search(r"[\d)}\]]!+$", s):  # "5!" is 120, not an exclamation
+            s = s.rstrip("!").strip()
         if len(s) >= 2 and s[0] == s[-1] and s[0] in "\"'`":
             s = s[1:-1].strip()
     s = _THOUSANDS_RE.sub(lambda m: m.group(1).replace(",", ""), s)
@@ -423,6 +433,7 @@ def _canonical_number_text(s: str) -> str:
     s = re.sub(r"(?<=\d)\\[,;: ](?=\d{3}(?!\d))", "", s)  # thin-space thousands separators: 1\\,000
     s = re.sub(r"\\!", "", s)
     s = re.sub(r"\\[,;: ]", " ", s)  # other LaTeX spaces are spaces: "3\\,\\,4" is two numbers, not 34
+    s = _SPACE_THOUSANDS_RE.sub(lambda m: m.group(0).replace(" ", ""), s)  # SI style: "1 000 000"
     s = _THOUSANDS_RE.sub(lambda m: m.group(1).replace(",", ""), s)
     s = _LATEX_FRAC_SHORT_RE.sub(_frac_sub(r"\1/\2"), s)
     s = _LATEX_FRAC_RE.sub(_frac_sub(r"(\1)/(\2)"), s)
@@ -521,8 +532,8 @@ def split_number_unit(s: str | None) -> tuple[float | None, str]:
             return None, ""
         attached = not t[m.end() : m.end() + 1].isspace()
         first_word = re.match(r"[a-zA-Zµμ]*", unit).group()  # type: ignore[union-attr]
-        if attached and first_word and first_word.lower() not in _ATTACHED_UNITS:
-            return None, ""  # "2x", "2A": a product with a variable, not a number with a unit
+        if first_word and (attached or len(first_word) == 1) and first_word.lower() not in _ATTACHED_UNITS:
+            return None, ""  # "2x", "2 y", "2A": a product with a variable, not a number with a unit
         return value, unit
     return None, ""
 
