@@ -216,3 +216,41 @@ def test_synth_video_count_trains_two_steps(family, tmp_path):
     assert summary["skipped_steps"] == 0 and summary["last"]["loss"] is not None
     # the teacher-forced forward saw the same video inputs as the sampler: ratio 1 on the first epoch
     assert summary["last"]["ratio/mean"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_video_frames_are_content_addressed_in_the_run_store(tmp_path):
+    from mmrlvr.data.synth_video import make_video_rows
+    from mmrlvr.data.loading import rows_to_samples
+    from mmrlvr.store.images import ImageStore, resolve_in_run, video_frame_refs
+
+    s = rows_to_samples(make_video_rows("video_count", "train", 1))[0]
+    store = ImageStore(tmp_path)
+    refs = video_frame_refs(s, store.put)
+    assert len(refs) == 1 and len(refs[0]) == 4
+    assert video_frame_refs(s, store.put) == refs  # the same frames: the same files, stored once
+    frames = s.meta["videos"][0]["frames"]
+    for r, f in zip(refs[0], frames):
+        assert np.array_equal(np.asarray(Image.open(resolve_in_run(tmp_path, r))), np.asarray(f))
+    n_files = len(list((tmp_path / "images").rglob("*.png")))
+    assert n_files == len(set(refs[0]))
+
+
+def test_credit_perturbations_reach_video_frames():
+    """perturb_vision perturbs pixel_values_videos in the same patch layout (frames of a clip), seeded."""
+    import torch
+
+    from mmrlvr.credit.perturb import PatchLayout, perturb_vision, unpatchify
+
+    ip_like = FrameVideoProcessor(14, 2, 2, [0.5, 0.5, 0.5], [0.5, 0.5, 0.5])
+    frames = [Image.new("RGB", (56, 56), (200, 50 * i, 0)) for i in range(4)]
+    rows, grid = ip_like.patchify(frames)
+    vision = {"pixel_values_videos": torch.tensor(rows), "video_grid_thw": torch.tensor([grid])}
+    layout = PatchLayout(patch_size=14, merge_size=2, temporal_patch_size=2, image_mean=(0.5, 0.5, 0.5),
+                         image_std=(0.5, 0.5, 0.5))
+    a = perturb_vision(vision, "zero", seed=1, layout=layout)
+    b = perturb_vision(vision, "zero", seed=1, layout=layout)
+    assert torch.equal(a["pixel_values_videos"], b["pixel_values_videos"])
+    assert not torch.equal(a["pixel_values_videos"], vision["pixel_values_videos"])
+    assert torch.equal(a["video_grid_thw"], vision["video_grid_thw"])
+    (clip,) = unpatchify(a["pixel_values_videos"], a["video_grid_thw"], layout)
+    assert clip.shape[0] == 4  # 4 frames back, each perturbed

@@ -17,6 +17,7 @@ import io
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 from PIL import Image
 
@@ -92,3 +93,17 @@ class ImageStore:
         with Image.open(path) as img:
             img.load()
             return img.copy()
+
+
+#: ``RolloutRecord.extra`` key holding a video prompt's frames: one list of stored refs per video
+VIDEO_FRAMES_KEY = "video_frames"
+
+
+def video_frame_refs(sample: Any, ref: Any) -> list[list[str]]:
+    """Stored refs of the sampled frames of each video of ``sample`` (``sample.meta["videos"]``).
+
+    ``ref``: image -> relative path (``ImageStore.put`` or a caching wrapper). Frames are content-addressed
+    like images, so a clip shown to G rollouts over many steps is stored once. The trainer puts the result
+    in ``RolloutRecord.extra[VIDEO_FRAMES_KEY]``; the inspector shows it as a frame strip beside the rollout.
+    """
+    return [[ref(frame) for frame in video["frames"]] for video in (getattr(sample, "meta", {}) or {}).get("videos") or []]

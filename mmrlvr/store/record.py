@@ -20,6 +20,9 @@ Storage layout (``ROLLOUT_SCHEMA``, one Parquet file per step, see ``mmrlvr.stor
 * ``num_response_tokens`` is derived (``len(response_token_ids)``) and stored so the inspector's index can
   be built from scalar columns only.
 
+Video prompts keep their sampled frames in ``extra["video_frames"]`` (``mmrlvr.store.images.VIDEO_FRAMES_KEY``):
+one list of image refs per video, stored like ``image_refs``, so old readers are unaffected.
+
 Boxes (``parsed_boxes``, ``gt_boxes``) are ``[x1, y1, x2, y2]`` in pixels of the *stored* image
 ``image_refs[0]`` (the trainer converts model coordinates before writing).
 """
