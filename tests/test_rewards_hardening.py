@@ -328,3 +328,26 @@ class TestBoxes:
     def test_bad_coords_name(self):
         with pytest.raises(ValueError, match="coords"):
             GroundingReward(coords="pixels")
+
+
+@REWARDS.register("test_group_probe")
+class GroupProbe:
+    """A group-aware reward: needs whole groups of 2 (a DataError otherwise) and crashes on "boom"."""
+
+    def __call__(self, completion, sample):
+        raise UserError("score_batch only")
+
+    def score_batch(self, completions, samples):
+        if len(completions) % 2:
+            raise DataError("a batch of 1 rollouts does not split into groups of 2")
+        if any(c.text == "boom" for c in completions):
+            raise RecursionError("maximum recursion depth exceeded")
+        return [RewardResult(1.0) for _ in completions]
+
+
+def test_a_crashing_group_reward_scores_its_batch_as_errors_not_dropped_rows():
+    fn = build_reward("test_group_probe")
+    out = score_batch(fn, [Completion("ok"), Completion("boom")], [sample("1")] * 2)
+    assert [r.score for r in out] == [0.0, 0.0] and not any(r.dropped for r in out)
+    assert all("RecursionError" in r.parsed["error"] for r in out)
+    assert guard_metrics(fn)["reward/errors"] == 2.0

@@ -150,10 +150,16 @@ def score_batch(fn: RewardFn, completions: Sequence[Completion], samples: Sequen
         if why is not None and n == 1:
             results = [_failure(why[5:], dropped=True) if why.startswith("data:") else _failure(why)]
         elif why is not None and not why.startswith("over_budget"):
-            for i in range(n):  # one row at a time: a row that fails alone is the bad one
-                one, why_i = _guarded(lambda i=i: list(batch([completions[i]], [samples[i]])), 1, budget, stats)
+            alone = [_guarded(lambda i=i: list(batch([completions[i]], [samples[i]])), 1, budget, stats)
+                     for i in range(n)]  # one row at a time: a row that fails alone is the bad one
+            # every row refused alone for its data: a group-aware reward that needs whole groups, so the
+            # batch's own failure is each row's reason (errors, not dropped rows)
+            grouping = all(w is not None and w.startswith("data:") for _, w in alone) and not why.startswith("data:")
+            for i, (one, why_i) in enumerate(alone):
                 if one is not None and len(one) == 1:
                     results[i] = _checked(one[0])
+                elif grouping:
+                    results[i] = _failure(why)
                 elif why_i is not None and why_i.startswith("data:"):
                     results[i] = _failure(why_i[5:], dropped=True)
                 else:
