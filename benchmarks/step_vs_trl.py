@@ -1,15 +1,25 @@
-"""Our GRPO step vs TRL's GRPOTrainer on the same tiny VLM, data, group size and lengths.
+"""Our GRPO step vs TRL's GRPOTrainer on the same VLM, data, group size and lengths.
 
-Each arm runs in its own subprocess (so peak RSS is that arm's alone), the two alternate twice, and the
-script prints per-arm medians and the ratios ours/TRL. Settings matched on both sides (STACK.md, "Peers"):
-the tiny Qwen2.5-VL (full fine-tuning, float32), 16 prompts x 8 generations = 128 completions per step,
-32 new tokens, T = 1.0, k3 KL to the reference with beta 0.05, AdamW lr 1e-4 constant, grad clip 1.0, one
-optimisation pass per generation batch, no gradient checkpointing, no bf16, no eval, no checkpoints.
-Ours also writes its rollout store (a background thread) unless --no-rollout-log.
+Each arm runs in its own subprocess (so peak RSS is that arm's alone), the arms alternate, and the script
+prints per-arm medians of the step and of its phases (generate, reference pass, policy forward+backward,
+optimiser), then the ratios ours/TRL. Settings matched on both sides (STACK.md, "Peers"): float32, the
+vision tower frozen on both arms, B prompts x G generations, fixed-length responses, T = 1.0, k3 KL to the
+reference with beta 0.05, AdamW lr 1e-4 constant, grad clip 1.0, one optimisation pass per generation
+batch (one micro-batch), no bf16, no eval, no checkpoints; ``--lora``: r 16, alpha 32 on q/k/v/o of the
+language model on both arms (the reference is the adapter disabled). Ours also writes its rollout store
+(a background thread) unless --no-rollout-log.
+
+Shapes (``mmrlvr.models.standin``): ``toy`` is the 0.64 M-parameter tiny Qwen2.5-VL (16 prompts x 8, 16
+image tokens, 32 new tokens by default); ``qwen2_5_vl_3b`` / ``qwen2_5_vl_7b`` are shape-true stand-ins
+(real widths, 151,936 vocabulary, real vision-tower widths, ``--layers`` decoder layers, random weights,
+built offline; 2 prompts x 4 by default). Their end-of-sequence logits are pinned at 0 among random
+others, so responses run to --new-tokens (the mean response length is printed per arm to show it).
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/step_vs_trl.py [--steps 5] [--rounds 2]
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/step_vs_trl.py --shape qwen2_5_vl_3b --image-tokens 256 \
+        --new-tokens 128 --steps 2 --rounds 1 [--lora]
 
-Ends with:
+Ends with, per run (one shape):
     step time ratio (ours/TRL): X
     peak memory ratio (ours/TRL): Y
 """
@@ -27,43 +37,125 @@ import tempfile
 import time
 from pathlib import Path
 
-PROMPTS, GROUP, NEW_TOKENS, BETA, LR = 16, 8, 32, 0.05, 1e-4
+BETA, LR = 0.05, 1e-4
+LORA = {"r": 16, "alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+# per shape: prompts per step, group size, image tokens, new tokens
+DEFAULTS = {"toy": (16, 8, 16, 32), "qwen2_5_vl_3b": (2, 4, 256, 128), "qwen2_5_vl_7b": (2, 4, 256, 128)}
+PHASES = ("generate", "reference", "policy_fwd_bwd", "optimizer")
 
 
-def _samples(n: int):
+def _samples(n: int, side: int):
     from mmrlvr.data import rows_to_samples
     from mmrlvr.data.synth import make_rows
 
-    return rows_to_samples(make_rows("count", "train", n, seed=0))
+    return rows_to_samples(make_rows("count", "train", n, seed=0, image_size=side))
 
 
-def run_ours(model_dir: str, steps: int, out: str, rollout_log: bool) -> dict:
+class PhaseTimer:
+    """Wraps methods so that each call's wall time adds to a phase of the current step."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, float]] = []
+        self.lengths: list[float] = []
+
+    def new_step(self) -> None:
+        self.steps.append({k: 0.0 for k in PHASES})
+
+    def add(self, phase: str, seconds: float) -> None:
+        if self.steps:
+            self.steps[-1][phase] += seconds
+
+    def wrap(self, obj, name: str, phase) -> None:
+        """``phase``: a phase name, or a function of the call's (args, kwargs) returning one (or None)."""
+        fn = getattr(obj, name)
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                which = phase(args, kwargs) if callable(phase) else phase
+                if which:
+                    self.add(which, time.perf_counter() - t0)
+        setattr(obj, name, timed)
+
+
+def _wire_optimizer(trainer, cfg) -> str:
+    """Until the trainer builds its optimiser with ``mmrlvr.train.optim`` (issue 17), do it here: fused
+    AdamW and the one-pass clip + non-finite check, the calls the trainer is to make."""
+    import torch
+
+    if getattr(trainer.optimizer, "defaults", {}).get("fused"):
+        return "trainer's own optimiser (fused)"
+    from mmrlvr.train.optim import build_optimizer, clip_grad_norm_and_check
+
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+    trainer.optimizer = build_optimizer(params, cfg.optim)
+    trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, trainer._lr_lambda)
+
+    def optimizer_step() -> float:
+        norm = clip_grad_norm_and_check(params, cfg.optim.grad_clip)
+        trainer.optimizer.step()
+        trainer.scheduler.step()
+        trainer.optimizer.zero_grad(set_to_none=True)
+        return norm
+    trainer._optimizer_step = optimizer_step
+    return "optimiser wired by the benchmark: build_optimizer (fused) + clip_grad_norm_and_check"
+
+
+def run_ours(model_dir: str, a, out: str, rollout_log: bool) -> dict:
     from mmrlvr.config import load_config
+    from mmrlvr.models.standin import image_side
     from mmrlvr.train.trainer import Trainer
 
+    side = 112 if a.shape == "toy" else image_side(a.image_tokens)
+    model = {"path": model_dir, "freeze_vision": True}
+    if a.lora:
+        model["lora"] = {"enabled": True, **LORA}
+    if a.gradient_checkpointing:
+        model["gradient_checkpointing"] = True
     cfg = load_config(data={
-        "output_dir": out, "max_steps": steps, "save_every": 0, "log_rollouts": rollout_log,
-        "tensorboard": False, "progress": False,
-        "model": {"path": model_dir, "freeze_vision": True},
-        "data": {"train": "synth:count", "train_size": PROMPTS * steps},
-        "rollout": {"group_size": GROUP, "prompts_per_step": PROMPTS, "max_new_tokens": NEW_TOKENS},
-        "algo": {"kl_coef": BETA, "kl_estimator": "k3", "micro_batch_size": PROMPTS * GROUP},
+        "output_dir": out, "max_steps": a.steps, "save_every": 0, "log_rollouts": rollout_log,
+        "tensorboard": False, "progress": False, "model": model,
+        "data": {"train": "synth:count", "train_size": a.prompts * a.steps, "image_size": side,
+                 "max_pixels": max(side * side, 448 * 448)},
+        "rollout": {"group_size": a.group, "prompts_per_step": a.prompts, "max_new_tokens": a.new_tokens},
+        "algo": {"kl_coef": BETA, "kl_estimator": "k3", "micro_batch_size": a.prompts * a.group},
         "optim": {"lr": LR, "grad_clip": 1.0},
         "rewards": [{"name": "format", "weight": 0.2}, {"name": "auto_accuracy", "weight": 1.0}],
         "eval": {"at_start": False, "at_end": False},
     })
     trainer = Trainer(cfg)
+    if a.gradient_checkpointing and not getattr(trainer.policy, "is_gradient_checkpointing", False):
+        from mmrlvr.models.lora import enable_gradient_checkpointing
+
+        enable_gradient_checkpointing(trainer.policy)  # until the trainer reads model.gradient_checkpointing
+    optim_note = _wire_optimizer(trainer, cfg)
+    timer = PhaseTimer()
+    generate = trainer.engine.generate
+
+    def generate_and_measure(*args, **kwargs):
+        t0 = time.perf_counter()
+        batch = generate(*args, **kwargs)
+        timer.add("generate", time.perf_counter() - t0)
+        timer.lengths.append(float(batch.response_mask.sum(1).float().mean()))
+        return batch
+    trainer.engine.generate = generate_and_measure
+    timer.wrap(trainer, "reference_logprobs", "reference")
+    timer.wrap(trainer, "_micro_step", "policy_fwd_bwd")
+    timer.wrap(trainer, "_optimizer_step", "optimizer")
     times = []
-    for step in range(steps):
+    for step in range(a.steps):
+        timer.new_step()
         t0 = time.perf_counter()
         trainer.run_step(step)
         times.append(time.perf_counter() - t0)
     if trainer.writer is not None:
         trainer.writer.close()
-    return {"step_s": times}
+    return {"step_s": times, "phases": timer.steps, "response_len": timer.lengths, "note": optim_note}
 
 
-def run_trl(model_dir: str, steps: int, out: str) -> dict:
+def run_trl(model_dir: str, a, out: str) -> dict:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -73,7 +165,10 @@ def run_trl(model_dir: str, steps: int, out: str) -> dict:
     from mmrlvr.rewards.base import build_reward
     from mmrlvr.types import Completion
 
-    samples = _samples(PROMPTS * steps)
+    from mmrlvr.models.standin import image_side
+
+    steps = a.steps
+    samples = _samples(a.prompts * steps, 112 if a.shape == "toy" else image_side(a.image_tokens))
     fmt, acc = build_reward("format"), build_reward("auto_accuracy")
 
     def reward(completions, idx, **_):
@@ -86,60 +181,94 @@ def run_trl(model_dir: str, steps: int, out: str) -> dict:
 
     ds = Dataset.from_list([{"prompt": s.messages, "image": s.images[0], "idx": i} for i, s in enumerate(samples)])
     model, processor = load_policy(model_dir)
+    from mmrlvr.models.lora import freeze_vision
+
+    freeze_vision(model)  # same work as ours (model.freeze_vision)
+    peft_config = None
+    if a.lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], target_modules=LORA["target_modules"],
+                                 lora_dropout=0.0, bias="none")
+    group = a.prompts * a.group
     args = GRPOConfig(
-        output_dir=out, max_steps=steps, per_device_train_batch_size=PROMPTS * GROUP, num_generations=GROUP,
-        max_completion_length=NEW_TOKENS, temperature=1.0, beta=BETA, learning_rate=LR, max_grad_norm=1.0,
-        lr_scheduler_type="constant", bf16=False, gradient_checkpointing=False, use_cpu=True,
+        output_dir=out, max_steps=steps, per_device_train_batch_size=group, num_generations=a.group,
+        max_completion_length=a.new_tokens, temperature=1.0, beta=BETA, learning_rate=LR, max_grad_norm=1.0,
+        lr_scheduler_type="constant", bf16=False, gradient_checkpointing=a.gradient_checkpointing, use_cpu=True,
         logging_steps=1, report_to=[], save_strategy="no", num_iterations=1, steps_per_generation=1,
         shuffle_dataset=False, seed=0, disable_dropout=True,
     )
     times: list[float] = []
+    timer = PhaseTimer()
 
     class Timer(TrainerCallback):
-        def on_step_begin(self, *a, **k):
+        def on_step_begin(self, *_a, **_k):
             self.t0 = time.perf_counter()
+            timer.new_step()
 
-        def on_step_end(self, *a, **k):
+        def on_pre_optimizer_step(self, *_a, **_k):
+            self.t_opt = time.perf_counter()
+
+        def on_optimizer_step(self, *_a, **_k):
+            timer.add("optimizer", time.perf_counter() - self.t_opt)
+
+        def on_step_end(self, *_a, **_k):
             times.append(time.perf_counter() - self.t0)
 
+        def on_log(self, _args, _state, _control, logs=None, **_k):
+            if logs and "completions/mean_length" in logs:
+                timer.lengths.append(float(logs["completions/mean_length"]))
+
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds,
-                          processing_class=processor, callbacks=[Timer()])
+                          processing_class=processor, callbacks=[Timer()], peft_config=peft_config)
+    timer.wrap(trainer, "_generate", "generate")
+    # no-grad calls are the reference (and old-policy) passes; with grad, the policy forward
+    timer.wrap(trainer, "_get_per_token_logps_and_entropies",
+               lambda _a, _k: "policy_fwd_bwd" if torch.is_grad_enabled() else "reference")
+    timer.wrap(trainer.accelerator, "backward", "policy_fwd_bwd")
     torch.manual_seed(0)
     trainer.train()
-    return {"step_s": times}
+    return {"step_s": times, "phases": timer.steps, "response_len": timer.lengths}
 
 
-def child(arm: str, model_dir: str, steps: int, rollout_log: bool) -> None:
+def child(arm: str, model_dir: str, a, rollout_log: bool) -> None:
     with tempfile.TemporaryDirectory() as out:
-        res = run_ours(model_dir, steps, out, rollout_log) if arm == "ours" else run_trl(model_dir, steps, out)
+        res = run_ours(model_dir, a, out, rollout_log) if arm == "ours" else run_trl(model_dir, a, out)
     res["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("RESULT " + json.dumps(res))
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=5, help="steps per arm; the first is warm-up and not timed")
-    p.add_argument("--rounds", type=int, default=2, help="alternating rounds of (ours, TRL)")
-    p.add_argument("--model", default=None, help="model folder (default: build the tiny Qwen2.5-VL)")
-    p.add_argument("--no-rollout-log", action="store_true", help="ours: do not write the rollout store")
-    p.add_argument("--child", choices=["ours", "trl"], help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.child:
-        child(args.child, args.model, args.steps, not args.no_rollout_log)
-        return
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def bench_shape(shape: str, args, env: dict[str, str]) -> None:
+    """Alternate the arms ``args.rounds`` times on ``shape``; print phases and the two ratio lines."""
+    prompts, group, image_tokens, new_tokens = DEFAULTS[shape]
+    a = argparse.Namespace(**{**vars(args), "shape": shape, "prompts": args.prompts or prompts,
+                              "group": args.group or group, "image_tokens": args.image_tokens or image_tokens,
+                              "new_tokens": args.new_tokens or new_tokens})
     model_dir = args.model
     if model_dir is None:
-        from mmrlvr.models.tiny import build_tiny
+        from mmrlvr.models.standin import build_standin
 
-        model_dir = str(build_tiny("qwen2_5_vl", Path(tempfile.mkdtemp()) / "tiny"))
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false",
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        t0 = time.perf_counter()
+        model_dir = str(build_standin(shape, Path(tempfile.mkdtemp()) / shape, image_tokens=a.image_tokens,
+                                      layers=args.layers))
+        print(f"== {shape}: built in {time.perf_counter() - t0:.0f} s", flush=True)
+    print(f"== {shape}: {a.prompts} prompts x G {a.group}, {a.image_tokens} image tokens, {a.new_tokens} new "
+          f"tokens, {'LoRA' if a.lora else 'full fine-tuning'}"
+          f"{', gradient checkpointing' if a.gradient_checkpointing else ''}; {a.steps} steps x {a.rounds} rounds",
+          flush=True)
     results: dict[str, list[dict]] = {"ours": [], "trl": []}
     for r in range(args.rounds):
         for arm in ("ours", "trl"):
-            cmd = [sys.executable, __file__, "--child", arm, "--model", model_dir, "--steps", str(args.steps)]
-            if args.no_rollout_log:
-                cmd.append("--no-rollout-log")
+            cmd = [sys.executable, __file__, "--child", arm, "--model", model_dir, "--shape", shape,
+                   "--steps", str(a.steps), "--prompts", str(a.prompts), "--group", str(a.group),
+                   "--image-tokens", str(a.image_tokens), "--new-tokens", str(a.new_tokens)]
+            cmd += ["--no-rollout-log"] if args.no_rollout_log else []
+            cmd += ["--lora"] if a.lora else []
+            cmd += ["--gradient-checkpointing"] if a.gradient_checkpointing else []
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
             line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
             if proc.returncode != 0 or line is None:
@@ -148,14 +277,48 @@ def main() -> None:
             res = json.loads(line[len("RESULT "):])
             results[arm].append(res)
             timed = res["step_s"][1:] or res["step_s"]
+            if res.get("note") and r == 0:
+                print(f"     {arm}: {res['note']}")
             print(f"round {r + 1} {arm:>4}: median step {statistics.median(timed):.3f} s, "
-                  f"peak RSS {res['peak_rss_mib']:.0f} MiB")
-    med = {a: statistics.median([t for res in rs for t in (res["step_s"][1:] or res["step_s"])])
-           for a, rs in results.items()}
-    mem = {a: max(res["peak_rss_mib"] for res in rs) for a, rs in results.items()}
+                  f"peak RSS {res['peak_rss_mib']:.0f} MiB, mean response {_median(res['response_len']):.1f} tokens",
+                  flush=True)
+    med = {k: _median([t for res in rs for t in (res["step_s"][1:] or res["step_s"])]) for k, rs in results.items()}
+    mem = {k: max(res["peak_rss_mib"] for res in rs) for k, rs in results.items()}
+    for arm, rs in results.items():
+        phases = {ph: _median([st[ph] for res in rs for st in (res["phases"][1:] or res["phases"])]) for ph in PHASES}
+        print(f"{arm:>4} phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
     print(f"ours: {med['ours']:.3f} s/step, {mem['ours']:.0f} MiB;  TRL: {med['trl']:.3f} s/step, {mem['trl']:.0f} MiB")
     print(f"step time ratio (ours/TRL): {med['ours'] / med['trl']:.2f}")
-    print(f"peak memory ratio (ours/TRL): {mem['ours'] / mem['trl']:.2f}")
+    print(f"peak memory ratio (ours/TRL): {mem['ours'] / mem['trl']:.2f}", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", nargs="+", default=["toy"], choices=list(DEFAULTS),
+                   help="model shape(s), benchmarked one after the other")
+    p.add_argument("--image-tokens", type=int, default=None, help="image tokens per prompt (a square: 256, 1024)")
+    p.add_argument("--new-tokens", type=int, default=None, help="response length (fixed)")
+    p.add_argument("--prompts", type=int, default=None, help="prompts per step (B)")
+    p.add_argument("--group", type=int, default=None, help="generations per prompt (G)")
+    p.add_argument("--layers", type=int, default=1, help="stand-ins: decoder layers")
+    p.add_argument("--lora", action="store_true", help="LoRA r 16 on q/k/v/o (both arms)")
+    p.add_argument("--gradient-checkpointing", action="store_true", help="both arms")
+    p.add_argument("--steps", type=int, default=5, help="steps per arm; the first is warm-up and not timed")
+    p.add_argument("--rounds", type=int, default=2, help="alternating rounds of (ours, TRL)")
+    p.add_argument("--model", default=None, help="model folder (default: build the --shape model)")
+    p.add_argument("--no-rollout-log", action="store_true", help="ours: do not write the rollout store")
+    p.add_argument("--child", choices=["ours", "trl"], help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        args.shape = args.shape[0]
+        child(args.child, args.model, args, not args.no_rollout_log)
+        return
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false",
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    if args.model is not None and len(args.shape) > 1:
+        raise SystemExit("--model goes with one --shape")
+    for shape in args.shape:
+        bench_shape(shape, args, env)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,100 @@
+"""Training-pass peak memory with and without gradient checkpointing on a shape-true stand-in.
+
+One policy forward + backward through ``token_logprobs`` (the trainer's training pass: fused log-probs,
+vision tower frozen, full fine-tuning of the language model) on ``--rows`` rows of ``--image-tokens`` image
+tokens + prompt text + ``--new-tokens`` response tokens. Each setting runs in its own subprocess; the
+figure is the peak RSS during the pass minus the RSS before it (weights loaded), i.e. what the pass
+itself adds: activations kept for backward, gradients, logits-path buffers.
+
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/checkpointing_memory.py [--shape qwen2_5_vl_3b] [--layers 2]
+
+Ends with ``training-pass peak memory cut by gradient checkpointing: X %``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def child(args) -> None:
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from mmrlvr.models.lora import enable_gradient_checkpointing, freeze_vision
+    from mmrlvr.models.standin import image_side, standin_model
+    from mmrlvr.models.tiny import build_tokenizer, make_processor
+    from mmrlvr.train.forward import token_logprobs
+
+    tok = build_tokenizer()
+    model = standin_model(args.shape, tok, layers=args.layers)
+    freeze_vision(model)
+    side = image_side(args.image_tokens)
+    ip = make_processor("qwen2_5_vl", tok, model.config, image_size=side).image_processor
+    img = Image.fromarray(np.random.RandomState(0).randint(0, 256, (side, side, 3), dtype=np.uint8))
+    vis = ip([img] * args.rows, return_tensors="pt")
+    cfg = model.config
+    prompt = [5] * 40 + [cfg.vision_start_token_id] + [cfg.image_token_id] * args.image_tokens + [cfg.vision_end_token_id]
+    resp = torch.randint(20, 500, (args.rows, args.new_tokens), generator=torch.Generator().manual_seed(0))
+    ids = torch.cat([torch.tensor([prompt] * args.rows), resp], 1)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), **vis}
+    if args.checkpointing:
+        enable_gradient_checkpointing(model)
+    model.train()
+    before = _rss_mib()
+    t0 = time.perf_counter()
+    logp, _ = token_logprobs(model, inputs, resp)
+    logp.mean().backward()
+    seconds = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print("RESULT " + json.dumps({"before_mib": before, "peak_mib": peak, "pass_mib": peak - before,
+                                  "seconds": seconds, "tokens": ids.shape[1]}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="qwen2_5_vl_3b")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--rows", type=int, default=4)
+    ap.add_argument("--image-tokens", type=int, default=256)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--checkpointing", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args)
+        return
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    res = {}
+    for ckpt in (False, True):
+        cmd = [sys.executable, __file__, "--child", "--shape", args.shape, "--layers", str(args.layers),
+               "--rows", str(args.rows), "--image-tokens", str(args.image_tokens), "--new-tokens", str(args.new_tokens)]
+        proc = subprocess.run(cmd + (["--checkpointing"] if ckpt else []), env=env, capture_output=True, text=True)
+        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        if proc.returncode != 0 or line is None:
+            sys.stderr.write(proc.stderr[-4000:])
+            raise SystemExit(f"run failed (checkpointing={ckpt})")
+        res[ckpt] = json.loads(line[len("RESULT "):])
+        r = res[ckpt]
+        print(f"checkpointing {'on ' if ckpt else 'off'}: pass adds {r['pass_mib']:.0f} MiB over {r['before_mib']:.0f} MiB "
+              f"loaded ({r['tokens']} tokens x {args.rows} rows, {r['seconds']:.1f} s)", flush=True)
+    cut = 1 - res[True]["pass_mib"] / res[False]["pass_mib"]
+    print(f"training-pass peak memory cut by gradient checkpointing: {100 * cut:.0f} %")
+
+
+if __name__ == "__main__":
+    main()
