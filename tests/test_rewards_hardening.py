@@ -69,6 +69,7 @@ class TestOperatorsAreNotTwoCandidates:
 
     def test_plus_minus_against_a_single_value_is_a_hedge(self):
         assert acc("3 \\pm 1", "4") == 0.0 and acc("3 ± 1", "4") == 0.0  # {2, 4} names the answer and a wrong one
+        assert acc("3\\pm0", "3") == 0.0 and acc("3 \\pm 0", "3") == 0.0  # math-verify alone accepts these
 
 
 class TestLatexMixedNumbers:

@@ -45,7 +45,7 @@ _SIDE_BY_SIDE_NUMBERS_RE = re.compile(r"\d\s+[-+]?\d")
 _LATEX_CMD_RE = re.compile(r"\\[a-zA-Z]+")
 # LaTeX that only makes space or wraps text: two numbers separated by these alone are side by side.
 _SPACING_CMD_RE = re.compile(r"\\(?:quad|qquad|enspace|thinspace|medspace|thickspace|hspace\s*\{[^{}]*\}|[,;:! ])|~")
-_HEDGE_RE = re.compile(r"\\pm\b|\\mp\b|±|∓")
+_HEDGE_RE = re.compile(r"\\(?:pm|mp)(?![a-zA-Z])|±|∓")
 _WORD_RE = re.compile(r"[A-Za-z]{2,}")
 _PLAIN_WORDS_RE = re.compile(r"[a-z]{2,}(?:[ \-][a-z]+)*")
 _PERCENT_RE = re.compile(r"\\?%|\\percent\b|\bpercent\b")
