@@ -1,5 +1,6 @@
 """Config loading: types, overrides, presets, and errors that name the file and the key."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,60 @@ def test_shipped_configs_load(path):
     assert cfg.model.path
     CombinedReward([RewardSpec(s.name, s.weight, dict(s.params)) for s in cfg.rewards])
     build_scheme(cfg.credit.scheme, **cfg.credit.params)
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    """Four independent mistakes: four lines, each naming the file and the key (a user fixes them in one pass)."""
+    from mmrlvr.errors import ConfigErrors
+
+    path = write(tmp_path, {"algo": {"eps_hgh": 0.3}, "optim": {"lr": "fast", "grad_clip": -1},
+                            "rollout": {"top_p": 2}})
+    with pytest.raises(ConfigErrors) as err:
+        load_config(path, ["eval.k=0"])
+    problems = err.value.problems
+    assert len(problems) == 5, problems
+    assert all(p.startswith(f"{path}: ") for p in problems)
+    joined = "\n".join(problems)
+    for key in ("algo.eps_hgh: unknown key", "did you mean 'eps_high'", "optim.lr: expected a number",
+                "optim.grad_clip: must be >= 0", "rollout.top_p: must be in (0, 1]", "eval.k: must be >= 1"):
+        assert key in joined
+    assert str(err.value).splitlines()[0] == "5 problems found before loading the model:"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("rollout.max_new_tokens=0", "rollout.max_new_tokens: must be >= 1, got 0"),
+    ("rollout.top_p=2", "rollout.top_p: must be in (0, 1], got 2.0"),
+    ("rollout.top_p=0", "rollout.top_p: must be in (0, 1], got 0.0"),
+    ("rollout.top_k=-1", "rollout.top_k: must be >= 0"),
+    ("save_every=-1", "save_every: must be >= 0"),
+    ("optim.grad_clip=-1", "optim.grad_clip: must be >= 0"),
+    ("optim.warmup_steps=-3", "optim.warmup_steps: must be >= 0, got -3"),
+    ("algo.kl_coef=-1", "algo.kl_coef: must be >= 0"),
+    ("eval.k=0", "eval.k: must be >= 1, got 0"),
+    ("optim.lr=.nan", "optim.lr: expected a finite number"),
+    ("optim.lr=.inf", "optim.lr: expected a finite number"),
+    ("seed=-1", "seed: must be >= 0"),
+    ("max_steps.x=1", "override 'max_steps.x': max_steps is a single value"),
+    ("=3", "expected a dotted key"),
+])
+def test_ranges_and_overrides(override, message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        load_config(data={"max_steps": 2}, overrides=[override])
+
+
+def test_yaml_1_1_exponent_strings_are_numbers(tmp_path):
+    """YAML 1.1 (PyYAML) reads `lr: 1e-4` as the string "1e-4"; a number field takes it as the number."""
+    path = tmp_path / "run.yaml"
+    path.write_text("optim:\n  lr: 1e-4\n  weight_decay: 5E-2\n")
+    cfg = load_config(path)
+    assert cfg.optim.lr == 1e-4 and cfg.optim.weight_decay == 0.05
+
+
+def test_secrets_are_redacted_in_the_written_config():
+    cfg = load_config(data={"rubric": {"judge_params": {"api_key": "sk-SECRET", "model": "m",
+                                                        "base_url": "http://me:pw@127.0.0.1:8000/v1"}},
+                            "rewards": [{"name": "format", "params": {"template": "r1"}}]})
+    text = cfg.to_yaml()
+    assert "sk-SECRET" not in text and "me:pw" not in text and "<redacted>" in text
+    assert cfg.rubric.judge_params["api_key"] == "sk-SECRET"  # the run itself still has the key
+    assert yaml.safe_load(text)["rubric"]["judge_params"]["model"] == "m"
