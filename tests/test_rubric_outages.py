@@ -289,3 +289,10 @@ class TestKeysAndParameters:
         rid = fmt["json_schema"]["schema"]["properties"]["request_id"]["enum"]
         assert fmt["type"] == "json_schema" and len(rid) == 1 and rid[0] in json.dumps(server.requests[n0]["messages"])
         assert v.met is False
+
+
+def test_the_rewards_guard_gives_a_judged_row_time_for_every_retry():
+    # programs: 30 s per row; a judge: + (max_retries + 1) x (timeout + 8 s) x votes = 30 + 2 x 18 x 1
+    assert RubricReward().time_budget_s == 30.0
+    assert RubricReward(judge={"name": "openai", "model": "m", "timeout": 10, "max_retries": 1}).time_budget_s == 66.0
+    assert RubricReward(judge="openai", judge_params={"model": "m", "votes": 3}).time_budget_s == 30 + 3 * 68 * 3

@@ -150,6 +150,28 @@ class RubricReward:
             self._watch_judge(judge, rubrics, verdicts)
         return results  # type: ignore[return-value]
 
+    @property
+    def time_budget_s(self) -> float:
+        """Per-row wall-clock budget for the rewards guard (``mmrlvr.rewards.base.score_batch``).
+
+        Programs: 30 s. With a judge, a row may wait for every vote of every judged criterion through all
+        retries, so the budget grows by (max_retries + 1) x timeout x votes (a local judge: 600 s) - the
+        guard must not throw away a batch a slow but working judge finished; a judge that is down is
+        stopped by ``max_unknown_rate`` instead.
+        """
+        spec = self._judge if self._judge is not None else self._judge_spec
+        if spec is None:
+            return 30.0
+        params = dict(spec) if isinstance(spec, dict) else dict(self._judge_params)
+
+        def get(name: str, default: float) -> float:
+            value = getattr(spec, name, None) if isinstance(spec, Judge) else params.get(name)
+            return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+        name = getattr(spec, "name", None) if isinstance(spec, Judge) else params.get("name", spec)
+        per_call = 600.0 if name == "local" else (get("max_retries", 2) + 1) * (get("timeout", 60.0) + 8.0)
+        return 30.0 + per_call * get("votes", 1)
+
     # ------------------------------------------------------------------------------- judge outages
     def _watch_judge(self, judge: Judge, rubrics: list[Rubric], verdicts: list[list[Verdict]]) -> None:
         """Update the window of recent judged criteria; warn, or raise ``JudgeUnavailableError``."""
