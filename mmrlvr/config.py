@@ -195,6 +195,7 @@ class RunConfig:
     log_rollouts: bool = _f(True, "write RolloutRecords (Parquet per step) for the inspector")
     max_bad_steps: int = _f(3, "stop after this many consecutive steps with a NaN/inf loss (each is skipped)")
     tensorboard: bool = _f(True, "also write TensorBoard events")
+    report_to: list[str] = _f([], "trackers through accelerate: tensorboard | wandb | trackio | mlflow (pip install 'mmrlvr[wandb]', ...)")
     progress: bool = _f(True, "show a progress bar")
     plugins: list[str] = _f([], "Python files or modules imported first: register custom rewards, credit schemes, ...")
     model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "policy model"})
