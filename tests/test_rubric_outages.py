@@ -296,3 +296,15 @@ def test_the_rewards_guard_gives_a_judged_row_time_for_every_retry():
     assert RubricReward().time_budget_s == 30.0
     assert RubricReward(judge={"name": "openai", "model": "m", "timeout": 10, "max_retries": 1}).time_budget_s == 66.0
     assert RubricReward(judge="openai", judge_params={"model": "m", "votes": 3}).time_budget_s == 30 + 3 * 68 * 3
+
+
+def test_endpoint_check_for_dry_runs(server):
+    from mmrlvr.rubric import judge_endpoint_problem
+
+    assert judge_endpoint_problem("openai", {"base_url": server.base_url, "model": "rule"}) is None
+    wrong = judge_endpoint_problem("openai", {"base_url": server.base_url, "model": "nope"})
+    assert "does not serve model 'nope'" in wrong and "rule-json" in wrong
+    t0 = time.perf_counter()
+    down = judge_endpoint_problem("openai", {"base_url": "http://127.0.0.1:9/v1", "model": "m"}, timeout=2.0)
+    assert "did not answer GET /models within 2s" in down and time.perf_counter() - t0 < 10
+    assert judge_endpoint_problem("local", {"model_path": "/nowhere"}) is None   # checked when built

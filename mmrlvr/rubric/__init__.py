@@ -30,6 +30,7 @@ from mmrlvr.rubric.judges import (
     LocalJudge,
     OpenAIJudge,
     build_judge,
+    judge_endpoint_problem,
     judge_param_problems,
 )
 from mmrlvr.rubric.loading import RubricError, load_rubric_file, load_rubric_text, parse_instance_rubric
@@ -43,7 +44,7 @@ __all__ = [
     "AGGREGATIONS", "Agreement", "CATEGORIES", "Check", "Criterion", "DEFAULT_WEIGHTS", "HFChatGenerator",
     "JUDGES", "Judge", "JudgeRequest", "JudgeStats", "JudgeUnavailableError", "LocalJudge", "OpenAIJudge", "Pow3rConfig", "Rubric",
     "RubricError", "RubricReward", "Verdict", "agreement", "build_judge", "cohen_kappa", "escape_fences",
-    "evaluate", "hierarchical", "judge_param_problems", "judge_request", "judge_twin", "load_rubric_file", "load_rubric_text",
+    "evaluate", "hierarchical", "judge_endpoint_problem", "judge_param_problems", "judge_request", "judge_twin", "load_rubric_file", "load_rubric_text",
     "majority", "openai_messages", "parse_instance_rubric", "parse_verdict", "pass_rates", "pow3r_targets",
     "pow3r_update", "rar", "render_user_text", "route", "run_program", "saturated", "score_group",
     "vote_agreement",

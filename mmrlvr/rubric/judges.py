@@ -595,6 +595,30 @@ def judge_params_known(factory: Callable[..., Judge]) -> set[str]:
     return names
 
 
+def judge_endpoint_problem(name: str, params: dict[str, Any], timeout: float = 5.0) -> str | None:
+    """For ``--dry-run``: None when an ``openai`` judge's server answers ``GET {base_url}/models`` within
+    ``timeout`` seconds (and serves ``model`` when it lists models), else one line saying what is wrong.
+    Other judges (``local``: a folder, checked when built) give None. Never raises for network errors."""
+    if name != "openai" or judge_param_problems(name, params):
+        return None
+    try:
+        judge = build_judge(name, **{**params, "timeout": min(float(params.get("timeout", timeout)), timeout),
+                                     "max_retries": 0})
+    except UserError as exc:
+        return str(exc)
+    try:
+        served = [m.id for m in judge.client.models.list()]
+    except Exception as exc:  # noqa: BLE001 - report, do not crash a dry run
+        return (f"judge openai: {judge.endpoint} did not answer GET /models within {timeout:g}s "
+                f"({type(exc).__name__}: {str(exc)[:120]})")
+    finally:
+        judge.close()
+    if served and judge.model not in served:
+        return f"judge openai: {judge.endpoint}: the server does not serve model {judge.model!r}; it serves " \
+               f"{', '.join(served[:10])}"
+    return None
+
+
 def build_judge(name: str, **params: Any) -> Judge:
     """Instantiate a registered judge by name; bad names and parameters are ``UserError``s listing the known."""
     problems = judge_param_problems(name, params)

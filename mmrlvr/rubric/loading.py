@@ -23,6 +23,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import regex as _regex
 import yaml
 
 from mmrlvr.errors import UserError
@@ -263,9 +264,10 @@ def _check_values(kind: str, p: dict[str, Any], path: Path_, where: _Where, cid:
         if "pattern" in p and not isinstance(p["pattern"], str):
             bad("pattern", "must be a string")
         elif "pattern" in p:
-            try:
+            try:  # checks run with the `regex` module (time budget); both must accept the pattern
                 re.compile(p["pattern"])
-            except re.error as exc:
+                _regex.compile(p["pattern"])
+            except (re.error, _regex.error) as exc:
                 bad("pattern", f"not a valid regular expression: {exc}")
         if isinstance(p["min_count"], bool) or not isinstance(p["min_count"], int) or p["min_count"] < 1:
             bad("min_count", "must be an integer >= 1")
