@@ -48,10 +48,17 @@ class TestHandWorked:
         expected = torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3, 0, 0, 0, 0, 0.0, -0.75, 0.75])
         assert_close(rloo_advantages(REWARDS, GROUPS), expected)
 
-    def test_reinforce_pp_baseline_batch_whitening(self):
+    def test_reinforce_pp_baseline_sequence_whitening(self):
         # c = R - group mean = (.5,-.5,-.5,.5, 0,0,0,0, 0,-.5,.5); batch mean 0,
         # population std sqrt(6 * 0.25 / 11) = 0.36927 -> +-0.5 / 0.36927 = +-1.35401
         s = 0.5 / math.sqrt(1.5 / 11)
+        expected = torch.tensor([s, -s, -s, s, 0, 0, 0, 0, 0, -s, s])
+        assert_close(reinforce_pp_advantages(REWARDS, GROUPS, whiten_scope="sequence"), expected,
+                     atol=1e-5, rtol=0)
+
+    def test_reinforce_pp_default_whitens_over_tokens_as_verl(self):
+        # equal lengths: verl's masked_whiten = (c - mu) / sqrt(unbiased var + 1e-8) over the 11 values
+        s = 0.5 / math.sqrt(1.5 / 10 + 1e-8)
         expected = torch.tensor([s, -s, -s, s, 0, 0, 0, 0, 0, -s, s])
         assert_close(reinforce_pp_advantages(REWARDS, GROUPS), expected, atol=1e-5, rtol=0)
 
@@ -61,7 +68,8 @@ class TestHandWorked:
         r, g = torch.tensor([1.0, 0, 0, 1, 2, 2]), torch.tensor([0, 0, 0, 0, 1, 1])
         s = math.sqrt(4 / 6)
         expected = torch.tensor([0, -1 / s, -1 / s, 0, 0, 0])
-        assert_close(reinforce_pp_advantages(r, g, baseline=False), expected, atol=1e-5, rtol=0)
+        assert_close(reinforce_pp_advantages(r, g, baseline=False, whiten_scope="sequence"), expected,
+                     atol=1e-5, rtol=0)
 
     def test_split_advantages_normalises_each_reward_in_its_group(self):
         # task (1,0,1,0): mean .5, unbiased std .57735 -> +-.86603

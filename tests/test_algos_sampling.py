@@ -25,17 +25,17 @@ class TestDynamicSampling:
         # group 0 (1,1,0,1) has spread; group 1 (0,0,0) none; the lone row of group 7 none
         rewards = torch.tensor([1.0, 1, 0, 1, 0, 0, 0, 1])
         groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 7])
-        keep_groups = dynamic_sampling_filter(rewards, groups)
+        keep_groups = dynamic_sampling_filter(rewards, groups, accuracy=rewards)
         # indexed by label 0..7: labels 2..6 have no rows -> False
         assert keep_groups.tolist() == [True] + [False] * 7
         assert keep_groups[groups].tolist() == [True] * 4 + [False] * 4  # the row mask
 
     def test_negative_labels_rejected(self):
         with pytest.raises(ValueError, match=">= 0"):
-            dynamic_sampling_filter(torch.tensor([1.0, 0.0]), torch.tensor([-1, -1]))
+            dynamic_sampling_filter(torch.tensor([1.0, 0.0]), torch.tensor([-1, -1]), metric="reward")
 
     def test_empty_batch(self):
-        assert dynamic_sampling_filter(torch.zeros(0), torch.zeros(0, dtype=torch.long)).shape == (0,)
+        assert dynamic_sampling_filter(torch.zeros(0), torch.zeros(0, dtype=torch.long), metric="reward").shape == (0,)
 
     def test_refill_until_target(self):
         batch, buffer = refill([], ["g1"], target=3)

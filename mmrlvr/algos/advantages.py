@@ -64,24 +64,62 @@ def rloo_advantages(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.T
     return torch.where(stats.has_spread, adv, torch.zeros_like(adv))
 
 
+WHITEN_SCOPES = ("batch_tokens", "sequence")
+
+
 @ADVANTAGES.register("reinforce_pp")
 def reinforce_pp_advantages(rewards: torch.Tensor, group_index: torch.Tensor, *, baseline: bool = True,
-                            eps: float = 1e-6) -> torch.Tensor:
+                            eps: float = 1e-6, whiten_scope: str = "batch_tokens",
+                            token_counts: torch.Tensor | None = None) -> torch.Tensor:
     """REINFORCE++ (Hu et al. 2025, arXiv:2501.03262): normalise with *batch* statistics, not group ones.
 
-    rewards: [N] float; group_index: [N] int. Returns [N].
-    ``baseline=True`` (default, "REINFORCE++-baseline", the variant the paper recommends for
-    reasoning with several samples per prompt): subtract the group mean, then whiten over the whole
-    batch, A = (c - mean_batch c) / (std_batch c + eps) with c = R - mean_g R. ``baseline=False``:
-    whiten the raw rewards over the batch. Batch statistics are over sequences (population std), since
-    advantages here are per sequence; zero-variance groups are then set to 0 like every estimator here.
+    rewards: [N] float; group_index: [N] int; token_counts: [N] response lengths (tokens with
+    mask > 0) for ``whiten_scope="batch_tokens"`` (None: all equal — exact when responses have equal
+    length; the trainer passes them through ``call_advantage``). Returns [N] (one value per sequence;
+    it is constant over the sequence's tokens in both scopes).
+    ``baseline=True`` (default, "REINFORCE++-baseline", the variant the paper recommends for reasoning
+    with several samples per prompt): subtract the group mean, c = R - mean_g R, then whiten c over the
+    batch. ``baseline=False``: whiten the raw rewards.
+
+    ``whiten_scope`` — where the two implementations differ:
+    - ``"batch_tokens"`` (default, verl's ``compute_reinforce_plus_plus_baseline_outcome_advantage``):
+      c is broadcast to every response token and whitened over all tokens of the batch,
+      A = (c - mu) / sqrt(var + 1e-8), mu and var (Bessel-corrected) weighted by ``token_counts``: a
+      long response counts once per token, as its tokens do in a token-mean loss.
+    - ``"sequence"``: every sequence counts once, A = (c - mean c) / (std c + eps), population std.
+    One rule of this module differs from verl in both scopes: a group whose rewards are all equal gets
+    exactly 0 (verl leaves such rows at -mu/sigma, a signal from a group that carries none).
     """
+    if whiten_scope not in WHITEN_SCOPES:
+        raise ValueError(f"whiten_scope must be one of {WHITEN_SCOPES}, got {whiten_scope!r}")
     stats = group_stats(rewards, group_index)
     centred = rewards - stats.mean if baseline else rewards
     if centred.numel() == 0:
         return centred
-    adv = (centred - centred.mean()) / (centred.std(correction=0) + eps)
+    if whiten_scope == "sequence":
+        adv = (centred - centred.mean()) / (centred.std(correction=0) + eps)
+    else:
+        w = torch.ones_like(centred) if token_counts is None else token_counts.to(centred.dtype)
+        if w.shape != centred.shape:
+            raise ValueError(f"token_counts {tuple(w.shape)} must be [N] like rewards {tuple(centred.shape)}")
+        n = w.sum()
+        mu = (w * centred).sum() / n.clamp_min(1)
+        var = (w * (centred - mu) ** 2).sum() / n.clamp_min(1) * n / (n - 1).clamp_min(1)
+        adv = (centred - mu) * torch.rsqrt(var + 1e-8)
     return torch.where(stats.has_spread, adv, torch.zeros_like(adv))
+
+
+def call_advantage(name: str, rewards: torch.Tensor, group_index: torch.Tensor, *,
+                   token_counts: torch.Tensor | None = None, **params) -> torch.Tensor:
+    """``ADVANTAGES.get(name)(rewards, group_index, **params)``, passing ``token_counts`` ([N] response
+    lengths) only to estimators that take it (REINFORCE++'s token-level whitening), so the trainer can
+    always hand it over."""
+    import inspect
+
+    fn = ADVANTAGES.get(name)
+    if token_counts is not None and "token_counts" in inspect.signature(fn).parameters:
+        params["token_counts"] = token_counts
+    return fn(rewards, group_index, **params)
 
 
 def split_advantages(task_rewards: torch.Tensor, cons_rewards: torch.Tensor, group_index: torch.Tensor,

@@ -146,7 +146,7 @@ def gspo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
 
 @POLICY_LOSSES.register("cispo")
 def cispo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-               response_mask: torch.Tensor, *, eps_high: float = 0.28,
+               response_mask: torch.Tensor, *, eps_high: float = 4.0,
                eps_low: float = 1.0) -> tuple[torch.Tensor, LossStats]:
     """CISPO: L = -sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi (MiniMax-M1, arXiv:2506.13585).
 
@@ -154,8 +154,12 @@ def cispo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: t
     Returns loss [N, L] and LossStats. The importance weight is truncated and detached instead of the
     token being dropped, so every token keeps a gradient (-w A grad log pi), including the rare
     "fork" tokens PPO clips away. ``eps_low=1`` (default) makes the lower bound 0, i.e. none, as in
-    MiniMax-M1 (METHODS: clip(r, 0, 1+eps_high)), which tuned only the upper bound; its value is not
-    published, 0.28 (DAPO's clip-higher) is [ours].
+    MiniMax-M1 (METHODS: clip(r, 0, 1+eps_high)), which tuned only the upper bound and did not publish
+    it. ``eps_high=4`` (default) truncates the weight at 5, the value of the reference implementations:
+    ScaleRL's CISPO recipe (Khatri et al. 2025, arXiv:2510.13786, eps_max = 5), TRL's
+    ``loss_type="cispo"`` (``clamp(ratio, max=epsilon_high)``, 5.0 recommended) and SkyRL (lower 0,
+    upper 1 + 4). Why not PPO's 0.2/0.28: CISPO never drops a token, so a tight bound would only flatten
+    the weights of the tokens that moved most, which is what CISPO exists to keep.
     The loss *value* is in units of log pi and is not comparable with ppo_clip's; its gradient is.
     ``clip_fraction`` counts tokens whose weight was truncated (they still get a gradient).
     """

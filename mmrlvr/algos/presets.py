@@ -15,8 +15,9 @@ Sources (the numbers each preset uses):
 - gspo:    GSPO (Zheng et al. 2025, arXiv:2507.18071): sequence ratio clipped at 3e-4 / 4e-4,
            sequence-level mean; no KL term is used in the paper.
 - cispo:   MiniMax-M1 (2025, arXiv:2506.13585): truncated detached IS weight, no lower bound
-           (eps_low = 1 -> clip(r, 0, 1 + eps_high)), token-level mean, no KL; the upper bound is not
-           published, 0.28 is [ours].
+           (eps_low = 1 -> clip(r, 0, 1 + eps_high)), token-level mean, no KL; MiniMax did not publish
+           the upper bound, the reference implementations (ScaleRL arXiv:2510.13786, TRL, SkyRL)
+           truncate at 5: eps_high = 4.
 
 Tiny CPU runs need a KL anchor (STACK.md: k3 with beta 0.05 kept a warm-started model stable); the
 demo config sets ``kl_coef`` on top of its preset.
@@ -65,7 +66,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     "cispo": {
         "advantage": "grpo", "advantage_params": {"unbiased": True, "eps": 1e-6},
-        "loss": "cispo", "loss_params": {"eps_low": 1.0, "eps_high": 0.28},
+        "loss": "cispo", "loss_params": {"eps_low": 1.0, "eps_high": 4.0},
         "agg_mode": "token-mean",
         "kl_coef": 0.0, "kl_estimator": "k3",
         "dynamic_sampling": False, "overlong": dict(_NO_OVERLONG),
@@ -78,3 +79,116 @@ def get_preset(name: str) -> dict[str, Any]:
     if name not in PRESETS:
         raise UserError(f"unknown algorithm preset {name!r}; known: {', '.join(sorted(PRESETS))}")
     return copy.deepcopy(PRESETS[name])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Each policy loss owns its defaults
+
+#: loss name -> its paper/reference defaults, in *config* names (``algo.<key>``). ``agg`` is the
+#: aggregation the loss is defined with (None: the loss has no opinion, the config's value stands).
+#: These equal the keyword defaults of the loss functions in ``losses.py`` (a test checks that), and
+#: they are what a run gets when it selects ``algo.loss`` without a preset and without setting the key.
+LOSS_DEFAULTS: dict[str, dict[str, Any]] = {
+    # PPO (Schulman et al. 2017): eps 0.2 both sides; no dual clip unless asked
+    "ppo_clip": {"eps_low": 0.2, "eps_high": 0.2, "dual_clip": None, "agg": None},
+    # GSPO (Zheng et al. 2025, arXiv:2507.18071 §5.1 and verl's GSPO recipe): the sequence ratio is a
+    # geometric mean and moves ~1e-3 per step, so PPO's 0.2 would never clip; the mean is per sequence
+    "gspo": {"eps_low": 3e-4, "eps_high": 4e-4, "agg": "seq-mean-token-mean"},
+    # CISPO (MiniMax-M1 eq. 4, token-level 1/sum|o_i|): no lower bound; upper truncation at 5 as the
+    # reference implementations (ScaleRL, TRL, SkyRL) — MiniMax did not publish theirs
+    "cispo": {"eps_low": 1.0, "eps_high": 4.0, "agg": "token-mean"},
+    # NSR (METHODS §5, built on DAPO): DAPO's clip-higher range, noise 0.2 [ours]
+    "nsr": {"eps_low": 0.2, "eps_high": 0.28, "dual_clip": None, "nsr_noise": 0.2, "agg": None},
+}
+
+#: config name -> the loss function's keyword (the rest are the same name)
+_LOSS_KWARG = {"nsr_noise": "noise"}
+
+_WHY = {
+    "ppo_clip": "PPO's clip range",
+    "gspo": "GSPO's sequence-ratio clip range and sequence mean (arXiv:2507.18071)",
+    "cispo": "CISPO's weight truncation: no lower bound, upper 5 (ScaleRL/TRL/SkyRL reference code)",
+    "nsr": "NSR on DAPO's clip-higher range",
+}
+
+
+def resolve_loss_params(loss_name: str, algo_cfg_values: dict[str, Any],
+                        explicitly_set_keys: set[str] | frozenset[str] | list[str]
+                        ) -> tuple[dict[str, Any], list[str]]:
+    """The loss-owned ``algo`` values for ``algo.loss = loss_name``, and one note per default applied.
+
+    algo_cfg_values: the ``algo`` section's current values by config name (e.g. ``vars(cfg.algo)``);
+    explicitly_set_keys: the ``algo`` keys the user wrote *or a preset filled* (a preset's values are a
+    choice too: DAPO's eps_high 0.28 must not be replaced by ppo_clip's 0.2).
+    Returns ``(params, notes)``: params maps each key the loss owns (``eps_low``, ``eps_high``,
+    ``dual_clip``, ``nsr_noise``, ``agg`` as applicable) to the value to use — the user's where set, the
+    loss's default otherwise; notes are log lines naming each default that differs from the config's
+    generic value, so no run silently trains GSPO with PPO's 0.2. A loss without registered defaults (a
+    plugin) returns ``({}, [])``: its function's own keyword defaults apply.
+    """
+    defaults = LOSS_DEFAULTS.get(loss_name)
+    if defaults is None:
+        return {}, []
+    explicit = set(explicitly_set_keys)
+    params: dict[str, Any] = {}
+    applied: list[str] = []
+    for key, default in defaults.items():
+        if key == "agg" and default is None:  # the loss has no opinion: the config's value stands
+            continue
+        if key in explicit:
+            params[key] = algo_cfg_values.get(key, default)
+            continue
+        params[key] = default
+        if algo_cfg_values.get(key, default) != default:
+            applied.append(f"{key}={default}")
+    notes = []
+    if applied:
+        notes.append(f"algo.loss={loss_name} without these keys set: using {', '.join(applied)} "
+                     f"({_WHY.get(loss_name, 'the loss defaults')}); set them under algo: to override, "
+                     f"or pick algo.preset")
+    return params, notes
+
+
+def loss_kwargs(loss_name: str, algo_cfg_values: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments for the policy loss ``loss_name`` from resolved ``algo`` values (config names).
+
+    Only the keys the loss owns in ``LOSS_DEFAULTS`` are passed (``agg`` is not a loss argument);
+    ``nsr_noise`` becomes NSR's ``noise``. For a plugin loss: ``eps_low``/``eps_high`` as before."""
+    keys = [k for k in LOSS_DEFAULTS.get(loss_name, {"eps_low": 0, "eps_high": 0}) if k != "agg"]
+    return {_LOSS_KWARG.get(k, k): algo_cfg_values[k] for k in keys if k in algo_cfg_values}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Documentation tables, generated from the dicts above (docs/training.md embeds them; a test compares)
+
+def _num(x: Any) -> str:
+    return "none" if x is None else (f"{x:g}" if isinstance(x, float) else str(x))
+
+
+def preset_table_markdown() -> str:
+    """The ``algo.preset`` table of docs/training.md, from ``PRESETS`` (what the code applies)."""
+    rows = ["| preset (`algo.preset`) | advantage | loss | ε low / high | aggregation | KL | dynamic sampling "
+            "| overlong |", "|---|---|---|---|---|---|---|---|"]
+    for name, p in PRESETS.items():
+        lp, ov = p["loss_params"], p["overlong"]
+        eps = f"{_num(lp.get('eps_low'))} / {_num(lp.get('eps_high'))}"
+        kl = f"{p['kl_estimator']}, β {_num(p['kl_coef'])}" if p["kl_coef"] else "none"
+        over = []
+        if ov.get("shaping"):
+            over.append(f"shaping, L_cache = {_num(ov['cache_fraction'])}·max_new_tokens")
+        if ov.get("mask_truncated"):
+            over.append("mask truncated")
+        rows.append(f"| `{name}` | `{p['advantage']}` | `{p['loss']}` | {eps} | `{p['agg_mode']}` | {kl} | "
+                    f"{'yes' if p['dynamic_sampling'] else 'no'} | {', '.join(over) or 'no'} |")
+    return "\n".join(rows)
+
+
+def loss_defaults_table_markdown() -> str:
+    """The per-loss defaults table of docs/training.md, from ``LOSS_DEFAULTS``."""
+    rows = ["| `algo.loss` | ε low / high | other | aggregation it applies | why |", "|---|---|---|---|---|"]
+    for name, d in LOSS_DEFAULTS.items():
+        other = ", ".join(f"`{k}` {_num(v)}" for k, v in d.items() if k not in ("eps_low", "eps_high", "agg"))
+        agg = f"`{d['agg']}`" if d.get("agg") else "(config's `algo.agg`)"
+        rows.append(f"| `{name}` | {_num(d['eps_low'])} / {_num(d['eps_high'])} | {other or '—'} | {agg} | "
+                    f"{_WHY[name]} |")
+    return "\n".join(rows)

@@ -1,8 +1,9 @@
 """DAPO's batch-level extras: dynamic sampling, overlong reward shaping, masking truncated responses.
 
 Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale" (arXiv:2503.14476):
-- Dynamic sampling (§3.2): a group whose rewards are all equal has zero advantage and only dilutes the
-  batch, so drop it and keep sampling until ``target`` groups with signal are collected.
+- Dynamic sampling (§3.2): a group whose accuracy is all 1 or all 0 has no task signal and only dilutes
+  the batch, so drop it and keep sampling until ``target`` groups with signal are collected
+  (``dynamic_sampling_filter`` with ``metric="accuracy"``, then ``refill`` per generation round).
 - Overlong reward shaping (§3.4, eq. 13): a linear penalty in the last ``cache_len`` tokens before the
   length limit, and -1 beyond it, added to the reward.
 - Overlong filtering (§3.4): alternatively, mask truncated responses out of the loss.
@@ -22,18 +23,41 @@ from mmrlvr.algos.groups import group_stats
 T = TypeVar("T")
 
 
-def dynamic_sampling_filter(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
-    """Groups to keep: ``keep_groups[g]`` is True where group g's rewards are not all equal.
+FILTER_METRICS = ("accuracy", "reward")
 
-    rewards: [N] float; group_index: [N] int labels >= 0 (groups of any size, e.g. RolloutBatch's
-    prompt index 0..B-1). Returns keep_groups [max(group_index) + 1] bool, indexed by label (a label
-    with no rows, or a group of one, is False); ``keep_groups[group_index]`` is the [N] row mask.
+
+def dynamic_sampling_filter(rewards: torch.Tensor, group_index: torch.Tensor, *,
+                            accuracy: torch.Tensor | None = None, metric: str = "accuracy") -> torch.Tensor:
+    """Groups to keep: ``keep_groups[g]`` is True where group g's ``metric`` values are not all equal.
+
+    rewards: [N] float total rewards; accuracy: [N] float, the accuracy component alone (verifier
+    score); group_index: [N] int labels >= 0 (groups of any size, e.g. RolloutBatch's prompt index
+    0..B-1). Returns keep_groups [max(group_index) + 1] bool, indexed by label (a label with no rows,
+    or a group of one, is False); ``keep_groups[group_index]`` is the [N] row mask.
+
+    ``metric`` — which values must vary within a group:
+    - ``"accuracy"`` (default): DAPO's filter (§3.2, "filter out prompts with accuracy equal to 1 and
+      0"; verl's ``filter_groups.metric: acc``, VPPO/EasyR1's ``filter_key: accuracy``). A group that
+      is all right or all wrong is dropped even when a format or length term makes its total rewards
+      differ: that spread is not the task signal the batch is being filled for.
+    - ``"reward"``: the total reward (keeps groups whose only spread is a shaping term).
     """
-    stats = group_stats(rewards, group_index)
+    if metric not in FILTER_METRICS:
+        raise ValueError(f"dynamic sampling metric must be one of {FILTER_METRICS}, got {metric!r}")
+    if metric == "accuracy":
+        if accuracy is None:
+            raise ValueError("dynamic_sampling_filter(metric='accuracy') needs the accuracy component "
+                             "([N] float); pass accuracy=..., or metric='reward' to filter on the total reward")
+        values = accuracy
+    else:
+        values = rewards
+    if values.shape != group_index.shape:
+        raise ValueError(f"{metric} {tuple(values.shape)} and group_index {tuple(group_index.shape)} must both be [N]")
+    stats = group_stats(values.to(torch.float32), group_index)
     if group_index.numel() and int(group_index.min()) < 0:
         raise ValueError(f"group_index labels must be >= 0, got {int(group_index.min())}")
     n_groups = int(group_index.max()) + 1 if group_index.numel() else 0
-    keep = torch.zeros(n_groups, dtype=torch.bool, device=rewards.device)
+    keep = torch.zeros(n_groups, dtype=torch.bool, device=values.device)
     return keep.index_put_((group_index.long(),), stats.has_spread)  # every row of a group agrees
 
 

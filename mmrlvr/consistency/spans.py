@@ -6,10 +6,17 @@ the answer — the known failure of a plain consistency reward (STACK.md). Restr
 advantage to the answer span (``consistency.scope: answer``) leaves the thinking tokens to the task
 reward alone: the only way the consistency term can be earned is for the answer to follow the thinking.
 
-Tokens are located by decoding each response token on its own (as the completion text was decoded, with
-special tokens skipped) and accumulating lengths; a token belongs to the answer once the text decoded so
-far reaches the answer's opening tag. With byte-level BPE a multi-byte character split across tokens can
-shift the boundary by one token; the tags themselves are ASCII, so the boundary is exact for them.
+How tokens are located: by incremental decoding of the *prefix*. The response is decoded once as a whole
+(``decode(ids[:n], skip_special_tokens=True)``), the answer's character start is found in that text, and
+token j belongs to the answer once ``decode(ids[:j+1])`` reaches past that character. Decoding prefixes
+(not single tokens) is what makes this exact for multi-byte text: a byte-level BPE splits "°", "π", "×",
+Chinese characters and emoji into several tokens, each of which decodes on its own to U+FFFD
+replacement characters; adding up those per-token lengths (the old method) drifts by one character per
+split character, so the answer boundary moved into the thinking (or past the answer's first tokens). A
+prefix that ends inside a character decodes to at most one replacement character, never past the
+character's own end, so prefix lengths are monotone and the boundary is found by binary search:
+O(log n) decodes per row. The text is the tokenizer's own decoding of ``response_ids``, so the character
+positions and the tokens always agree (a completion string cleaned up elsewhere cannot shift them).
 """
 
 from __future__ import annotations
@@ -33,25 +40,43 @@ def answer_char_start(text: str, markers: Sequence[str] = ANSWER_MARKERS) -> int
     return None
 
 
-def answer_token_mask(texts: Sequence[str], response_ids: torch.Tensor, response_mask: torch.Tensor,
+def _decode(tokenizer: Any, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def first_token_past(tokenizer: Any, ids: list[int], char_pos: int) -> int | None:
+    """Smallest j such that ``decode(ids[:j+1])`` is longer than ``char_pos`` characters, else None.
+
+    ids: one response's valid token ids; char_pos: a character index into ``decode(ids)``. Binary search
+    over prefix lengths (monotone in j, see the module docstring)."""
+    lo, hi = 0, len(ids)  # answer in [lo, hi]; hi = len(ids) means "no such token"
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(_decode(tokenizer, ids[:mid + 1])) > char_pos:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo if lo < len(ids) else None
+
+
+def answer_token_mask(texts: Sequence[str] | None, response_ids: torch.Tensor, response_mask: torch.Tensor,
                       tokenizer: Any, markers: Sequence[str] = ANSWER_MARKERS) -> torch.Tensor:
     """[N, L] float: 1 on the valid response tokens that belong to each row's final answer, else 0.
 
-    texts: the N decoded completions; response_ids / response_mask: [N, L]; tokenizer: the one that
-    decoded them (``decode([id], skip_special_tokens=True)`` per token). A row with no answer marker has
-    no answer tokens (all 0), so it gets no consistency advantage at token level."""
+    response_ids / response_mask: [N, L] (valid tokens first, then padding); tokenizer: the tokenizer (or
+    processor) that decoded them, called as ``decode(ids, skip_special_tokens=True)``. ``texts`` (the N
+    decoded completions) is accepted for the callers' convenience but not used for positions: the span is
+    located in the tokenizer's own decoding of ``response_ids`` (see the module docstring). A row with no
+    answer marker has no answer tokens (all 0), so it gets no consistency advantage at token level."""
     N, L = response_ids.shape
     out = torch.zeros(N, L)
-    for i, text in enumerate(texts):
-        start = answer_char_start(text, markers)
+    for i in range(N):
+        n = int((response_mask[i] > 0).sum())
+        ids = response_ids[i, :n].tolist()
+        start = answer_char_start(_decode(tokenizer, ids), markers)
         if start is None:
             continue
-        n = int((response_mask[i] > 0).sum())
-        pieces = tokenizer.batch_decode([[t] for t in response_ids[i, :n].tolist()], skip_special_tokens=True)
-        pos = 0
-        for j, piece in enumerate(pieces):
-            if pos + len(piece) > start:  # this token ends past the answer's start: it is in the answer
-                out[i, j:n] = 1.0
-                break
-            pos += len(piece)
+        j = first_token_past(tokenizer, ids, start)
+        if j is not None:
+            out[i, j:n] = 1.0
     return out * (response_mask > 0)

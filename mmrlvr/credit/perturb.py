@@ -169,13 +169,14 @@ def _still(cells: torch.Tensor) -> bool:
 
 @PERTURBATIONS.register("gaussian")
 def gaussian_noise(pixel_values: torch.Tensor, grid_thw: torch.Tensor, *, generator: torch.Generator | None = None,
-                   layout: PatchLayout | None = None, processor: Any = None, std: float = 1.0) -> torch.Tensor:
+                   layout: PatchLayout | None = None, processor: Any = None, std: float = 2.0) -> torch.Tensor:
     """Add N(0, std^2) noise to the normalised pixels (VEPO's default perturbation).
 
     ``std`` is in normalised units; in [0, 1] pixel units the noise is std * std_c per channel, i.e. with
-    CLIP's std (0.269, 0.261, 0.276) the default std=1.0 is about 0.27 (~68 of 255 grey levels). The
+    CLIP's std (0.269, 0.261, 0.276) the default std=2.0 is about 0.54 (~137 of 255 grey levels). The
     noise is not clipped to the valid pixel range. One draw per pixel, shared by a still image's
-    temporal copies. [ours: the default strength; VEPO's value is not in METHODS.md]"""
+    temporal copies. Default 2.0: the value of VEPO's official code (issue 14; was 1.0 [ours] before);
+    ``credit.perturbation_params: {std: ...}`` overrides it."""
     layout, generator = _resolve(layout, processor, generator)
     _check(pixel_values, grid_thw, layout)
     cells = _as_cells(pixel_values, layout)  # [n, C, Tp, P*P]

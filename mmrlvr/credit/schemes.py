@@ -10,6 +10,12 @@ A scheme turns per-token signals (``signals.TokenSignals``) into a ``CreditResul
                           the trainer adds to the per-token policy loss before aggregating it (PAPO)
     selected      [N, L]  bool, the tokens the scheme chose (for the rollout store / inspector)
     stats                 ``credit/...`` metrics for metrics.jsonl
+    norm_weights  [N, L]  None, or the tokens counted in the loss *normaliser* when that differs from
+                          ``token_weights`` (VPPO's official loss sums over the selected tokens but divides
+                          by all response tokens). Contract: the policy-loss numerator uses
+                          ``token_weights``; the normaliser (``agg_loss(..., norm_mask=norm_weights)``,
+                          ``agg_denominator(norm_weights, mode)``) and the numerator of ``extra_loss`` use
+                          ``norm_weights``. None = both are ``token_weights``.
 
 so the loss code never knows which scheme ran. Schemes are small dataclasses whose fields are their
 config (``credit.params`` in a run config). ``CREDIT_SCHEMES.get(name)`` is a default-configured
@@ -167,6 +173,7 @@ class CreditResult:
     extra_loss: Callable[[torch.Tensor], torch.Tensor] | None
     selected: torch.Tensor  # [N, L] bool
     stats: dict[str, float] = field(default_factory=dict)
+    norm_weights: torch.Tensor | None = None  # [N, L] tokens counted in the loss normaliser (None: token_weights)
 
 
 class CreditScheme(abc.ABC):
@@ -219,15 +226,18 @@ class CreditScheme(abc.ABC):
                             f"signals with a perturbed input {what}".rstrip())
 
     def _result(self, selected: torch.Tensor, weights: torch.Tensor, signals: TokenSignals, mask: torch.Tensor,
-                adv_scale: torch.Tensor | None = None, extra_loss=None, **more: float) -> CreditResult:
+                adv_scale: torch.Tensor | None = None, extra_loss=None, norm_weights: torch.Tensor | None = None,
+                **more: float) -> CreditResult:
         n = mask.shape[0]
         dtype = mask.dtype if mask.is_floating_point() else torch.float32
         weights = weights.to(dtype) * (mask > 0)  # never any weight on a masked token
         stats = selection_stats(selected, signals, mask)
         stats.update(more)
         scale = adv_scale if adv_scale is not None else torch.ones(n, device=mask.device)
+        if norm_weights is not None:
+            norm_weights = norm_weights.to(dtype) * (mask > 0)
         return CreditResult(token_weights=weights, adv_scale=scale, extra_loss=extra_loss, selected=selected,
-                            stats=stats)
+                            stats=stats, norm_weights=norm_weights)
 
 
 CREDIT_SCHEMES: Registry[CreditScheme] = Registry("credit scheme")
@@ -290,7 +300,8 @@ class VEPO(CreditScheme):
 
     needs_perturbed: ClassVar[bool] = True
     needs_distribution: ClassVar[bool] = True
-    perturbation: ClassVar[tuple[str, dict[str, Any]] | None] = ("gaussian", {})
+    # VEPO's official noise: N(0, 2.0^2) on the normalised pixels (credit.perturbation_params overrides)
+    perturbation: ClassVar[tuple[str, dict[str, Any]] | None] = ("gaussian", {"std": 2.0})
 
     alpha: float = 0.7  # weight of JSD vs |ΔH| in the soft OR
     rho: float = 0.2  # fraction of tokens kept
@@ -312,12 +323,32 @@ class VEPO(CreditScheme):
         return self._result(sel, w, signals, mask)
 
 
+VPPO_NORMALIZERS = ("all", "selected")
+
+
 @_register("vppo")
 @dataclass
 class VPPO(CreditScheme):
-    """Visually-perceptive policy optimisation (METHODS.md §2, [code]): S_t = k3 of the sampled token
-    between the perturbed pass and π_old; keep the top ceil(k·T) tokens by S_t and scale each response's
-    advantage by its mean dependency (mean scale 1, minimum β_min)."""
+    """Visually-perceptive policy optimisation (METHODS.md §2, [code]; Huang et al. 2025, arXiv:2510.09285,
+    github.com/huaixuheqing/VPPO-RL): S_t = k3 of the sampled token between the perturbed pass and π_old;
+    keep the top ceil(k·T) tokens by S_t and scale each response's advantage by its mean dependency
+    (mean scale 1, minimum β_min).
+
+    Two options follow the official code (``dp_actor.update_policy`` / ``core_algos.compute_policy_loss``),
+    where the paper's text does not say:
+
+    - ``normalizer="all"`` (default, official): the policy loss sums over the *selected* tokens but
+      divides by *all* response tokens (the official code multiplies the per-token loss by the top-k
+      mask, then averages it over ``response_mask``). ``"selected"`` divides by the selected tokens
+      only, which rescales the gradient by T/k-ish (x2.5 at k = 0.4) and makes the step size depend on
+      the selection ratio. Carried to the loss as ``CreditResult.norm_weights`` (the response mask).
+    - ``entropy_coef=0.06`` (default, official ``entropy_penalty_coef``): the loss gains
+      ``entropy_coef · mean_t(−log π(o_t))`` over all response tokens, the sampled-token estimate of the
+      entropy, added with a *plus* sign as the official code does — a penalty that lowers entropy. It is
+      returned as ``extra_loss`` (per token, ``entropy_coef · (−log π)`` on valid tokens) and normalised
+      like the policy loss. 0 turns it off.
+
+    Not changed: β_min = 0.9 (METHODS; the official ActorConfig's default is 0.8)."""
 
     needs_perturbed: ClassVar[bool] = True
     perturbation: ClassVar[tuple[str, dict[str, Any]] | None] = ("patch_blackout", {"p": 0.5})
@@ -325,11 +356,17 @@ class VPPO(CreditScheme):
 
     k: float = 0.4  # fraction of tokens kept
     beta_min: float = 0.9  # smallest advantage scale
+    normalizer: str = "all"  # "all" response tokens (official) | "selected" tokens in the loss normaliser
+    entropy_coef: float = 0.06  # official entropy_penalty_coef: + coef * mean(-log pi) over response tokens
 
     def __post_init__(self) -> None:
         _check_fraction("k", self.k)
         if not 0.0 <= self.beta_min <= 1.0:
             raise UserError(f"credit.beta_min must be in [0, 1], got {self.beta_min}")
+        if self.normalizer not in VPPO_NORMALIZERS:
+            raise UserError(f"credit.normalizer must be one of {VPPO_NORMALIZERS}, got {self.normalizer!r}")
+        if self.entropy_coef < 0:
+            raise UserError(f"credit.entropy_coef must be >= 0, got {self.entropy_coef}")
 
     def _apply(self, signals, mask, advantages, old_logprobs) -> CreditResult:
         self._require_perturbed(signals)
@@ -340,7 +377,17 @@ class VPPO(CreditScheme):
         sel = topk_per_row(dep, mask, topk_count(mask, self.k), tiebreak=signals.entropy)
         scale = vppo_advantage_scale(dep, mask, self.beta_min)
         valid = mask > 0
-        return self._result(sel, sel.float(), signals, mask, adv_scale=scale,
+        extra_loss = None
+        if self.entropy_coef > 0:
+            coef = self.entropy_coef
+
+            def extra_loss(logp: torch.Tensor) -> torch.Tensor:
+                term = -coef * logp  # [N, L]: + coef * (-log pi), the sampled-token entropy estimate
+                return torch.where(valid, term, torch.zeros_like(term))
+
+        norm = mask.clone() if self.normalizer == "all" else None
+        return self._result(sel, sel.float(), signals, mask, adv_scale=scale, extra_loss=extra_loss,
+                            norm_weights=norm,
                             **{"credit/dependency_mean": float(dep[valid].mean()) if valid.any() else 0.0,
                                "credit/adv_scale_min": float(scale.min()),
                                "credit/adv_scale_max": float(scale.max())})
