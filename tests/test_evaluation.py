@@ -68,3 +68,84 @@ def test_evaluate_on_a_tiny_model(tmp_path):
         assert 0.0 <= m[key] <= 1.0
     # an untrained model does not write "<think>...</think><answer>...</answer>" in 8 tokens
     assert m["format_rate"] == 0.0 and m["pass@2"] == 0.0
+
+
+# ------------------------------------------------------------------------------ mmrlvr eval RUN_DIR
+@pytest.fixture(scope="module")
+def evaluated_run(tmp_path_factory):
+    """A LoRA run from a briefly warm-started tiny VLM (it writes the format, so eval numbers are not all 0),
+    with the trainer's own final evaluation in metrics.jsonl."""
+    from mmrlvr.models.warmstart import warm_start
+    from mmrlvr.train.trainer import Trainer
+    from mmrlvr.config import load_config
+
+    root = tmp_path_factory.mktemp("evalrun")
+    warm = root / "warm"
+    warm_start(warm, steps=40, eval_every=1000, n_train=256, n_val=4, n_test=4, k=1, batch_size=16, stop_at=None,
+               lr=3e-3, progress=False)
+    run = root / "run"
+    cfg = {"output_dir": str(run), "seed": 3, "max_steps": 1, "save_every": 0, "progress": False,
+           "tensorboard": False, "log_rollouts": False,
+           "model": {"path": str(warm), "lora": {"enabled": True, "r": 4, "alpha": 8}},
+           "data": {"train": "synth:count", "eval": "synth:count", "train_size": 16, "eval_size": 12},
+           "rollout": {"group_size": 2, "prompts_per_step": 2, "max_new_tokens": 30},
+           "optim": {"lr": 1e-2},
+           "eval": {"at_start": False, "at_end": True, "k": 3, "temperature": 0.9, "limit": 10}}
+    summary = Trainer(load_config(data=cfg)).train()
+    return run, summary["after"]
+
+
+def _eval_cli(args: list[str], tmp_path) -> dict:
+    import json
+
+    from mmrlvr.cli import main
+
+    out = tmp_path / "result.json"
+    assert main(["eval", *args, "--no-progress", "--out", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_eval_run_dir_reproduces_the_runs_final_eval_exactly(evaluated_run, tmp_path):
+    from mmrlvr.train.metrics import read_metrics
+
+    run, after = evaluated_run
+    assert after["format_rate"] > 0 and after["n"] == 10 and after["k"] == 3  # run's eval.limit and eval.k
+    logged = [r for r in read_metrics(run / "metrics.jsonl") if "eval/greedy_accuracy" in r][-1]
+    got = _eval_cli([str(run)], tmp_path)
+    for key, value in after.items():
+        assert got[key] == value, key
+        assert logged[f"eval/{key}"] == value, key
+    # the checkpoint folder itself gives the same numbers
+    got_ckpt = _eval_cli([str(run / "checkpoints" / "step-00000001")], tmp_path)
+    assert {k: got_ckpt[k] for k in after} == after
+    # a flag overrides one setting; everything else stays the run's
+    one = _eval_cli([str(run), "--k", "1"], tmp_path)
+    assert one["k"] == 1 and "avg@1" in one and one["n"] == 10
+    assert one["greedy_accuracy"] == after["greedy_accuracy"]
+
+
+def test_eval_accepts_an_export_folder(evaluated_run, tmp_path):
+    from mmrlvr.cli import main
+
+    run, after = evaluated_run
+    out = tmp_path / "export"
+    assert main(["export", str(run), "--out", str(out)]) == 0
+    got = _eval_cli([str(out), "--k", "0"], tmp_path)  # the run's data and max_new_tokens via mmrlvr_export.json
+    assert got["n"] == 10 and got["greedy_accuracy"] == after["greedy_accuracy"]
+
+
+def test_eval_old_form_model_and_data_still_works(tmp_path):
+    tiny = build_tiny("qwen2_5_vl", tmp_path / "m", seed=0)
+    got = _eval_cli(["--model", str(tiny), "--data", "synth:count", "--limit", "2", "--k", "1",
+                     "--max-new-tokens", "4"], tmp_path)
+    assert got["n"] == 2 and got["k"] == 1 and "avg@1" in got
+
+
+def test_eval_errors_are_one_line(tmp_path, capsys):
+    from mmrlvr.cli import main
+
+    assert main(["eval", str(tmp_path / "nope")]) == 2
+    assert "no such run directory" in capsys.readouterr().err
+    tiny = build_tiny("qwen2_5_vl", tmp_path / "m", seed=0)
+    assert main(["eval", str(tiny)]) == 2  # a bare model folder needs --data
+    assert "--data" in capsys.readouterr().err

@@ -60,43 +60,165 @@ class EvalExtras:
         return out
 
 
+def load_eval_samples(cfg, data: str | None = None) -> list:
+    """The run's held-out samples exactly as the trainer takes them (``data.eval``, then ``eval.limit``)."""
+    from mmrlvr.train.data import load_split
+
+    spec = data or cfg.data.eval
+    if not spec:
+        raise UserError("no evaluation data: the run has no data.eval; pass --data DATASET")
+    samples = load_split(spec, cfg.data, "test")
+    return samples[: cfg.eval.limit] if cfg.eval.limit else samples
+
+
+def build_rewards(cfg) -> list:
+    """The run's reward functions in config order (as the trainer builds them), for the rubric eval score."""
+    from mmrlvr.rewards.combine import CombinedReward, RewardSpec
+
+    specs = [RewardSpec(s.name, s.weight, dict(s.params)) for s in cfg.rewards]
+    for spec in specs:
+        if spec.name == "rubric" and cfg.rubric.judge != "none":
+            spec.params.setdefault("judge", cfg.rubric.judge)
+            spec.params.setdefault("judge_params", dict(cfg.rubric.judge_params))
+        if spec.name in ("rubric", "consistency"):
+            spec.params.setdefault("group_size", cfg.rollout.group_size)
+    reward = CombinedReward(specs)
+    return list(getattr(reward, "fns", [reward]))
+
+
+def eval_rubric(cfg, fns: list, reward_state: dict | None = None):
+    """The static-weight copy of the run's rubric reward the trainer scores eval responses with (None if none).
+
+    ``reward_state``: the checkpoint's adaptive reward state (POW3R weights), applied first so the copy
+    carries the weights the run had at that step.
+    """
+    for i, fn in enumerate(fns):
+        saved = (reward_state or {}).get(str(i))
+        if saved is not None and hasattr(fn, "load_state_dict"):
+            fn.load_state_dict(saved)
+    for spec, fn in zip(cfg.rewards, fns):
+        if spec.name == "rubric":
+            copy_for_eval = getattr(fn, "for_evaluation", None)
+            return copy_for_eval(cfg.eval.k) if copy_for_eval else fn
+    return None
+
+
+def evaluate_run(engine, samples: list, *, k: int, temperature: float, max_new_tokens: int, seed: int,
+                 rubric=None, progress: bool = True) -> dict[str, Any]:
+    """What the trainer's ``evaluate`` computes: the eval metrics plus the extras on the same responses."""
+    extras = EvalExtras(rubric=rubric, group_size=k)
+    result = evaluate_samples(engine, samples, k=k, temperature=temperature, max_new_tokens=max_new_tokens,
+                              seed=seed, progress=progress, observe=extras)
+    result.update(extras.metrics())
+    return result
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mmrlvr eval", description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="model folder (checkpoint or `mmrlvr tiny build` output)")
+    p = argparse.ArgumentParser(
+        prog="mmrlvr eval", description=__doc__.splitlines()[0],
+        epilog="With RUN_DIR the run's config.yaml supplies the model, data, prompt format, sampling, rewards, "
+               "eval k and max new tokens (so the numbers match the run's own final eval); any flag overrides "
+               "one setting. RUN_DIR may also be a checkpoint folder or an `mmrlvr export` folder.")
+    p.add_argument("run", nargs="?", default=None, metavar="RUN_DIR",
+                   help="run directory, checkpoint folder, export folder or model folder")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step of RUN_DIR (default: the newest)")
+    p.add_argument("--model", default=None,
+                   help="model: a folder (checkpoint, export, `mmrlvr tiny build` output) or a tiny:... spec")
     p.add_argument("--adapter", default=None, help="optional LoRA adapter folder / checkpoint to apply")
-    p.add_argument("--data", required=True, help="dataset (dir, Parquet, JSON/JSONL) or synth:TASK")
+    p.add_argument("--data", default=None, help="dataset (dir, Parquet, JSON/JSONL) or synth:TASK")
     p.add_argument("--preset", default=None, help="column preset (easyr1, virl, grounding, choice, mmrlvr)")
-    p.add_argument("--template", default="r1", choices=["r1", "boxed"])
-    p.add_argument("--k", type=int, default=8, help="samples per prompt for avg@k / pass@k")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--limit", type=int, default=None, help="first N samples only")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--template", default=None, choices=["r1", "boxed"], help="prompt template (default: the run's, else r1)")
+    p.add_argument("--k", type=int, default=None, help="samples per prompt for avg@k / pass@k (default: run's, else 8)")
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: run's, else 1.0)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="(default: the run's rollout.max_new_tokens, else 64)")
+    p.add_argument("--limit", type=int, default=None, help="first N samples only (default: the run's eval.limit)")
+    p.add_argument("--seed", type=int, default=None, help="(default: the run's seed, else 0)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--out", default=None, help="write the result JSON here")
     return p
 
 
-def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    from mmrlvr.config import DataConfig
-    from mmrlvr.models import load_policy
-    from mmrlvr.rollout.hf import HFEngine
-    from mmrlvr.train.data import load_split
+def _run_dir_for(path: Path) -> Path | None:
+    """The run directory behind a run dir, a checkpoint folder or an export folder (None: a plain model)."""
+    if (path / "config.yaml").is_file() and (path / "checkpoints").is_dir():
+        return path
+    if (path / "state.json").is_file() and (path.parent.parent / "config.yaml").is_file():
+        return path.parent.parent
+    info = path / "mmrlvr_export.json"
+    if info.is_file():
+        ckpt = Path(json.loads(info.read_text()).get("checkpoint") or "")
+        if (ckpt.parent.parent / "config.yaml").is_file():
+            return ckpt.parent.parent
+    return None
 
-    if not Path(args.model).exists():
-        raise UserError(f"--model {args.model}: no such folder")
-    model, processor = load_policy(args.model)
+
+def _load_model(folder: str, dtype: str, attn: str | None):
+    """(model, processor, state) of a checkpoint folder, or (model, processor, {}) of a model/export folder."""
+    from mmrlvr.models import load_policy
+    from mmrlvr.train.export import load_checkpoint_model
+
+    if (Path(folder) / "state.json").is_file():
+        return load_checkpoint_model(Path(folder), dtype=dtype)
+    model, processor = load_policy(folder, dtype=dtype, attn_implementation=attn)
+    return model, processor, {}
+
+
+def main(argv: list[str]) -> int:
+    import dataclasses
+
+    args = build_parser().parse_args(argv)
+    from mmrlvr.config import RunConfig, load_config
+    from mmrlvr.rollout.hf import HFEngine
+    from mmrlvr.train.model_path import resolve_model_path
+
+    target = args.run or args.model
+    if target is None:
+        raise UserError("give a RUN_DIR (or --model MODEL --data DATASET)")
+    run_dir = None
+    if args.run is not None:
+        if not Path(args.run).exists():
+            raise UserError(f"{args.run}: no such run directory, checkpoint or model folder")
+        run_dir = _run_dir_for(Path(args.run))
+    cfg = load_config(Path(run_dir) / "config.yaml") if run_dir is not None else RunConfig()
+    if run_dir is not None:
+        from mmrlvr.train.trainer import load_plugins
+
+        load_plugins(cfg.plugins)  # plugin rewards the run's config names
+    # the model: --model wins; then RUN_DIR (its newest verified checkpoint, or the folder itself)
+    if args.model is not None:
+        folder = resolve_model_path(args.model) if args.model.startswith("tiny:") else args.model
+        if not Path(folder).exists():
+            raise UserError(f"--model {args.model}: no such folder (or a tiny:FAMILY[:warm] spec)")
+    elif (Path(args.run) / "checkpoints").is_dir():
+        from mmrlvr.train.export import find_checkpoint
+
+        folder = str(find_checkpoint(args.run, args.step))
+    else:
+        folder = args.run
+    model, processor, state = _load_model(folder, cfg.model.dtype if run_dir else "float32",
+                                          cfg.model.attn_implementation if run_dir else None)
     if args.adapter:
         from mmrlvr.train.checkpoint import load_trainable_into
 
         model = load_trainable_into(model, Path(args.adapter))
     model.eval()
-    dc = DataConfig(preset=args.preset, template=args.template)
-    samples = load_split(args.data, dc, "test")
-    if args.limit:
-        samples = samples[: args.limit]
-    result = evaluate_samples(HFEngine(model, processor), samples, k=args.k, temperature=args.temperature,
-                              max_new_tokens=args.max_new_tokens, seed=args.seed)
+    data_over = {k: v for k, v in (("preset", args.preset), ("template", args.template)) if v is not None}
+    eval_over = {"limit": args.limit} if args.limit is not None else {}
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **data_over),
+                              eval=dataclasses.replace(cfg.eval, **eval_over))
+    if args.data is None and run_dir is None:
+        raise UserError("--data DATASET is needed when evaluating a model folder that is not part of a run")
+    samples = load_eval_samples(cfg, args.data)
+    k = args.k if args.k is not None else cfg.eval.k
+    temperature = args.temperature if args.temperature is not None else cfg.eval.temperature
+    max_new = args.max_new_tokens if args.max_new_tokens is not None else (cfg.rollout.max_new_tokens if run_dir else 64)
+    seed = args.seed if args.seed is not None else cfg.seed
+    rubric = eval_rubric(cfg, build_rewards(cfg), state.get("reward_state")) if run_dir is not None else None
+    result = evaluate_run(HFEngine(model, processor), samples, k=k, temperature=temperature, max_new_tokens=max_new,
+                          seed=seed, rubric=rubric, progress=not args.no_progress)
+    result["model"] = str(folder)
+    if state.get("step") is not None:
+        result["step"] = state["step"]
     text = json.dumps(result, indent=2, default=float)
     print(text)
     if args.out:
