@@ -439,33 +439,46 @@ def package_problems(cfg: RunConfig, where: str) -> list[str]:
 
 
 def preflight_problems(cfg: RunConfig, where: str, *, dry_run: bool = False, resume: bool = False,
-                       overwrite: bool = False, allow_config_change: bool = False) -> list[str]:
-    """Every problem of a typed config that can be found before the model loads (none raised)."""
+                       overwrite: bool = False, allow_config_change: bool = False,
+                       environment: bool = True) -> list[str]:
+    """Every problem of a typed config that can be found before the model loads (none raised).
+
+    ``environment=False`` keeps to what the config alone decides (names, parameters, templates) and skips
+    what depends on this machine: the model folder, the data, optional packages, the run folder and
+    judge endpoints (``--config-only``: a config written for another machine).
+    """
     from mmrlvr.train.run_dir import check_run_dir
 
-    problems = load_plugins_checked(cfg.plugins, where)
-    for check in (name_problems, reward_problems, model_problems, data_problems, package_problems):
+    if environment or not cfg.plugins:
+        problems = load_plugins_checked(cfg.plugins, where)
+        checks = [name_problems, reward_problems]
+    else:  # plugins are files of the target machine: names they register cannot be checked here
+        problems, checks = [], []
+    if environment:
+        checks += [model_problems, data_problems, package_problems]
+    for check in checks:
         try:
             problems += check(cfg, where)
         except UserError as exc:  # a check's own lookup failing on a bad value: still one line
             problems += [f"{where}: {ln}" for ln in _lines(exc)]
-    problems += judge_problems(cfg, where, dry_run)
-    problems += check_run_dir(cfg, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change,
-                              where=where)
+    problems += judge_problems(cfg, where, dry_run and environment)
+    if environment:
+        problems += check_run_dir(cfg, resume=resume, overwrite=overwrite,
+                                  allow_config_change=allow_config_change, where=where)
     return problems
 
 
 def check_run(path: str | Path | None = None, overrides: list[str] | None = None, *,
               data: dict[str, Any] | None = None, dry_run: bool = False, resume: bool = False,
-              overwrite: bool = False, allow_config_change: bool = False) -> RunConfig:
+              overwrite: bool = False, allow_config_change: bool = False, environment: bool = True) -> RunConfig:
     """Load and check a run's config; raise ``ConfigErrors`` listing every problem, or return the config.
 
-    Creates nothing on disk and loads no model.
+    Creates nothing on disk and loads no model. ``environment=False``: see ``preflight_problems``.
     """
     where = str(path) if path is not None else "config"
     cfg, problems = collect_config(path, overrides, data)
     problems += preflight_problems(cfg, where, dry_run=dry_run, resume=resume, overwrite=overwrite,
-                                   allow_config_change=allow_config_change)
+                                   allow_config_change=allow_config_change, environment=environment)
     problems = list(dict.fromkeys(problems))  # a problem found by two checks is listed once
     if problems:
         raise ConfigErrors(problems)

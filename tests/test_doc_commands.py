@@ -56,6 +56,7 @@ CMD_START = r"(?:[A-Z][A-Z0-9_]*=\S+ +)*(?:mmrlvr|python3?|accelerate launch|pip
 # ------------------------------------------------------------------------------------------ the table
 
 T_CLI = "tests/test_cli.py::"
+T_RUN_DIR = "tests/test_run_dir.py::"
 T_DOC = "tests/test_doc_commands.py::"
 T_CFG_LOAD = "tests/test_config.py::test_shipped_configs_load"
 T_GPU_CPU = ("tests/test_gpu_configs_on_cpu.py::test_gpu_config_pipeline_runs_on_cpu"
@@ -156,6 +157,17 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     # ---- docs/inspector.md, docs/training.md
     "mmrlvr train CONFIG.yaml [key=value ...] [--resume]": (SYNOPSIS, (T_OPTS, T_RESUME)),
     "mmrlvr train CONFIG --resume": (RUN, (T_RESUME,)),
+    "mmrlvr train configs/demo-tiny.yaml algo.loss=ppo credit.scheme=vep rollout.top_p=2 --dry-run":
+        (RUN, (T_CLI + "test_doc_dry_run_reports_every_problem",)),
+    "mmrlvr train configs/qwen2_5_vl_3b_geometry3k_lora.yaml --dry-run --config-only": (RUN, (T_DRY,)),
+    "mmrlvr train configs/demo-tiny.yaml max_steps=500 --resume":
+        (RUN + " (shortened: max_steps 2 on a tiny run)",
+         (T_RUN_DIR + "test_real_run_no_secret_refused_rerun_resume_overwrite", T_DRY)),
+    "mmrlvr train configs/demo-tiny.yaml --overwrite":
+        (RUN + " (on a tiny run)", (T_RUN_DIR + "test_real_run_no_secret_refused_rerun_resume_overwrite", T_DRY)),
+    "mmrlvr train configs/demo-tiny.yaml --resume --allow-config-change seed=1":
+        (RUN + " (checked without training)",
+         (T_RUN_DIR + "test_resume_refuses_changes_that_break_exactness", T_DRY)),
     "accelerate launch --num_processes N -m mmrlvr.cli train CONFIG":
         (RUN + " (N = 2, CPU, gloo)", (T_TWO_PROC, T_OPTS)),
     # ---- docs/integrations.md
@@ -521,17 +533,23 @@ def _train_args(cmd: str) -> list[str] | None:
     return args
 
 
+#: doc commands that show an error on purpose (their own tests check the error)
+DOC_BAD_INPUT_EXAMPLES = {"mmrlvr train configs/demo-tiny.yaml algo.loss=ppo credit.scheme=vep rollout.top_p=2 --dry-run"}
+
+
 def test_doc_train_commands_resolve_with_dry_run(capsys, monkeypatch):
     """Every concrete ``mmrlvr train`` line (GPU ones too) loads its config, and each override lands."""
     monkeypatch.chdir(ROOT)
     checked = 0
     for f, _, cmd in doc_commands():
         args = _train_args(cmd)
-        if args is None:
+        if args is None or cmd in DOC_BAD_INPUT_EXAMPLES:
             continue
-        assert mmrlvr_main(["train", *args, "--dry-run"]) == 0, f"{f}: {cmd}\n{capsys.readouterr().err}"
+        # --config-only: GPU configs name /models and /data folders this machine lacks
+        assert mmrlvr_main(["train", *args, "--dry-run", "--config-only"]) == 0, \
+            f"{f}: {cmd}\n{capsys.readouterr().err}"
         cfg = yaml.safe_load(capsys.readouterr().out)
-        for override in args[1:]:
+        for override in [a for a in args[1:] if not a.startswith("--")]:  # flags mix with overrides
             key, value = override.split("=", 1)
             try:
                 expected = yaml.safe_load(value)
@@ -546,7 +564,8 @@ def test_help_config_lists_the_keys_the_docs_override(capsys):
     assert mmrlvr_main(["train", "--help-config"]) == 0
     lines = capsys.readouterr().out.splitlines()
     listed = {line.split(" = ")[0] for line in lines if " = " in line}
-    doc_keys = {o.split("=")[0] for _, _, c in doc_commands() if (a := _train_args(c)) for o in a[1:]}
+    doc_keys = {o.split("=")[0] for _, _, c in doc_commands() if (a := _train_args(c)) for o in a[1:]
+                if not o.startswith("--")}
     doc_keys = {k for k in doc_keys if not re.search(r"\.\d+\.", k)}  # list items (rewards.2...) have no line
     assert {"credit.scheme", "consistency.split_advantage", "model.path", "data.train", "max_steps"} <= doc_keys
     assert doc_keys <= listed, doc_keys - listed

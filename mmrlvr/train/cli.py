@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--help-config", action="store_true", help="list every config key with its default and help")
     p.add_argument("--dry-run", action="store_true",
                    help="check the config, data, rewards, run folder and judge endpoints; print the config and exit")
+    p.add_argument("--config-only", action="store_true",
+                   help="with --dry-run: check only what the config decides (names, types, ranges, rewards), not "
+                        "the model, data, packages or run folder of this machine (a config for another machine)")
     return p
 
 
@@ -49,8 +52,11 @@ def main(argv: list[str]) -> int:
         build_parser().error("a CONFIG.yaml is required (or --help-config)")
     from mmrlvr.validation import check_run
 
+    if args.config_only and not args.dry_run:
+        build_parser().error("--config-only goes with --dry-run (a run needs its model, data and folder checked)")
     cfg = check_run(args.config, args.overrides, dry_run=args.dry_run, resume=args.resume,
-                    overwrite=args.overwrite, allow_config_change=args.allow_config_change)
+                    overwrite=args.overwrite, allow_config_change=args.allow_config_change,
+                    environment=not args.config_only)
     if args.dry_run:
         print(cfg.to_yaml())  # secrets redacted
         return 0
