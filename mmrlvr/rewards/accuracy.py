@@ -45,6 +45,7 @@ _SIDE_BY_SIDE_NUMBERS_RE = re.compile(r"\d\s+[-+]?\d")
 _LATEX_CMD_RE = re.compile(r"\\[a-zA-Z]+")
 # LaTeX that only makes space or wraps text: two numbers separated by these alone are side by side.
 _SPACING_CMD_RE = re.compile(r"\\(?:quad|qquad|enspace|thinspace|medspace|thickspace|hspace\s*\{[^{}]*\}|[,;:! ])|~")
+_APPROX_RE = re.compile(r"\\approx(?![a-zA-Z])|≈|\\simeq(?![a-zA-Z])")
 _HEDGE_RE = re.compile(r"\\(?:pm|mp)(?![a-zA-Z])|±|∓")
 _WORD_RE = re.compile(r"[A-Za-z]{2,}")
 _PLAIN_WORDS_RE = re.compile(r"[a-z]{2,}(?:[ \-][a-z]+)*")
@@ -219,6 +220,8 @@ class AccuracyReward(AnswerReward):
                 return RewardResult(0.0, {}, parsed)
             return self._verify(answer, gold, sample, parsed)
         pred = _unwrap_boxed(strip_lead_in(answer))
+        if pred is not None and _APPROX_RE.search(pred):
+            pred = _APPROX_RE.split(pred)[-1]  # "\pi \approx 3.14" states 3.14 (math-verify would read "3 \approx 4" as 3)
         if pred is None or not pred.strip():
             parsed["problems"].append("several_boxed" if pred is None else "empty_answer")
             return RewardResult(0.0, {}, parsed)
