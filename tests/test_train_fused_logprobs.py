@@ -12,7 +12,7 @@ from torch.testing import assert_close
 
 from mmrlvr.algos import entropy_from_logits, logprobs_from_logits
 from mmrlvr.algos.logits import logprobs_from_hidden
-from mmrlvr.train.forward import fusable_head, response_logits, token_logprobs
+from mmrlvr.train.forward import fusable_head, response_logits, shared_prefix_logprobs, token_logprobs
 
 
 def _logits_path(hidden, weight, ids, temperature=1.0):
@@ -197,6 +197,24 @@ def test_lora_and_no_grad_reference_pass(tiny):
         plain, _ = token_logprobs(model, inputs, resp)
     assert_close(base, plain, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(base, logp, atol=1e-4)  # the adapter is really on in the first pass
+
+
+def test_shared_prefix_reference_pass_equals_the_full_pass(tiny):
+    model, tok = tiny
+    inputs, resp = _vlm_batch(model, tok, side=56, G=3, seed=2)
+    P = inputs["input_ids"].shape[1] - resp.shape[1]
+    inputs["mm_token_type_ids"] = (inputs["input_ids"] == model.config.image_token_id).int()
+    with torch.no_grad():
+        full, _ = token_logprobs(model, inputs, resp, temperature=0.8)
+        shared = shared_prefix_logprobs(model, inputs, resp, P, 3, temperature=0.8)
+    assert shared is not None
+    valid = inputs["attention_mask"][:, P:].bool()
+    assert_close(shared[valid], full[valid], atol=1e-5, rtol=1e-5)
+    # rows that are not groups of one prompt: no sharing (the caller runs the full pass)
+    assert shared_prefix_logprobs(model, inputs, resp, P, 4, temperature=0.8) is None
+    swapped = {**inputs, "input_ids": inputs["input_ids"].clone()}
+    swapped["input_ids"][1, 0] = 7
+    assert shared_prefix_logprobs(model, swapped, resp, P, 3) is None
 
 
 def test_unfusable_heads_fall_back_to_the_logits_path(tiny):

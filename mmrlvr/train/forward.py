@@ -124,6 +124,37 @@ def token_logprobs(model: torch.nn.Module, inputs: dict[str, Any], response_ids:
     return logp, ent
 
 
+def shared_prefix_logprobs(model: torch.nn.Module, inputs: dict[str, Any], response_ids: torch.Tensor,
+                           prompt_length: int, rows_per_prompt: int, temperature: float = 1.0,
+                           chunk_size: int = LOGPROB_CHUNK) -> torch.Tensor | None:
+    """No-grad log pi(o_t) [N, L] with each group's prompt encoded once, or None (then ``token_logprobs``).
+
+    For the reference and old-policy passes: the G rows of a group share their prompt (image tokens
+    included), so ``mmrlvr.credit.signals.shared_prefix_states`` runs the prompt once per group with a
+    KV cache repeated G times and only the responses on top; log-probs come from the fused chunked head.
+    Measured (benchmarks/prefix_sharing.py, toy, 16 prompts x 8, P = 51, L = 32): 0.56x the time of
+    the full pass, max |difference| 1e-6. ``inputs`` must carry ``pixel_values`` (not cached
+    ``mm_encoder_outputs``: the group heads' images are encoded inside). None when the rows are not
+    group-contiguous with equal prompts, the model cannot split its positions, or the head is not fusable.
+    """
+    from mmrlvr.credit.signals import shared_prefix_states
+
+    head = fusable_head(model)
+    if head is None or rows_per_prompt < 2 or response_ids.shape[1] < 2:
+        return None
+    core = _unwrap(model)
+    core = core.get_base_model() if hasattr(core, "get_base_model") else core
+    backbone = getattr(core, "model", None)
+    if not isinstance(backbone, torch.nn.Module):
+        return None
+    with torch.no_grad():
+        states = shared_prefix_states(backbone, inputs, prompt_length, response_ids.shape[1], rows_per_prompt)
+        if states is None:
+            return None
+        return logprobs_from_hidden(states, head.weight, response_ids, temperature=temperature,
+                                    chunk_size=chunk_size)[0]
+
+
 class VisionFeatureCache:
     """Vision-tower outputs computed once for the distinct prompts of a step, expanded to N rows.
 
