@@ -218,8 +218,9 @@ class RunConfig:
         return redact_secrets(d) if redact else d
 
     def hash(self) -> str:
-        """Short stable hash of the config (stored in every RolloutRecord)."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, default=str).encode()
+        """Short stable hash of the config (stored in every RolloutRecord); secrets do not enter it, so a
+        rotated API key keeps the hash (and nothing derived from a key is written anywhere)."""
+        blob = json.dumps(self.to_dict(redact=True), sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
     def to_yaml(self, redact: bool = True) -> str:

@@ -293,7 +293,13 @@ def _output_dir_problems(run_dir: Path, key: str) -> list[str]:
 
 def check_run_dir(cfg: Any, *, resume: bool = False, overwrite: bool = False, allow_config_change: bool = False,
                   where: str = "config") -> list[str]:
-    """Problems with the run folder for this start (nothing is created, moved or locked)."""
+    """Problems with the run folder for this start (nothing is created, moved or locked).
+
+    Only rank 0 of a multi-process run judges the folder: the other ranks start while rank 0 is creating
+    and locking it.
+    """
+    if not _is_rank_zero():
+        return []
     run_dir = Path(cfg.output_dir)
     key = f"{where}: output_dir"
     if resume and overwrite:
