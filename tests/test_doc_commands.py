@@ -154,6 +154,24 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     CREDIT + ' "plugins=[my_credit.py]" credit.scheme=lowest_entropy "credit.params={rho: 0.3}"':
         (RUN + " (2 steps, my_credit.py from the doc)", (T_DOC + "test_credit_plugin_example_trains",)),
     "mmrlvr inspect": ("the inspector's CLI and server are tested", T_INSPECT),
+    # ---- docs/performance.md (benchmarks run by hand: tens of minutes at real shapes; their parts are tested)
+    "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/step_vs_trl.py":
+        ("run by hand; options checked, the stand-ins and fused path tested",
+         (T_OPTS, "tests/test_train_fused_logprobs.py::test_shape_true_standin_equals_todays_path")),
+    "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/step_vs_trl.py --shape qwen2_5_vl_3b "
+    "--image-tokens 256 --new-tokens 128 --steps 2 --rounds 1":
+        ("run by hand; options checked, the stand-ins and fused path tested",
+         (T_OPTS, "tests/test_train_fused_logprobs.py::test_shape_true_standin_equals_todays_path")),
+    "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/optim_step.py":
+        ("run by hand; options checked, the optimiser tested",
+         (T_OPTS, "tests/test_train_optim.py::test_fused_on_cpu_and_close_to_the_unfused_numerics")),
+    "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/prefix_sharing.py":
+        ("run by hand; options checked, the shared pass tested",
+         (T_OPTS, "tests/test_train_fused_logprobs.py::test_shared_prefix_reference_pass_equals_the_full_pass")),
+    "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/checkpointing_memory.py --shape qwen2_5_vl_3b "
+    "--layers 2 --rows 2":
+        ("run by hand; options checked, checkpointing tested",
+         (T_OPTS, "tests/test_models_checkpointing.py::test_checkpointing_recomputes_layers_with_the_same_gradients")),
     # ---- docs/inspector.md, docs/training.md
     "mmrlvr train CONFIG.yaml [key=value ...] [--resume]": (SYNOPSIS, (T_OPTS, T_RESUME)),
     "mmrlvr train CONFIG --resume": (RUN, (T_RESUME,)),
