@@ -149,6 +149,22 @@ def resolve_loss_params(loss_name: str, algo_cfg_values: dict[str, Any],
     return params, notes
 
 
+def explicit_algo_keys(user_algo_keys: set[str] | list[str] | dict[str, Any], preset_name: str | None,
+                       loss_name: str) -> set[str]:
+    """The ``explicitly_set_keys`` for ``resolve_loss_params``: what the user wrote under ``algo:``, plus
+    what the preset filled — except the preset's loss parameters and aggregation when the run's loss is
+    not the preset's (``preset: grpo`` + ``loss: gspo`` must get GSPO's 3e-4/4e-4, not grpo's 0.2)."""
+    keys = set(user_algo_keys)
+    p = PRESETS.get(preset_name or "")
+    if p is None:
+        return keys
+    tied = set(p["loss_params"]) | {"agg"}
+    filled = {"advantage", "loss", "kl_coef", "kl_estimator", "dynamic_sampling", "mask_truncated",
+              "overlong_cache", "overlong_penalty"}
+    keys |= filled | (tied if p["loss"] == loss_name else set())
+    return keys
+
+
 def loss_kwargs(loss_name: str, algo_cfg_values: dict[str, Any]) -> dict[str, Any]:
     """Keyword arguments for the policy loss ``loss_name`` from resolved ``algo`` values (config names).
 

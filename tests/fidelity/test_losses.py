@@ -14,7 +14,7 @@ import torch
 from mmrlvr.algos.aggregation import agg_denominator, agg_loss
 from mmrlvr.algos.kl import KL_ESTIMATORS
 from mmrlvr.algos.losses import POLICY_LOSSES, call_policy_loss
-from mmrlvr.algos.presets import LOSS_DEFAULTS, PRESETS, loss_kwargs, resolve_loss_params
+from mmrlvr.algos.presets import LOSS_DEFAULTS, PRESETS, explicit_algo_keys, loss_kwargs, resolve_loss_params
 from mmrlvr.config import AlgoConfig
 
 # two responses of 3 tokens, the second with 2 valid tokens
@@ -156,3 +156,14 @@ def test_nothing_to_say_when_the_generic_values_are_the_losses_own():
     assert resolve_loss_params("my_plugin_loss", vars(AlgoConfig()), set()) == ({}, [])
     nsr, notes = resolve_loss_params("nsr", vars(AlgoConfig()), set())
     assert nsr["eps_high"] == 0.28 and loss_kwargs("nsr", {**vars(AlgoConfig()), **nsr})["noise"] == 0.2
+
+
+def test_a_preset_for_another_loss_does_not_lend_its_clip_range():
+    # preset grpo (ppo_clip 0.2/0.2, seq-mean-token-mean) + algo.loss: cispo -> CISPO's own values
+    values = {**vars(AlgoConfig()), "loss": "cispo", "agg": "seq-mean-token-mean"}
+    keys = explicit_algo_keys({"preset", "loss"}, "grpo", "cispo")
+    params, notes = resolve_loss_params("cispo", values, keys)
+    assert params == {"eps_low": 1.0, "eps_high": 4.0, "agg": "token-mean"} and notes
+    # the preset's own loss keeps the preset's values
+    keys = explicit_algo_keys({"preset"}, "dapo", "ppo_clip")
+    assert resolve_loss_params("ppo_clip", {**vars(AlgoConfig()), "eps_high": 0.28}, keys)[0]["eps_high"] == 0.28
