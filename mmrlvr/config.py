@@ -40,7 +40,7 @@ class LoraConfig:
     alpha: int = _f(32, "LoRA alpha (scale = alpha / r)")
     dropout: float = _f(0.0, "LoRA dropout")
     target_modules: list[str] = _f(["q_proj", "k_proj", "v_proj", "o_proj"], "module names to adapt")
-    init: str = _f("default", "adapter initialisation: default | pissa | olora")
+    init: str = _f("default", "adapter initialisation: default | gaussian | orthogonal | pissa | olora | mica | rlpo | rlmo (base-preserving SVD, arXiv 2606.31813) | milora (PiSSA on minor components)")
 
 
 @dataclass
@@ -526,6 +526,14 @@ def range_problems(cfg: RunConfig, where: str = "config") -> list[str]:
     for key in ("train_size", "eval_size", "image_size", "min_pixels", "factor", "max_image_pixels"):
         need(f"data.{key}", getattr(d, key), getattr(d, key) >= 1, ">= 1")
     need("data.max_pixels", d.max_pixels, d.max_pixels >= d.min_pixels, f">= data.min_pixels ({d.min_pixels})")
+    if hasattr(d, "max_prompt_length"):  # keys of the data layer (mmrlvr.data.from_config)
+        need("data.max_prompt_length", d.max_prompt_length, d.max_prompt_length >= 0, ">= 0 (0 = no limit)")
+        need("data.max_dropped_share", d.max_dropped_share, 0 <= d.max_dropped_share <= 1, "in [0, 1]")
+        need("data.video_fps", d.video_fps, d.video_fps > 0, "> 0")
+        need("data.video_min_frames", d.video_min_frames, d.video_min_frames >= 1, ">= 1")
+        need("data.video_max_frames", d.video_max_frames, d.video_max_frames >= d.video_min_frames,
+             f">= data.video_min_frames ({d.video_min_frames})")
+        need("data.video_max_pixels", d.video_max_pixels, d.video_max_pixels >= 1, ">= 1")
     r = cfg.rollout
     one_of("rollout.engine", r.engine, ENGINES)
     need("rollout.group_size", r.group_size, r.group_size >= 2, ">= 2 (group-relative advantages need a group)")
@@ -555,6 +563,13 @@ def range_problems(cfg: RunConfig, where: str = "config") -> list[str]:
     need("optim.grad_clip", o.grad_clip, o.grad_clip >= 0, ">= 0 (0 = off)")
     one_of("optim.schedule", o.schedule, SCHEDULES)
     need("optim.warmup_steps", o.warmup_steps, o.warmup_steps >= 0, ">= 0")
+    if hasattr(o, "state_dtype"):
+        one_of("optim.state_dtype", o.state_dtype, DTYPES)
+    rb = cfg.rubric
+    if getattr(rb, "max_unknown_rate", None) is not None:
+        need("rubric.max_unknown_rate", rb.max_unknown_rate, 0 <= rb.max_unknown_rate <= 1, "in [0, 1] or null (never stop)")
+    if hasattr(rb, "warn_unknown_rate"):
+        need("rubric.warn_unknown_rate", rb.warn_unknown_rate, 0 <= rb.warn_unknown_rate <= 1, "in [0, 1]")
     need("credit.chunk_size", cfg.credit.chunk_size, cfg.credit.chunk_size >= 1, ">= 1")
     if not cfg.rewards:
         out.append(f"{where}: rewards: at least one reward component is needed")

@@ -9,6 +9,14 @@ equal to the base), "gaussian", "orthogonal", and the SVD-based "pissa", "olora"
 "pissa" and "olora" move the principal components out of the base weights: with them the adapted model
 still starts equal to the original, but the adapter-disabled model is the *residual*, not the original,
 so it is not a faithful KL reference (``BASE_PRESERVING_INITS`` lists the inits where it is).
+
+RL-specific SVD inits (``init_svd_lora``, arXiv 2606.31813, METHODS.md §5 "LoRA initialisation"):
+"rlpo" sets A0 = Vh[:r] (the top right singular vectors of each adapted W = U diag(s) Vh, fp32 thin SVD)
+and "rlmo" A0 = Vh[-r:] (the minor ones), both with B0 = 0 and W untouched: the adapted model *and* the
+adapter-off reference equal the base exactly at step 0 (base-preserving). "milora" (MiLoRA, Wang et al.
+2024, arXiv:2406.09044) is PiSSA on the minor components: B0 = U_r sqrt(S_r), A0 = sqrt(S_r) Vh_r over the
+r smallest singular values, and W_res = W - scale B0 A0; like PiSSA it moves that energy out of the frozen
+base, so the adapter-off model is the residual, not the original (not base-preserving).
 """
 
 from __future__ import annotations
@@ -30,9 +38,11 @@ warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is depre
 # our name -> peft's init_lora_weights value
 INITS: dict[str, Any] = {
     "default": True, "gaussian": "gaussian", "orthogonal": "orthogonal", "pissa": "pissa", "olora": "olora",
-    "mica": "mica",
+    "mica": "mica", "rlpo": True, "rlmo": True, "milora": True,
 }
-BASE_PRESERVING_INITS: tuple[str, ...] = ("default", "gaussian", "orthogonal", "mica")
+#: inits computed here from an fp32 SVD of each adapted weight (peft builds the layers with B = 0 first)
+SVD_INITS: tuple[str, ...] = ("rlpo", "rlmo", "milora")
+BASE_PRESERVING_INITS: tuple[str, ...] = ("default", "gaussian", "orthogonal", "mica", "rlpo", "rlmo")
 
 # module-name parts that mark the vision side of a VLM (Qwen "visual", LLaVA "vision_tower", ...)
 VISION_MARKERS: tuple[str, ...] = ("visual", "vision_tower", "vision_model", "vision_encoder",
@@ -75,11 +85,11 @@ def _language_targets(model: torch.nn.Module, target_modules: tuple[str, ...]) -
 
 def apply_lora(model: torch.nn.Module, *, r: int = 16, alpha: int = 32, dropout: float = 0.0,
                target_modules: tuple[str, ...] | list[str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
-               language_only: bool = True, init: str = "default") -> PeftModel:
+               language_only: bool = True, init: str = "default", progress: bool = True) -> PeftModel:
     """Wrap ``model`` with a LoRA adapter (trainable) and freeze everything else.
 
     language_only: adapters only on language-model modules (vision tower untouched, and frozen).
-    init: one of ``INITS``.
+    init: one of ``INITS``. progress: a progress bar over layers for the SVD inits (rlpo/rlmo/milora).
     """
     if init not in INITS:
         raise UserError(f"unknown LoRA init {init!r}; known: {', '.join(INITS)}")
@@ -91,9 +101,81 @@ def apply_lora(model: torch.nn.Module, *, r: int = 16, alpha: int = 32, dropout:
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets),
                         init_lora_weights=INITS[init], bias="none")
     peft_model = get_peft_model(model, config)
+    if init in SVD_INITS:
+        init_svd_lora(peft_model, init, progress=progress)
     if language_only:
         freeze_vision(peft_model)
     return peft_model
+
+
+def _lora_layers(model: torch.nn.Module, adapter: str) -> list[tuple[str, torch.nn.Module]]:
+    """(name, peft LoRA layer) for every layer carrying ``adapter`` with a 2-D base weight."""
+    out = []
+    for name, module in model.named_modules():
+        lora_a = getattr(module, "lora_A", None)
+        base = getattr(module, "base_layer", None)
+        if isinstance(lora_a, torch.nn.ModuleDict) and adapter in lora_a and base is not None \
+                and getattr(base, "weight", None) is not None and base.weight.dim() == 2:
+            out.append((name, module))
+    return out
+
+
+@torch.no_grad()
+def svd_lora_factors(weight: torch.Tensor, r: int, init: str, scale: float = 1.0
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(A0 [r, in], B0 [out, r], W_res [out, in] or None) for one weight W [out, in], in float32.
+
+    Thin SVD W = U diag(S) Vh (fp32, whatever W's dtype). rlpo: A0 = Vh[:r], B0 = 0; rlmo: A0 = Vh[-r:],
+    B0 = 0 (W_res None: the base stays as it is; singular values are not folded in, arXiv 2606.31813).
+    milora: over the r smallest singular values, A0 = sqrt(S_r/scale) Vh_r, B0 = U_r sqrt(S_r/scale), and
+    W_res = W - scale B0 A0 (peft's PiSSA convention, divided by the LoRA scale alpha/r so that
+    scale B0 A0 is exactly the removed part). r larger than min(out, in) is capped there (the rest of A
+    stays zero, B zero).
+    """
+    w = weight.detach().float()
+    u, s, vh = torch.linalg.svd(w, full_matrices=False)
+    k = min(r, s.numel())
+    a = w.new_zeros(r, w.shape[1])
+    b = w.new_zeros(w.shape[0], r)
+    if init == "rlpo":
+        a[:k] = vh[:k]
+        return a, b, None
+    if init == "rlmo":
+        a[:k] = vh[vh.shape[0] - k:]
+        return a, b, None
+    if init == "milora":
+        root = (s[s.numel() - k:] / scale).sqrt()  # [k]
+        a[:k] = root[:, None] * vh[vh.shape[0] - k:]
+        b[:, :k] = u[:, u.shape[1] - k:] * root[None, :]
+        return a, b, w - scale * (b @ a)
+    raise ValueError(f"not an SVD init: {init!r} (known: {', '.join(SVD_INITS)})")
+
+
+@torch.no_grad()
+def init_svd_lora(model: torch.nn.Module, init: str, *, adapter: str = "default", progress: bool = True) -> int:
+    """Set the LoRA factors of every adapted layer of ``model`` from an fp32 SVD of its base weight.
+
+    Runs once at start-up, one layer at a time on the weight's own device (a GPU SVD for a large model),
+    with a tqdm bar over layers. Works on whatever peft adapted: with ``language_only`` the vision tower
+    has no LoRA layer and is never touched. Returns the number of layers initialised.
+    """
+    from tqdm.auto import tqdm
+
+    layers = _lora_layers(model, adapter)
+    for _name, layer in tqdm(layers, desc=f"LoRA init ({init}, fp32 SVD)", disable=not progress or not layers,
+                             leave=False):
+        base = layer.base_layer
+        weight = base.weight
+        fan_in_fan_out = bool(getattr(layer, "fan_in_fan_out", False))
+        w = weight.T if fan_in_fan_out else weight
+        lora_a, lora_b = layer.lora_A[adapter].weight, layer.lora_B[adapter].weight
+        a, b, residual = svd_lora_factors(w, lora_a.shape[0], init, scale=float(layer.scaling[adapter]))
+        lora_a.copy_(a.to(lora_a.dtype))
+        lora_b.copy_(b.to(lora_b.dtype))
+        if residual is not None:
+            residual = residual.T if fan_in_fan_out else residual
+            weight.data.copy_(residual.to(weight.dtype))
+    return len(layers)
 
 
 @contextlib.contextmanager
