@@ -83,6 +83,11 @@ def test_browser_navigates_to_a_sample_with_boxes_and_heatmap(tmp_path: Path) ->
             page.wait_for_function(
                 "() => document.querySelector('#mm-group-cards .mm-group-head')?.textContent.includes('step 0')",
                 timeout=30_000)
+            # a step opens on its most informative group: go to the hostile one's group by name
+            page.locator("#mm-group input").fill("p00000")
+            page.locator("#mm-group input").press("Enter")
+            page.wait_for_function(
+                "() => document.querySelector('#mm-group-cards code')?.textContent === 'p00000'", timeout=30_000)
             page.locator("#mm-sample label").filter(has_text="#1 ").first.click()
             page.wait_for_function(
                 "() => document.querySelector('#mm-thinking-answer .mm-thinking')?.textContent.includes('alert')",
