@@ -34,3 +34,16 @@ def test_demo_runs_and_writes_table_plots_and_summary(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert {"before", "after"} <= set(summary)
     assert sorted(p.name for p in (out / "rollouts").glob("step-*.parquet"))[-1] == "step-00000003.parquet"
+
+
+def test_demo_eval_scales_with_steps():
+    from mmrlvr.train.demo import demo_config_dict, demo_eval_size
+
+    cfg = demo_config_dict()
+    full_steps, full_size = cfg["max_steps"], cfg["data"]["eval_size"]
+    assert demo_eval_size(cfg, None, None, []) is None  # the full demo keeps its 200-prompt table
+    assert demo_eval_size(cfg, full_steps, None, []) is None
+    assert demo_eval_size(cfg, 3, None, []) == 16  # not 200 x 8 samples twice for a 3-step try
+    assert demo_eval_size(cfg, full_steps // 2, None, []) == full_size // 2
+    assert demo_eval_size(cfg, 3, 64, []) == 64
+    assert demo_eval_size(cfg, 3, None, ["data.eval_size=8"]) is None  # an explicit override is kept

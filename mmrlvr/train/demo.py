@@ -26,9 +26,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/demo", help="run directory")
     p.add_argument("--steps", type=int, default=None, help="training steps (default: the embedded config's)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval-size", type=int, default=None,
+                   help="held-out prompts evaluated before and after (default: the embedded config's 200 for a full "
+                        "run; scaled down with a shorter --steps, at least 16)")
     p.add_argument("--inspect", action="store_true", help="open the inspector on the run afterwards")
     p.add_argument("overrides", nargs="*", help="extra key=value config overrides")
     return p
+
+
+MIN_EVAL_SIZE = 16
+
+
+def demo_eval_size(config: dict[str, Any], steps: int | None, eval_size: int | None,
+                   overrides: list[str]) -> int | None:
+    """The eval size override for a demo run (None: keep the config's).
+
+    ``--eval-size`` wins, then a ``data.eval_size=`` override; otherwise a shorter ``--steps`` scales the
+    evaluation down in proportion (``--steps 3`` must not spend minutes on 2 x 200 x 8 eval samples), to at
+    least ``MIN_EVAL_SIZE`` prompts.
+
+    >>> cfg = {"max_steps": 200, "data": {"eval_size": 200}}
+    >>> demo_eval_size(cfg, 3, None, []), demo_eval_size(cfg, 50, None, []), demo_eval_size(cfg, None, None, [])
+    (16, 50, None)
+    >>> demo_eval_size(cfg, 3, 40, []), demo_eval_size(cfg, 3, None, ["data.eval_size=8"])
+    (40, None)
+    """
+    if eval_size is not None:
+        if eval_size < 1:
+            from mmrlvr.errors import UserError
+
+            raise UserError(f"--eval-size must be >= 1, got {eval_size}")
+        return eval_size
+    if any(o.split("=", 1)[0].strip() == "data.eval_size" for o in overrides):
+        return None
+    full_steps, full_size = int(config.get("max_steps", 0)), int(config.get("data", {}).get("eval_size", 0))
+    if steps is None or not full_steps or not full_size or steps >= full_steps:
+        return None
+    return min(full_size, max(MIN_EVAL_SIZE, round(full_size * steps / full_steps)))
 
 
 def format_table(before: dict[str, Any], after: dict[str, Any]) -> str:
@@ -53,8 +87,13 @@ def main(argv: list[str]) -> int:
     overrides = [f"output_dir={args.out}", f"seed={args.seed}", *args.overrides]
     if args.steps is not None:
         overrides.append(f"max_steps={args.steps}")
+    eval_size = demo_eval_size(demo_config_dict(), args.steps, args.eval_size, args.overrides)
+    if eval_size is not None:
+        overrides.append(f"data.eval_size={eval_size}")
     cfg = load_config(data=demo_config_dict(), overrides=overrides)
     print(f"mmrlvr demo: training {cfg.model.path} on {cfg.data.train} for {cfg.max_steps} steps -> {cfg.output_dir}")
+    if eval_size is not None and args.eval_size is None:
+        print(f"mmrlvr demo: evaluating on {eval_size} held-out prompts (scaled with --steps; --eval-size N to change)")
     trainer = Trainer(cfg)
     summary = trainer.train()
     before, after = summary.get("before", {}), summary.get("after", {})
