@@ -145,12 +145,27 @@ def clip_grad_norm_and_check(params: Iterable[torch.Tensor], max_norm: float) ->
     if not grads:
         return 0.0
     total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, error_if_nonfinite=False)
-    value = float(total.full_tensor() if _is_dtensor(total) else total)
+    value = _scalar(total)  # a DTensor norm (FSDP2) is reduced over the ranks: every rank sees the same
     if not math.isfinite(value):
-        if math.isnan(value) or any(not bool(torch.isfinite(g).all()) for g in grads):
+        # per-tensor float64 norms: finite exactly when every entry is (a float32 square cannot overflow
+        # float64); each DTensor's norm is reduced over the ranks, so every rank decides the same way
+        norms = [_scalar(torch.linalg.vector_norm(g, dtype=torch.float64)) for g in grads]
+        if math.isnan(value) or not all(math.isfinite(n) for n in norms):
             raise NonFiniteGradient(f"non-finite gradient (global norm {value})")
-        value = math.sqrt(sum(float(torch.linalg.vector_norm(g, dtype=torch.float64)) ** 2 for g in grads))
+        value = math.sqrt(sum(n * n for n in norms))
         total = torch.tensor(value, dtype=torch.float64)
     if max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        if any(_is_dtensor(g) for g in grads):
+            # torch's clip multiplies by a tensor coefficient, which would mix a plain tensor with DTensors
+            # here; the same coefficient (max_norm / (norm + 1e-6), at most 1) as a Python number
+            coef = torch.clamp(torch.tensor(max_norm, dtype=torch.float32) / (float(value) + 1e-6), max=1.0)
+            for g in grads:
+                g.mul_(coef.item())
+        else:
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return value
+
+
+def _scalar(t: torch.Tensor) -> float:
+    """A 0-dim tensor's value; a DTensor's reduced over its mesh first (``full_tensor``)."""
+    return float(t.full_tensor() if _is_dtensor(t) else t)

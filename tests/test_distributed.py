@@ -1,0 +1,162 @@
+"""Several processes (issue 25): launches that would run silent copies are refused, the topology is stated,
+and FSDP2 (torch's ``fully_shard``) on 2 gloo ranks shards every parameter and trains like 1 process."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mmrlvr.errors import UserError
+from mmrlvr.train import distributed as D
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------------------- launch checks
+def test_accelerate_request_reads_flags_and_config_file(tmp_path):
+    assert D.accelerate_request(["/v/bin/python", "/v/bin/accelerate", "launch", "--num_processes", "2", "--cpu",
+                                 "-m", "mmrlvr.cli", "train", "c.yaml"]) == {"processes": 2, "machines": 1}
+    assert D.accelerate_request(["accelerate", "launch", "--cpu", "--num_machines=2", "--machine_rank", "1",
+                                 "x.py"]) == {"processes": 1, "machines": 2}
+    cfg = tmp_path / "acc.yaml"
+    cfg.write_text("distributed_type: MULTI_CPU\nnum_processes: 4\nnum_machines: 2\nuse_cpu: true\n")
+    assert D.accelerate_request(["accelerate", "launch", "--config_file", str(cfg), "t.py"]) == \
+        {"processes": 4, "machines": 2}
+    # a flag beats the file, as in accelerate
+    assert D.accelerate_request(["accelerate", "launch", "--config_file", str(cfg), "--num_processes", "3",
+                                 "t.py"])["processes"] == 3
+    assert D.accelerate_request(["python", "-m", "mmrlvr.cli", "train", "c.yaml"]) is None
+    assert D.accelerate_request([]) is None
+
+
+@pytest.mark.parametrize("env, parent, expected", [
+    ({"WORLD_SIZE": "2"}, [], 2),
+    ({"WORLD_SIZE": "1"}, [], 1),
+    ({}, [], 1),
+    ({"SLURM_NTASKS": "8", "SLURM_STEP_ID": "0"}, [], 8),  # srun -n 8 mmrlvr train ... (8 copies)
+    ({"SLURM_NTASKS": "8"}, [], 1),  # sbatch's batch step: not inside srun
+    ({"SLURM_NTASKS": "2", "SLURM_STEP_ID": "0", "WORLD_SIZE": "4"}, [], 4),  # srun + torchrun per node
+    ({}, ["accelerate", "launch", "--num_processes", "2", "--cpu", "x.py"], 2),
+    ({}, ["accelerate", "launch", "--num_processes", "1", "x.py"], 1),
+    ({}, ["bash", "-c", "launch --num_processes 2"], 1),
+])
+def test_expected_world_size(env, parent, expected):
+    assert D.expected_world_size(env, parent)[0] == expected
+
+
+def test_a_lone_process_of_a_multi_process_launch_stops_with_the_launch_that_works():
+    with pytest.raises(UserError) as exc:
+        D.check_launch(1, {}, ["/v/bin/python", "/v/bin/accelerate", "launch", "--num_processes", "2", "--cpu",
+                                "-m", "mmrlvr.cli", "train", "c.yaml"])
+    msg = str(exc.value)
+    assert "2-process run" in msg and "runs alone" in msg and "torchrun --nproc_per_node" in msg
+    with pytest.raises(UserError, match="2-process run"):  # the multi-node recipe that ran 2 unrelated copies
+        D.check_launch(1, {}, ["accelerate", "launch", "--cpu", "--num_machines", "2", "--machine_rank", "0",
+                               "--main_process_ip", "127.0.0.1", "x.py"])
+    with pytest.raises(UserError, match="WORLD_SIZE=2"):
+        D.check_launch(1, {"WORLD_SIZE": "2"}, [])
+    with pytest.raises(UserError, match="asked for 4 processes"):
+        D.check_launch(2, {"WORLD_SIZE": "4"}, [])
+    # what works: alone and asked to be alone; 2 of 2
+    D.check_launch(1, {}, ["python", "-m", "mmrlvr.cli", "train", "c.yaml"])
+    D.check_launch(1, {"WORLD_SIZE": "1"}, [])
+    D.check_launch(2, {"WORLD_SIZE": "2"}, [])
+
+
+def test_strategy_names():
+    assert D.check_strategy("ddp") == [] and D.check_strategy("fsdp2") == []
+    assert "known: ddp, fsdp2" in D.check_strategy("fsdp")[0]
+
+
+def test_topology_of_one_process_is_written_and_logged(tmp_path, capsys):
+    topo = D.gather_topology(1, 0, "ddp", 4, env={})
+    assert (topo.world_size, topo.num_nodes, topo.procs_per_node, topo.prompts_per_rank) == (1, 1, [1], [4])
+    metrics = D.announce(topo, tmp_path, is_main=True)
+    assert metrics == {"dist/world_size": 1.0, "dist/nodes": 1.0, "dist/procs_per_node": 1.0,
+                       "dist/prompts_per_rank": 4.0, "dist/fsdp2": 0.0}
+    assert "world size 1 (1 node(s) x 1 process(es)), strategy ddp" in capsys.readouterr().out
+    saved = D.read_topology(tmp_path)
+    assert saved["world_size"] == 1 and saved["hosts"] == [socket.gethostname()]
+    D.announce(topo, tmp_path / "other", is_main=False)
+    assert not (tmp_path / "other").exists()  # only rank 0 writes
+
+
+def test_accelerate_cpu_launch_of_two_processes_is_refused_in_the_process_it_starts(tmp_path):
+    """The issue's command: `accelerate launch --num_processes 2 --cpu` starts one lone process (accelerate
+    1.16); that process must see what it was launched for and stop, not train as a copy."""
+    script = tmp_path / "probe.py"
+    script.write_text("from accelerate import Accelerator\nfrom mmrlvr.train.distributed import check_launch\n"
+                      "check_launch(Accelerator(cpu=True).num_processes)\nprint('TRAINING')\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--cpu",
+                          "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script)],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode != 0 and "TRAINING" not in res.stdout
+    assert "2-process run" in res.stderr and "runs alone" in res.stderr, res.stderr[-3000:]
+
+
+# --------------------------------------------------------------------------------------------- FSDP2
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> str:
+    from mmrlvr.models.tiny import build_tiny
+
+    return str(build_tiny("qwen2_5_vl", tmp_path_factory.mktemp("tiny") / "m"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(*args: str, nproc: int = 2, timeout: int = 900, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m torch.distributed.run --nproc_per_node 2`` on loopback (what the docs' torchrun is)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), *args]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_fsdp2_two_ranks_hold_half_of_each_tensor_and_train_like_one_process(tiny_dir, tmp_path, mode):
+    script = str(ROOT / "tests" / "scripts" / "fsdp2_step.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, script, tiny_dir, str(tmp_path / "one"), mode], check=True, env=env,
+                   capture_output=True, timeout=600)
+    res = torchrun(script, tiny_dir, str(tmp_path / "two"), mode)
+    assert res.returncode == 0, res.stderr[-4000:]
+    info = json.loads((tmp_path / "two" / "shards.json").read_text())
+    assert info["world"] == 2
+    shards = info["shards"]
+    from mmrlvr.models import load_policy
+
+    plain, _ = load_policy(tiny_dir, dtype="float32", device="cpu")
+    names = {n.split("base_model.model.")[-1].replace(".base_layer", "") for n in shards}
+    assert {n for n, _ in plain.named_parameters()} <= names  # every weight is a DTensor
+    for n, s in shards.items():
+        rows = s["shape"][0]
+        assert s["local"][0] == (rows + 1) // 2, (n, s)  # dim-0 shard: half of it (rank 0's ceil half)
+        assert s["local"][1:] == s["shape"][1:]
+    a = torch.load(tmp_path / "one" / "params.pt")
+    b = torch.load(tmp_path / "two" / "params.pt")
+    assert a.keys() == b.keys() and a
+    if mode == "lora":
+        assert all("lora_" in n for n in a)
+    for n in a:
+        torch.testing.assert_close(b[n], a[n], rtol=0, atol=1e-5, msg=n)
+    one = json.loads((tmp_path / "one" / "shards.json").read_text())
+    assert one["norms"][0] > 1.0  # the clip engaged
+    assert info["norms"] == pytest.approx(one["norms"], rel=1e-5)
+
+
+def test_fsdp2_refuses_without_a_process_group():
+    with pytest.raises(UserError, match="needs a process group"):
+        D.shard_model(torch.nn.Linear(2, 2))
