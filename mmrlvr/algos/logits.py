@@ -140,6 +140,14 @@ def entropy_from_logits(logits: torch.Tensor, *, temperature: float = 1.0,
     return _Entropy.apply(logits, float(temperature), int(chunk_size))
 
 
+def _head(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The LM head on one chunk; outside autocast the hidden states are cast to the head's dtype (as
+    an ``nn.Linear`` of that dtype would require), inside it autocast picks the dtype like the model's."""
+    if h.dtype != weight.dtype and not torch.is_autocast_enabled(h.device.type):
+        h = h.to(weight.dtype)
+    return torch.nn.functional.linear(h, weight)
+
+
 class _LinearTokenLogProb(torch.autograd.Function):
     """log softmax((hidden @ W^T) / T)[ids] chunked over positions; logits exist one chunk at a time.
 
@@ -156,7 +164,7 @@ class _LinearTokenLogProb(torch.autograd.Function):
         out = torch.empty(ids.shape, dtype=cdtype, device=hidden.device)
         ent = torch.empty(ids.shape, dtype=cdtype, device=hidden.device) if with_entropy else None
         for idx in _chunk_index(tuple(ids.shape), chunk_size):
-            z = _scaled(torch.nn.functional.linear(hidden[idx], weight), temperature)  # [c, V]
+            z = _scaled(_head(hidden[idx], weight), temperature)  # [c, V]
             lse = torch.logsumexp(z, dim=-1)
             out[idx] = z.gather(-1, ids[idx].unsqueeze(-1)).squeeze(-1) - lse
             if ent is not None:
@@ -178,7 +186,7 @@ class _LinearTokenLogProb(torch.autograd.Function):
         # dL/dW accumulates over chunks: keep it in float32 (or float64) even for half weights
         grad_w = torch.zeros(weight.shape, dtype=_compute_dtype(weight), device=weight.device) if need_w else None
         for idx in _chunk_index(tuple(ids.shape), ctx.chunk_size):
-            h = hidden[idx]
+            h = hidden[idx].to(weight.dtype)  # autocast may have left hidden in another dtype
             z = _scaled(torch.nn.functional.linear(h, weight), ctx.temperature)
             go = grad_out[idx].unsqueeze(-1).to(z.dtype)
             g = torch.softmax(z, dim=-1).mul_(-go)
@@ -188,7 +196,7 @@ class _LinearTokenLogProb(torch.autograd.Function):
             g = g.to(weight.dtype)  # dL/dlogits of this chunk, in the head's dtype (as autograd would)
             del z
             if grad_h is not None:
-                grad_h[idx] = g @ weight
+                grad_h[idx] = (g @ weight).to(grad_h.dtype)
             if grad_w is not None:
                 grad_w += (g.reshape(-1, g.shape[-1]).t() @ h.reshape(-1, h.shape[-1])).to(grad_w.dtype)
         return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None, None, None
