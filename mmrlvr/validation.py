@@ -52,7 +52,8 @@ BUILTIN_NAMES: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "credit.perturbation": ("perturbation", "mmrlvr.credit.perturb", "PERTURBATIONS",
                             ("blur", "gaussian", "patch_blackout", "zero")),
     "model.lora.init": ("LoRA init", "mmrlvr.models.lora", "INITS",
-                        ("default", "gaussian", "mica", "olora", "orthogonal", "pissa")),
+                        ("default", "gaussian", "mica", "milora", "olora", "orthogonal", "pissa", "rlmo", "rlpo")),
+    "algo.clip": ("clip rule", "mmrlvr.algos.clipping", "CLIP_RULES", ("acpo", "fixed")),
 }
 
 #: prompt template -> the answer shape its instruction asks for (the rewards' ``template`` parameter);
@@ -158,6 +159,7 @@ def name_problems(cfg: RunConfig, where: str) -> list[str]:
         "algo.loss": cfg.algo.loss, "algo.advantage": cfg.algo.advantage, "algo.agg": cfg.algo.agg,
         "algo.kl_estimator": cfg.algo.kl_estimator, "credit.scheme": cfg.credit.scheme,
         "credit.perturbation": cfg.credit.perturbation, "model.lora.init": cfg.model.lora.init,
+        "algo.clip": getattr(cfg.algo, "clip", None),
     }
     for key, value in values.items():
         if value is None:

@@ -79,14 +79,31 @@ def _stats(ratio: torch.Tensor, valid: torch.Tensor, clipped: torch.Tensor,
     return LossStats(masked_mean(clipped.to(ratio.dtype), w), masked_mean(ratio, w), r_max, r_min, kl, rec)
 
 
+def _bounds(clip: str, clip_params: dict[str, Any] | None, logp: torch.Tensor, ratio: torch.Tensor,
+            valid: torch.Tensor, eps_low: float, eps_high: float, dual_clip: float | None
+            ) -> tuple[Any, Any, float | None]:
+    """(eps_low, eps_high, dual_clip) after the clip rule ``clip`` (``mmrlvr.algos.clipping.CLIP_RULES``).
+
+    ``fixed`` returns the floats unchanged; ``acpo`` per-token [N, L] bounds and dual clip 3 when unset."""
+    if clip == "fixed" and not clip_params:
+        return eps_low, eps_high, dual_clip
+    from mmrlvr.algos.clipping import ACPO_DUAL_CLIP, clip_bounds
+
+    low, high = clip_bounds(clip, logp, ratio, valid, eps_low, eps_high, **(clip_params or {}))
+    if clip == "acpo" and dual_clip is None:
+        dual_clip = ACPO_DUAL_CLIP
+    return low, high, dual_clip
+
+
 def _check_eps(eps_low: float, eps_high: float) -> None:
     if eps_low < 0 or eps_high < 0:
         raise ValueError(f"clip ranges must be >= 0, got eps_low={eps_low}, eps_high={eps_high}")
 
 
-def _clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float,
-                       dual_clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's pessimistic surrogate per token and where a clip zeroes its gradient. All [N, L]."""
+def _clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float | torch.Tensor,
+                       eps_high: float | torch.Tensor, dual_clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's pessimistic surrogate per token and where a clip zeroes its gradient. All [N, L]; the bounds
+    are floats or [N, L] tensors (ACPO)."""
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1 - eps_low, 1 + eps_high)
     loss = torch.maximum(unclipped, clipped)
@@ -104,7 +121,8 @@ def _clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, e
 @POLICY_LOSSES.register("ppo_clip")
 def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                   response_mask: torch.Tensor, *, eps_low: float = 0.2, eps_high: float = 0.2,
-                  dual_clip: float | None = None) -> tuple[torch.Tensor, LossStats]:
+                  dual_clip: float | None = None, clip: str = "fixed",
+                  clip_params: dict[str, Any] | None = None) -> tuple[torch.Tensor, LossStats]:
     """PPO-clip per token, the GRPO/DAPO policy loss: -min(r A, clip(r, 1-eps_low, 1+eps_high) A).
 
     logprobs: [N, L] (with grad); old_logprobs: [N, L]; advantages: [N] or [N, L];
@@ -113,11 +131,15 @@ def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
     (Yu et al. 2025, arXiv:2503.14476, eps_high = 0.28); ``dual_clip=c`` (c = 3 is common) bounds
     the loss of A < 0 tokens at -c A (dual-clip PPO, Ye et al. 2020, arXiv:1912.09729).
     A clipped token has zero gradient; ``clip_fraction`` counts them.
+    ``clip``: the clip rule (``algo.clip``, ``mmrlvr.algos.clipping``): "fixed" (the range above) or "acpo"
+    (variance-adaptive per-probability-bin range, arXiv 2606.22570; ``clip_params`` acpo_eps0/acpo_alpha/
+    acpo_eps_min/acpo_eps_max; dual clip 3 unless ``dual_clip`` is given).
     """
     _check_eps(eps_low, eps_high)
-    valid, _, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, response_mask)
+    valid, logp, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, response_mask)
     ratio = torch.exp(log_ratio)  # [N, L]
-    loss, zeroed = _clipped_surrogate(ratio, adv, eps_low, eps_high, dual_clip)
+    low, high, dual_clip = _bounds(clip, clip_params, logp, ratio, valid, eps_low, eps_high, dual_clip)
+    loss, zeroed = _clipped_surrogate(ratio, adv, low, high, dual_clip)
     return zero_masked(loss, valid), _stats(ratio, valid, zeroed & valid)
 
 
@@ -177,7 +199,8 @@ def cispo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: t
 def nsr_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
              response_mask: torch.Tensor, *, eps_low: float = 0.2, eps_high: float = 0.28,
              noise: float = 0.2, dual_clip: float | None = None,
-             generator: torch.Generator | None = None) -> tuple[torch.Tensor, LossStats]:
+             generator: torch.Generator | None = None, clip: str = "fixed",
+             clip_params: dict[str, Any] | None = None) -> tuple[torch.Tensor, LossStats]:
     """NSR: PPO-clip where tokens just outside the clip range are rescued at random (METHODS §5).
 
     logprobs, old_logprobs: [N, L]; advantages: [N] or [N, L]; response_mask: [N, L];
@@ -189,13 +212,15 @@ def nsr_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: tor
     On the upper side P(rescue) = 1 - (1 - b/r)/noise: 1 at r = b (continuous with PPO), 0 from
     r = b/(1-noise) on: a soft clip confined to a band near the boundary. ``noise=1`` gives P = b/r and
     an expected coefficient A b^2/(2r) on grad log pi, i.e. A b^2/(2r^2) per unit of ratio: the
-    O(1/r^2) gradient decay METHODS quotes.
+    O(1/r^2) gradient decay METHODS quotes. ``clip``/``clip_params``: as for ``ppo_clip`` (the rescue band
+    then sits at ACPO's per-token bounds).
     """
     _check_eps(eps_low, eps_high)
     if not 0 < noise <= 1:
         raise ValueError(f"noise must be in (0, 1], got {noise}")
-    valid, _, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, response_mask)
+    valid, logp, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, response_mask)
     ratio = torch.exp(log_ratio)
+    eps_low, eps_high, dual_clip = _bounds(clip, clip_params, logp, ratio, valid, eps_low, eps_high, dual_clip)
     loss, zeroed = _clipped_surrogate(ratio, adv, eps_low, eps_high, dual_clip)
     u = torch.rand(ratio.shape, generator=generator, dtype=ratio.dtype, device=ratio.device)
     r = ratio.detach()

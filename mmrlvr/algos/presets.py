@@ -171,7 +171,32 @@ def loss_kwargs(loss_name: str, algo_cfg_values: dict[str, Any]) -> dict[str, An
     Only the keys the loss owns in ``LOSS_DEFAULTS`` are passed (``agg`` is not a loss argument);
     ``nsr_noise`` becomes NSR's ``noise``. For a plugin loss: ``eps_low``/``eps_high`` as before."""
     keys = [k for k in LOSS_DEFAULTS.get(loss_name, {"eps_low": 0, "eps_high": 0}) if k != "agg"]
-    return {_LOSS_KWARG.get(k, k): algo_cfg_values[k] for k in keys if k in algo_cfg_values}
+    out = {_LOSS_KWARG.get(k, k): algo_cfg_values[k] for k in keys if k in algo_cfg_values}
+    out.update(clip_kwargs(loss_name, algo_cfg_values))
+    return out
+
+
+def clip_kwargs(loss_name: str, algo_cfg_values: dict[str, Any]) -> dict[str, Any]:
+    """``clip``/``clip_params`` for a loss that takes a clip rule (``algo.clip``: fixed | acpo), else {}.
+
+    A loss that cannot take the rule (gspo, cispo, a plugin without a ``clip`` keyword) with
+    ``algo.clip`` other than fixed raises UserError: the rule would otherwise be silently ignored."""
+    import inspect
+
+    from mmrlvr.algos.clipping import ACPO_PARAMS
+    from mmrlvr.algos.losses import POLICY_LOSSES
+
+    rule = algo_cfg_values.get("clip", "fixed") or "fixed"
+    fn = POLICY_LOSSES.get(loss_name) if loss_name in POLICY_LOSSES else None
+    takes = fn is not None and "clip" in inspect.signature(fn).parameters
+    if not takes:
+        if rule != "fixed":
+            raise UserError(f"algo.clip={rule}: the policy loss {loss_name!r} has no clip rule "
+                            f"(use algo.loss ppo_clip or nsr)")
+        return {}
+    if rule == "fixed":
+        return {"clip": "fixed"}
+    return {"clip": rule, "clip_params": {k: algo_cfg_values[k] for k in ACPO_PARAMS if k in algo_cfg_values}}
 
 
 # ---------------------------------------------------------------------------------------------------
