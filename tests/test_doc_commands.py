@@ -113,12 +113,21 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         (INSTALL + " + GPU", (T_PYPROJECT, T_VLLM + "test_missing_vllm_is_a_clear_user_error")),
     QWEN_3B: (GPU, (T_DRY, T_CFG_LOAD, *T_GPU_CPU)),
     QWEN_7B: (ON_8_GPUS, (T_DRY, T_CFG_LOAD, T_TWO_PROC, *T_GPU_CPU)),
-    "mmrlvr demo [--out runs/demo] [--steps N] [--inspect]": (SYNOPSIS, (T_OPTS, T_HELP, T_DEMO)),
+    "mmrlvr demo [--out runs/demo] [--steps N] [--eval-size N] [--inspect]":
+        (SYNOPSIS, (T_OPTS, T_HELP, T_DEMO, "tests/test_demo.py::test_demo_eval_scales_with_steps")),
     "mmrlvr tiny build --family {qwen2_vl,qwen2_5_vl,qwen3_vl} --out DIR [--warm-start]":
         (SYNOPSIS, (T_OPTS, T_HELP, T_WARM_CLI)),
     "mmrlvr data synth --task TASK --split {train,test} --n N --out DIR":
         (SYNOPSIS, (T_OPTS, T_HELP, "tests/test_data_cli.py::test_synth_writes_a_loadable_dataset")),
     "mmrlvr train CONFIG.yaml [key.sub=value ...] [--resume]": (SYNOPSIS, (T_OPTS, T_HELP, T_RESUME)),
+    "mmrlvr eval RUN_DIR [--step N] [--k K] [--out FILE.json]":
+        (SYNOPSIS, (T_OPTS, T_HELP, "tests/test_evaluation.py::test_eval_run_dir_reproduces_the_runs_final_eval_exactly")),
+    "mmrlvr export RUN_DIR [--step N] --out DIR [--merge] [--dtype bf16] [--push-to-hub REPO]":
+        (SYNOPSIS, (T_OPTS, T_HELP, "tests/test_export.py::test_lora_merged_export_is_a_plain_model",
+                    "tests/test_export.py::test_full_finetuning_export_and_bf16",
+                    "tests/test_export.py::test_push_to_hub_with_hub_access_off_is_one_clear_message")),
+    "mmrlvr eval RUN_DIR": (RUN, ("tests/test_evaluation.py::test_eval_run_dir_reproduces_the_runs_final_eval_exactly",)),
+    "mmrlvr export RUN_DIR --out DIR --merge": (RUN, ("tests/test_export.py::test_lora_merged_export_is_a_plain_model",)),
     "mmrlvr eval --model DIR --data DIR [--k K] [--out FILE.json]":
         (SYNOPSIS, (T_OPTS, T_HELP, T_CLI + "test_eval_writes_json_and_applies_a_lora_checkpoint")),
     "mmrlvr rubric {validate,preview,score,agreement} ...": (SYNOPSIS, (T_OPTS, T_HELP, T_TRANSCRIPTS)),
