@@ -59,7 +59,7 @@ BUILTIN_NAMES: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
 #: prompt template -> the answer shape its instruction asks for (the rewards' ``template`` parameter);
 #: templates missing here ask for no particular shape and are not cross-checked
 TEMPLATE_ANSWER_FORMAT: dict[str, str] = {"r1": "r1", "r1_user": "r1", "boxed": "boxed"}
-_FORMAT_WORDS = {"r1": "<think>/<answer> tags", "boxed": "\\boxed{}"}
+_FORMAT_WORDS = {"r1": "<think>/<answer> tags", "boxed": "\\boxed{}", "raw": "the whole response"}
 
 #: packages whose import a config check must never trigger (a model load starts with them)
 _HEAVY = ("torch", "transformers", "accelerate", "peft", "vllm", "flash_attn")
@@ -180,6 +180,14 @@ def name_problems(cfg: RunConfig, where: str) -> list[str]:
 
     if cfg.data.preset is not None and cfg.data.preset not in PRESETS:
         out.append(_unknown(where, "data.preset", "column preset", cfg.data.preset, list(PRESETS)))
+    layout = getattr(cfg.data, "format", "auto")
+    if layout not in ("auto", *PRESETS):
+        out.append(_unknown(where, "data.format", "dataset layout", layout, ["auto", *PRESETS]))
+    from mmrlvr.train.metrics import TRACKERS
+
+    for i, tracker in enumerate(getattr(cfg, "report_to", []) or []):
+        if tracker not in TRACKERS:
+            out.append(_unknown(where, f"report_to[{i}]", "tracker", tracker, list(TRACKERS)))
     return out
 
 
@@ -249,7 +257,7 @@ def reward_problems(cfg: RunConfig, where: str) -> list[str]:
 
     out: list[str] = []
     known = REWARDS.names()
-    expected = TEMPLATE_ANSWER_FORMAT.get(cfg.data.template)
+    expected, asked = _expected_answer_format(cfg, where, out)
     for i, spec in enumerate(cfg.rewards):
         key = f"{where}: rewards[{i}]"
         if not spec.name:
@@ -279,12 +287,35 @@ def reward_problems(cfg: RunConfig, where: str) -> list[str]:
         except Exception as exc:  # a plugin reward's own bug
             out.append(f"{key} ({spec.name}): building it raised {type(exc).__name__}: {exc}")
         fmt = _reward_template(factory, params)
-        if expected and fmt in TEMPLATE_ANSWER_FORMAT.values() and fmt != expected:
+        if expected and fmt in _FORMAT_WORDS and fmt != expected:
             out.append(f"{key} ({spec.name}): reads answers as {_FORMAT_WORDS[fmt]} (template {fmt!r}) but "
-                       f"data.template={cfg.data.template!r} asks for {_FORMAT_WORDS[expected]}: every response "
-                       f"would score 0; set rewards[{i}].params.template: {expected} (or 'any'), or change "
-                       f"data.template")
+                       f"{asked} asks for {_FORMAT_WORDS[expected]}: every response would score 0; set "
+                       f"rewards[{i}].params.template to match ({expected}), or change the prompt")
     return out
+
+
+def _expected_answer_format(cfg: RunConfig, where: str, out: list[str]) -> tuple[str | None, str]:
+    """(answer shape the prompts ask for, which setting asks) via ``mmrlvr.data.prompts.answer_format``;
+    (None, "") when the prompts ask for no particular shape (``data.template: plain``)."""
+    from mmrlvr.data.prompts import answer_format
+
+    d = cfg.data
+    explicit = getattr(d, "answer_format", "auto") not in (None, "auto")
+    prompt_template = getattr(d, "prompt_template", None)
+    if not explicit and not prompt_template and d.template not in TEMPLATE_ANSWER_FORMAT:
+        return None, ""
+    try:
+        fmt = answer_format(d)
+    except UserError as exc:
+        out.extend(f"{where}: {ln}" for ln in _lines(exc))
+        return None, ""
+    if explicit:
+        asked = f"data.answer_format={d.answer_format!r}"
+    elif prompt_template:
+        asked = f"data.prompt_template={prompt_template!r}"
+    else:
+        asked = f"data.template={d.template!r}"
+    return fmt, asked
 
 
 def _reward_template(factory: Any, params: dict[str, Any]) -> str | None:
@@ -358,10 +389,18 @@ def data_problems(cfg: RunConfig, where: str) -> list[str]:
     out: list[str] = []
     if not cfg.data.train:
         out.append(f"{where}: data.train: missing (a dataset path, or synth:TASK)")
+    from mmrlvr.data.from_config import effective_options, layout_name
+
     for key, spec, split in (("data.train", cfg.data.train, "train"), ("data.eval", cfg.data.eval, "test")):
-        if spec:
-            out += [f"{where}: {key}: {ln}" for ln in _data_source_problems(spec, cfg, split)]
-    return out
+        if not spec:
+            continue
+        try:  # per-dataset options (data.train_options / eval_options) and the layout name, for any source
+            layout_name(effective_options(cfg.data, split))
+        except UserError as exc:
+            out += [f"{where}: {ln}" for ln in _lines(exc)]
+            continue
+        out += [f"{where}: {key}: {ln}" for ln in _data_source_problems(spec, cfg, split)]
+    return list(dict.fromkeys(out))
 
 
 #: as in ``mmrlvr.train.data`` (which imports numpy; a test keeps these equal)
@@ -372,23 +411,27 @@ RUBRIC_SYNTH_TASKS: tuple[str, ...] = ("rubric_count",)
 def _data_source_problems(spec: str, cfg: RunConfig, split: str) -> list[str]:
     if spec.startswith(SYNTH_PREFIX):
         from mmrlvr.data.synth import TASKS
+        from mmrlvr.data.synth_video import VIDEO_TASKS
 
         task = spec[len(SYNTH_PREFIX):]
-        known = [*TASKS, *RUBRIC_SYNTH_TASKS]
+        known = [*TASKS, *RUBRIC_SYNTH_TASKS, *VIDEO_TASKS]
         if task not in known:
             return [f"unknown synthetic task {task!r}; allowed: {', '.join(known)}{did_you_mean(task, known)}"]
         return []
     if not Path(spec).exists():
         return [f"{spec}: no such file or folder (a dataset dir, Parquet/JSON(L) file, or synth:TASK)"]
-    from mmrlvr.data import load_samples
+    from mmrlvr.data.from_config import effective_options, layout_name, video_options
+    from mmrlvr.data.loading import load_samples
 
-    d = cfg.data
-    try:
+    try:  # what the trainer's loader (mmrlvr.data.from_config.load_configured) does, on the first rows
+        opts = effective_options(cfg.data, split)
         samples, report = load_samples(
-            spec, preset=d.preset, columns=d.columns or None, template=d.template,
-            split=d.train_split if split == "train" else d.eval_split, limit=DATA_ROWS_CHECKED,
-            min_pixels=d.min_pixels, max_pixels=d.max_pixels, on_error=d.on_error, factor=d.factor,
-            max_image_pixels=d.max_image_pixels, image_dir=d.image_dir,
+            spec, preset=layout_name(opts), columns=opts.columns or None, template=opts.template,
+            system=opts.system_prompt, prompt_template=opts.prompt_template,
+            split=getattr(opts, "train_split" if split == "train" else "eval_split", None),
+            limit=DATA_ROWS_CHECKED, min_pixels=opts.min_pixels, max_pixels=opts.max_pixels,
+            on_error=opts.on_error, factor=opts.factor, max_image_pixels=opts.max_image_pixels,
+            image_dir=opts.image_dir, video=video_options(opts),
         )
     except UserError as exc:
         return _lines(exc)
@@ -433,6 +476,14 @@ def package_problems(cfg: RunConfig, where: str) -> list[str]:
     if cfg.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         out.append(f"{where}: rollout.engine: 'vllm' needs the vllm package (pip install 'mmrlvr[vllm]', GPU "
                    f"only); use engine: hf on this machine")
+    from mmrlvr.train.metrics import TRACKERS, check_report_to
+
+    for tracker in getattr(cfg, "report_to", []) or []:
+        if tracker in TRACKERS:  # unknown names: name_problems
+            try:
+                check_report_to([tracker])  # the trainer's own check: is its package installed
+            except UserError as exc:
+                out.append(f"{where}: {exc}")
     if cfg.model.attn_implementation in ("flash_attention_2", "flash_attention_3") and \
             importlib.util.find_spec("flash_attn") is None:
         out.append(f"{where}: model.attn_implementation: {cfg.model.attn_implementation!r} needs the flash_attn "
