@@ -55,6 +55,7 @@ SAFE_TO_CHANGE: tuple[str, ...] = (
     "tensorboard", "progress", "report_to", "trackers.*", "tracker.*", "eval.*", "data.eval", "data.eval_size",
     "data.eval_split", "rubric.judge_params.timeout", "rubric.judge_params.max_retries",
     "rubric.judge_params.concurrency", "rubric.judge_params.api_key", "rubric.judge_params.api_key_env",
+    "rubric.judge_params.api_key_file", "rubric.warn_unknown_rate", "rubric.max_unknown_rate",
 )
 
 
