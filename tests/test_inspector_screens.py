@@ -99,7 +99,7 @@ def test_browse_view_fits_and_reads_at_a_glance(browser: Any, fake_run: Path, tm
         page.wait_for_selector(CARDS, timeout=60_000)
         page.locator("#mm-step input").fill("step 2")
         page.locator("#mm-step input").press("Enter")
-        page.wait_for_function("() => document.querySelector('#mm-group-cards .mm-why')", timeout=30_000)
+        page.wait_for_function("() => document.querySelector('#mm-group-cards .mm-why')", timeout=60_000)
         # opened on the most informative group, and says why
         why = page.locator("#mm-group-cards .mm-why").inner_text()
         assert "most informative" in why and "spread" in why
@@ -123,15 +123,15 @@ def test_browse_view_fits_and_reads_at_a_glance(browser: Any, fake_run: Path, tm
         page.locator("#mm-group input").fill("p00001")
         page.locator("#mm-group input").press("Enter")
         page.wait_for_function(
-            "() => document.querySelector('#mm-group-cards code')?.textContent === 'p00001'", timeout=30_000)
-        page.wait_for_selector("#mm-annotated img", timeout=30_000)
+            "() => document.querySelector('#mm-group-cards code')?.textContent === 'p00001'", timeout=60_000)
+        page.wait_for_selector("#mm-annotated img", timeout=60_000)
         label = page.locator("#mm-annotated").inner_text()
         assert "step 2" in label and "gt 1" in label and "pred 1 IoU" in label and "outlines" in label
         assert "Compare step 2 with step" in page.locator("#mm-compare").inner_text()
         # the signal toggle recolours the heatmap; the legend names the new signal
         page.locator("#mm-signal label").filter(has_text="Δlog-prob").first.click()
         page.wait_for_function(
-            "() => document.querySelector('#mm-heatmap .mm-legend b')?.textContent === 'Δlog-prob'", timeout=30_000)
+            "() => document.querySelector('#mm-heatmap .mm-legend b')?.textContent === 'Δlog-prob'", timeout=60_000)
         assert_no_horizontal_overflow(page)
         shot(page, tmp_path, "browse_grounding.png")
 
@@ -139,10 +139,10 @@ def test_browse_view_fits_and_reads_at_a_glance(browser: Any, fake_run: Path, tm
         page.locator("#mm-step input").fill("step 3")
         page.locator("#mm-step input").press("Enter")
         page.wait_for_function(
-            "() => document.querySelector('#mm-group-cards code')?.textContent === 'p-once'", timeout=30_000)
+            "() => document.querySelector('#mm-group-cards code')?.textContent === 'p-once'", timeout=60_000)
         assert "occurs only at step 3" in page.locator("#mm-compare").inner_text()
         page.get_by_role("button", name="Across steps").click()
-        page.wait_for_function("() => document.body.innerText.includes('occurs only at step 3')", timeout=30_000)
+        page.wait_for_function("() => document.body.innerText.includes('occurs only at step 3')", timeout=60_000)
         assert_no_horizontal_overflow(page)
         shot(page, tmp_path, "history_once.png")
     finally:
@@ -157,7 +157,7 @@ def test_filter_and_metrics_views_fit(browser: Any, fake_run: Path, tmp_path: Pa
         page.get_by_role("tab", name="Filter").click()
         page.locator("#mm-run-filter").first.click()
         page.wait_for_function("() => document.querySelector('#mm-count')?.innerText.includes('rollouts match')",
-                               timeout=30_000)
+                               timeout=60_000)
         table = page.locator("#mm-results").inner_text()
         assert "response" in table and "think" in table  # the response text is in the results
         assert_no_horizontal_overflow(page)
@@ -165,13 +165,13 @@ def test_filter_and_metrics_views_fit(browser: Any, fake_run: Path, tmp_path: Pa
         page.locator("#mm-reward-lo input, #mm-reward-lo textarea").first.fill("99")
         page.locator("#mm-run-filter").first.click()
         page.wait_for_function("() => document.querySelector('#mm-count')?.innerText.includes('0 rollouts match')",
-                               timeout=30_000)
+                               timeout=60_000)
         assert "widen" in page.locator("#mm-count").inner_text()
         assert "prompt" in page.locator("#mm-results").inner_text()  # an empty table keeps its headers
         assert_no_horizontal_overflow(page)
         shot(page, tmp_path, "filter_empty.png")
         page.get_by_role("tab", name="Metrics").click()
-        page.locator("#mm-metric-0").wait_for(timeout=30_000)
+        page.locator("#mm-metric-0").wait_for(timeout=60_000)
         assert_no_horizontal_overflow(page)
         shot(page, tmp_path, "metrics.png")
     finally:
@@ -196,7 +196,7 @@ def test_empty_run_then_live_refresh(browser: Any, tmp_path: Path) -> None:
         shutil.copytree(source / "images", run / "images")
         with RolloutWriter(run, "source") as w:  # the records keep their run id
             w.write_step(0, RolloutReader(source).read_step(0))
-        page.wait_for_selector(CARDS, timeout=30_000)  # the timer picked the step up
+        page.wait_for_selector(CARDS, timeout=60_000)  # the timer picked the step up
         assert "step 0" in page.locator("#mm-group-cards .mm-group-head").inner_text()
         assert_no_horizontal_overflow(page)
         shot(page, tmp_path, "live.png")
