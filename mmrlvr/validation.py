@@ -48,7 +48,7 @@ BUILTIN_NAMES: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
                  ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-mean")),
     "algo.kl_estimator": ("KL estimator", "mmrlvr.algos.kl", "KL_ESTIMATORS", ("k1", "k2", "k3")),
     "credit.scheme": ("credit scheme", "mmrlvr.credit.schemes", "CREDIT_SCHEMES",
-                      ("entropy_topk", "none", "papo", "rsi", "vepo", "vppo")),
+                      ("delta", "entropy_topk", "none", "papo", "rsi", "vepo", "vppo")),
     "credit.perturbation": ("perturbation", "mmrlvr.credit.perturb", "PERTURBATIONS",
                             ("blur", "gaussian", "patch_blackout", "zero")),
     "model.lora.init": ("LoRA init", "mmrlvr.models.lora", "INITS",

@@ -466,3 +466,7 @@ class RSI(CreditScheme):
 def build_scheme(name: str, **params: Any) -> CreditScheme:
     """The scheme registered as ``name`` with its parameters set (validated; unknown names are a UserError)."""
     return CREDIT_SCHEMES.get(name).with_params(**params)
+
+
+# schemes in their own modules register on import (DelTA reads hidden states: mmrlvr.credit.delta)
+from mmrlvr.credit import delta as _delta  # noqa: E402,F401
