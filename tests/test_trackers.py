@@ -194,3 +194,57 @@ def test_unknown_tracker_in_config_is_a_user_error(tmp_path):
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"report_to": ["neptune"]}))
     with pytest.raises(UserError, match="neptune"):
         MetricsWriter(tmp_path, tensorboard=False).log(1, {"loss": 1.0})
+
+
+def test_a_training_run_logs_to_wandb_what_metrics_jsonl_has(tmp_path, monkeypatch):
+    """End to end: `report_to: [wandb]` in a run config (no trainer wiring beyond MetricsWriter)."""
+    pytest.importorskip("wandb")
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    from mmrlvr.config import load_config
+    from mmrlvr.models.tiny import build_tiny
+    from mmrlvr.train.trainer import Trainer
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    model = build_tiny("qwen2_5_vl", tmp_path / "m")
+    run = tmp_path / "run"
+    cfg = {"output_dir": str(run), "max_steps": 2, "save_every": 0, "progress": False, "tensorboard": False,
+           "log_rollouts": False, "report_to": ["wandb"], "model": {"path": str(model)},
+           "data": {"train": "synth:count", "eval": "synth:count", "train_size": 8, "eval_size": 2},
+           "rollout": {"group_size": 2, "prompts_per_step": 2, "max_new_tokens": 4},
+           "eval": {"at_start": True, "at_end": False, "k": 1}}
+    Trainer(load_config(data=cfg)).train()
+    want: dict[str, list] = {}
+    for row in read_metrics(run / "metrics.jsonl"):
+        for k, v in row.items():
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                want.setdefault(k, []).append((row["step"], v))
+    assert "loss" in want and "eval/greedy_accuracy" in want
+    (path,) = glob.glob(str(run / "wandb" / "offline-run-*" / "run-*.wandb"))
+    import time
+
+    deadline = time.time() + 60
+    while True:
+        got: dict[str, list] = {}
+        config: dict[str, object] = {}
+        done = False
+        for data in _wandb_records(Path(path)):
+            record = pb.Record()
+            record.ParseFromString(data)
+            kind = record.WhichOneof("record_type")
+            done |= kind == "exit"
+            if kind == "history":
+                items = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item}
+                for k, v in items.items():
+                    if not k.startswith("_"):
+                        got.setdefault(k, []).append((items["_step"], v))
+            elif kind == "config":
+                config.update({i.key: json.loads(i.value_json) for i in record.config.update})
+        if done or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert [(s, pytest.approx(v)) for s, v in want[k]] == got[k], k
+    assert config["rollout/group_size"] == 2 and config["report_to"] == '["wandb"]'
