@@ -23,6 +23,17 @@ killed writers. The data position needs no state: ``DataOrder`` derives each ste
 
 Checkpoints of the first format (``trainable.pt`` + ``optimizer.pt`` + ``rng.pt``, no manifest) still
 resume.
+
+Sharded runs (``distributed.strategy: fsdp2``, parameters are DTensors): ``save_distributed`` (called by
+EVERY rank) writes the weights and optimizer state with ``torch.distributed.checkpoint`` into
+``sharded/`` (each rank writes its own ``__R_0.distcp``, rank 0 the ``.metadata``; trainable weights
+only, so a LoRA run stores its adapter), plus ``training_state/scheduler.bin`` and one
+``random_states_R.pkl`` per rank, and ``state.json`` with ``"weights": "dcp"``, ``world_size`` and
+``strategy``; then the same manifest, rename and pruning. ``load_checkpoint`` reads it at any world size:
+DCP reshards by global offsets, so a 2-rank checkpoint resumes on 2 ranks exactly, on 1 process (plain
+tensors) or on 4; the RNG files of the saving ranks are used when the sizes match. ``mmrlvr export``
+consolidates such a checkpoint into a plain ``save_pretrained`` folder (``load_weights`` reads DCP into
+an unsharded model without a process group).
 """
 
 from __future__ import annotations
@@ -49,6 +60,7 @@ _TMP_DIR = re.compile(r"^\.tmp-step-\d{8}-(\d+)$")
 MANIFEST = "manifest.json"
 STATE = "state.json"
 TRAINING_STATE = "training_state"
+SHARDED = "sharded"  # torch.distributed.checkpoint folder of a sharded (FSDP2) run
 FORMAT_VERSION = 2
 # processor / tokenizer / chat template files copied from the model folder when no processor is given
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "video_preprocessor_config.json",
@@ -100,8 +112,10 @@ def _is_pretrained(model: torch.nn.Module) -> bool:
 
 
 def weights_kind(folder: Path) -> str:
-    """``peft`` | ``transformers`` | ``safetensors`` | ``legacy`` for a checkpoint folder's weights."""
+    """``dcp`` | ``peft`` | ``transformers`` | ``safetensors`` | ``legacy`` for a checkpoint folder's weights."""
     folder = Path(folder)
+    if (folder / SHARDED / ".metadata").is_file():
+        return "dcp"
     if (folder / "adapter_config.json").is_file():
         return "peft"
     if (folder / "config.json").is_file():
@@ -169,6 +183,9 @@ def load_weights(model: torch.nn.Module, folder: Path) -> None:
     """Copy a checkpoint's saved weights into ``model`` in place (same architecture; names must match)."""
     folder = Path(folder)
     kind = weights_kind(folder)
+    if kind == "dcp":
+        _load_dcp(folder, model, None)
+        return
     if kind == "legacy":
         state = torch.load(folder / "trainable.pt", map_location="cpu", weights_only=True)
         _copy_named(model, state, folder / "trainable.pt")
@@ -406,6 +423,8 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     if reason is not None:
         raise CheckpointError(f"{path}: {reason}")
     kind = weights_kind(path)
+    if kind == "dcp":
+        return _load_sharded(path, model, optimizer, scheduler)
     load_weights(model, path)
     if kind == "legacy":
         optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False))
@@ -443,3 +462,153 @@ def load_trainable_into(model: torch.nn.Module, path: Path) -> torch.nn.Module:
         return PeftModel.from_pretrained(model, str(path))
     load_weights(model, path)
     return model
+
+
+# ------------------------------------------------------------------------------- sharded (FSDP2) runs
+def _dist():
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def _rank_world() -> tuple[int, int]:
+    dist = _dist()
+    return (dist.get_rank(), dist.get_world_size()) if dist else (0, 1)
+
+
+def _barrier() -> None:
+    dist = _dist()
+    if dist is not None:
+        dist.barrier()
+
+
+def _is_sharded(model: torch.nn.Module) -> bool:
+    return any(type(p).__name__ == "DTensor" for p in model.parameters())
+
+
+def _bare_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer inside accelerate's ``AcceleratedOptimizer`` (DCP reads torch's own)."""
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+def _dcp_state(model: torch.nn.Module, optimizer: Any | None) -> dict[str, Any]:
+    """{"model": trainable weights, "optim": optimizer state} as DCP state dicts (DTensors stay sharded)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
+
+    opts = StateDictOptions(ignore_frozen_params=True)
+    if optimizer is None:
+        return {"model": get_model_state_dict(model, options=opts)}
+    msd, osd = get_state_dict(model, _bare_optimizer(optimizer), options=opts)
+    return {"model": msd, "optim": osd}
+
+
+def _load_dcp(folder: Path, model: torch.nn.Module, optimizer: Any | None) -> None:
+    """Fill ``model`` (and ``optimizer``) from ``folder/sharded`` at this process's world size."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
+
+    state = _dcp_state(model, optimizer)
+    saved = {k.split(".", 1)[1] for k in dcp.FileSystemReader(str(Path(folder) / SHARDED)).read_metadata()
+             .state_dict_metadata if k.startswith("model.")}
+    wanted = set(state["model"])
+    if saved != wanted:
+        odd = sorted(saved - wanted) or sorted(wanted - saved)
+        side = "this model lacks" if saved - wanted else "the checkpoint lacks"
+        raise CheckpointError(f"{folder}: the sharded checkpoint holds {len(saved)} trainable weights, the model "
+                              f"trains {len(wanted)}; e.g. {odd[0]} ({side} it; was model.lora changed?)")
+    try:
+        dcp.load(state, checkpoint_id=str(Path(folder) / SHARDED))
+    except Exception as exc:  # noqa: BLE001 - DCP raises a CheckpointException listing every rank's error
+        first = str(exc).strip().splitlines()
+        raise CheckpointError(f"{folder}: the sharded weights do not fit this model ({type(exc).__name__}: "
+                              f"{first[-1] if first else exc})") from None
+    # strict=False: frozen weights (the base under LoRA) are not in the checkpoint by design; the key sets
+    # were compared above
+    opts = StateDictOptions(ignore_frozen_params=True, strict=False)
+    if optimizer is None:
+        set_model_state_dict(model, state["model"], options=opts)
+    else:
+        set_state_dict(model, _bare_optimizer(optimizer), model_state_dict=state["model"],
+                       optim_state_dict=state["optim"], options=opts)
+
+
+def _random_states() -> dict[str, Any]:
+    # accelerate's random_states_R.pkl keys, so both formats are read the same way
+    return {"step": 0, "random_state": random.getstate(), "numpy_random_seed": np.random.get_state(),
+            "torch_manual_seed": torch.get_rng_state()}
+
+
+def save_distributed(run_dir: Path, step: int, model: torch.nn.Module, optimizer: Any, scheduler: Any,
+                     extra: dict[str, Any], keep: int = 2, *, processor: Any = None,
+                     strategy: str | None = None) -> Path | None:
+    """Save from EVERY rank: a sharded model (DTensor parameters) writes a DCP checkpoint with each rank's
+    shards; an unsharded one is saved by rank 0 alone (``save_checkpoint``). Returns the folder (rank 0) or
+    None. Temporary folder, manifest last, one rename and pruning as ``save_checkpoint``."""
+    rank, world = _rank_world()
+    if not _is_sharded(model):
+        final = None
+        if rank == 0:
+            final = save_checkpoint(run_dir, step, model, _bare_optimizer(optimizer), scheduler, extra, keep=keep,
+                                    processor=processor)
+        _barrier()
+        return final
+    import torch.distributed.checkpoint as dcp
+
+    dist = _dist()
+    root = Path(run_dir) / "checkpoints"
+    final = root / f"step-{step:08d}"
+    names = [f".tmp-step-{step:08d}-{os.getpid()}"]
+    dist.broadcast_object_list(names, src=0)  # one folder for all ranks, named after rank 0's process
+    tmp = root / names[0]
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / TRAINING_STATE).mkdir(parents=True)
+    _barrier()
+    dcp.save(_dcp_state(model, optimizer), checkpoint_id=str(tmp / SHARDED))  # collective
+    torch.save(_random_states(), tmp / TRAINING_STATE / f"random_states_{rank}.pkl")
+    if rank == 0:
+        torch.save(scheduler.state_dict(), tmp / TRAINING_STATE / "scheduler.bin")
+        source = model_source(model)
+        save_processor(tmp, processor, source)
+        info = {"step": step, "format": FORMAT_VERSION, "weights": "dcp", "world_size": world,
+                "strategy": strategy or "fsdp2", **extra}
+        if source and Path(source).is_dir():
+            info.setdefault("base_model", str(Path(source).resolve()))
+        atomic_write_json(tmp / STATE, info)
+    _barrier()  # every rank's files are on disk before the manifest lists them
+    if rank == 0:
+        write_manifest(tmp, step)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        if keep > 0:
+            for old in _step_folders(run_dir)[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+    return final if rank == 0 else None
+
+
+def _load_sharded(path: Path, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+    """``load_checkpoint`` for a DCP checkpoint: every rank calls it (the load is collective)."""
+    state = read_state(path)
+    rank, world = _rank_world()
+    saved = int(state.get("world_size", 1))
+    if world > 1 and not _is_sharded(model):
+        raise CheckpointError(f"{path}: a sharded checkpoint of {saved} process(es); this {world}-process run is "
+                              "not sharded: resume with distributed.strategy: fsdp2 (or at 1 process)")
+    _load_dcp(path, model, optimizer)
+    folder = path / TRAINING_STATE
+    scheduler.load_state_dict(torch.load(folder / "scheduler.bin", map_location="cpu", weights_only=False))
+    rng_file = folder / f"random_states_{rank}.pkl"
+    if saved != world:
+        _say(f"resume: {path} was saved by {saved} process(es) and resumes on {world}: weights and optimizer "
+             "state are resharded; each rank's random state starts from rank "
+             f"{rank if rng_file.is_file() else 0}'s")
+    if not rng_file.is_file():
+        rng_file = folder / "random_states_0.pkl"
+    states = torch.load(rng_file, map_location="cpu", weights_only=False)
+    random.setstate(states["random_state"])
+    np.random.set_state(states["numpy_random_seed"])
+    torch.set_rng_state(states["torch_manual_seed"])
+    return state

@@ -5,7 +5,8 @@ fixed global batch; the loss is the global token mean (each rank's sum over the 
 world size because FSDP2 averages gradients over ranks), clipped to norm 1 (the clip engages: the first
 norm is ~2e3), AdamW through ``mmrlvr.train.optim``. Between the steps, ``generate`` runs under
 ``gathered`` with a different number of new tokens per rank (a per-token collective would hang). Rank 0
-writes ``OUT/params.pt`` (full tensors) and ``OUT/shards.json`` (global and local shape per parameter).
+writes ``OUT/params.pt`` (full tensors) and ``OUT/shards.json`` (global and local shape per parameter);
+a 4th argument ``save`` also writes a checkpoint ``OUT/run/checkpoints/step-00000002`` (``save_distributed``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from types import SimpleNamespace
 import torch
 
 
-def main(model_dir: str, out: str, mode: str) -> None:
+def main(model_dir: str, out: str, mode: str, save: str = "") -> None:
     import torch.distributed as dist
 
     from mmrlvr.models import load_policy
@@ -64,6 +65,13 @@ def main(model_dir: str, out: str, mode: str) -> None:
                 res = model.generate(input_ids=ids[:1, :4], max_new_tokens=n_new, min_new_tokens=n_new,
                                      do_sample=False)
             assert res.shape[1] == 4 + n_new, res.shape
+    if save:  # a checkpoint of the trained state (every rank writes its shards)
+        from mmrlvr.train.checkpoint import save_distributed
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _s: 1.0)
+        lora = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+                "init": "default"} if mode == "lora" else None
+        save_distributed(Path(out) / "run", 2, model, opt, sched, {"lora": lora}, keep=2)
     full, shards = {}, {}
     for n, p in model.named_parameters():
         if D.is_dtensor(p):
@@ -81,4 +89,4 @@ def main(model_dir: str, out: str, mode: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])
