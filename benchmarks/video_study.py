@@ -57,7 +57,7 @@ def main() -> None:
     for family in args.families:
         model_dir = out / f"warm-{family}"
         warm = warm_start(model_dir, family=family, task="video_count", steps=args.warm_steps, stop_at=None,
-                          eval_every=100, n_train=2048, n_val=64, n_test=100, progress=False)
+                          eval_every=100, n_train=1024, n_val=64, n_test=64, progress=False)
         arms = {name: run_arm(str(model_dir), out / f"{family}-{name}", lr, args.steps, args.eval_size, args.seed)
                 for name, lr in (("trained", args.lr), ("lr0", 0.0))}
         t, c = arms["trained"]["after"]["avg@8"], arms["lr0"]["after"]["avg@8"]

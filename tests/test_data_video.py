@@ -254,3 +254,24 @@ def test_credit_perturbations_reach_video_frames():
     assert torch.equal(a["video_grid_thw"], vision["video_grid_thw"])
     (clip,) = unpatchify(a["pixel_values_videos"], a["video_grid_thw"], layout)
     assert clip.shape[0] == 4  # 4 frames back, each perturbed
+
+
+def test_sft_batches_carry_video_inputs(family_model):
+    """The warm start's SFT encoding (mmrlvr.models.warmstart) handles video rows: labels on the response
+    only, one video grid per example, and the model takes the collated batch."""
+    import torch
+
+    from mmrlvr.data.loading import rows_to_samples
+    from mmrlvr.data.synth_video import make_video_rows
+    from mmrlvr.models.warmstart import collate_sft, encode_sft
+
+    family, model, proc = family_model
+    rows = make_video_rows("video_count", "train", 3)
+    examples = encode_sft(proc, rows_to_samples(rows), [r["solution"] for r in rows])
+    assert all(e["video_grid_thw"].shape == (1, 3) for e in examples)
+    batch = collate_sft(examples, proc.tokenizer.pad_token_id)
+    assert batch["video_grid_thw"].shape[0] == 3
+    n_resp = [(batch["labels"][i] != -100).sum().item() for i in range(3)]
+    assert n_resp == [e["n_resp"] for e in examples]
+    with torch.no_grad():
+        assert torch.isfinite(model(**batch).loss)
