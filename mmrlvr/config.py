@@ -191,6 +191,12 @@ class EvalConfig:
 
 
 @dataclass
+class DistributedConfig:
+    strategy: str = _f("ddp", "several processes: ddp (every rank holds the whole model) | fsdp2 (torch's fully_shard: "
+                       "parameters, gradients and optimizer state sharded over ranks; see docs/scaling.md)")
+
+
+@dataclass
 class RunConfig:
     output_dir: str = _f("runs/run", "run directory: config.yaml, metrics.jsonl, rollouts/, checkpoints/")
     seed: int = _f(0, "seed for data order, sampling and perturbations")
@@ -216,6 +222,8 @@ class RunConfig:
     consistency: ConsistencyConfig = field(default_factory=ConsistencyConfig, metadata={"help": "consistency training"})
     rubric: RubricConfig = field(default_factory=RubricConfig, metadata={"help": "rubric judging"})
     eval: EvalConfig = field(default_factory=EvalConfig, metadata={"help": "evaluation"})
+    distributed: DistributedConfig = field(default_factory=DistributedConfig,
+                                           metadata={"help": "multi-process strategy"})
 
     def to_dict(self, redact: bool = False) -> dict[str, Any]:
         """Plain nested dict; ``redact=True`` replaces secrets (``redact_secrets``) for anything written out."""
@@ -494,6 +502,7 @@ ENGINES = ("hf", "vllm")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 SCHEDULES = ("constant", "linear", "cosine")
+DISTRIBUTED_STRATEGIES = ("ddp", "fsdp2")  # mmrlvr.train.distributed.STRATEGIES
 ON_ERROR = ("raise", "skip")
 CONSISTENCY_SCOPES = ("answer", "all")
 
@@ -588,6 +597,8 @@ def range_problems(cfg: RunConfig, where: str = "config") -> list[str]:
     if c.split_advantage and c.component not in [s.name for s in cfg.rewards]:
         out.append(f"{where}: consistency.split_advantage: needs a reward named {c.component!r} in rewards "
                    f"(have: {', '.join(s.name for s in cfg.rewards) or 'none'})")
+    if hasattr(cfg, "distributed"):
+        one_of("distributed.strategy", cfg.distributed.strategy, DISTRIBUTED_STRATEGIES)
     e = cfg.eval
     need("eval.every", e.every, e.every >= 0, ">= 0 (0 = only before and after training)")
     need("eval.k", e.k, e.k >= 1, ">= 1")
