@@ -41,7 +41,7 @@ from mmrlvr.errors import ConfigErrors, UserError, did_you_mean
 #: config key -> (what, module, attribute, built-in names). The names of registries whose modules import
 #: torch; ``tests/test_bad_inputs.py`` checks them against the live registries.
 BUILTIN_NAMES: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
-    "algo.loss": ("policy loss", "mmrlvr.algos.losses", "POLICY_LOSSES", ("cispo", "gspo", "nsr", "ppo_clip")),
+    "algo.loss": ("policy loss", "mmrlvr.algos.losses", "POLICY_LOSSES", ("cispo", "gspo", "nsr", "popo", "ppo_clip")),
     "algo.advantage": ("advantage estimator", "mmrlvr.algos.advantages", "ADVANTAGES",
                        ("dr_grpo", "grpo", "reinforce_pp", "rloo")),
     "algo.agg": ("loss aggregation mode", "mmrlvr.algos.aggregation", "AGG_MODES",

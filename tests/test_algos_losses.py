@@ -254,7 +254,7 @@ def test_empty_mask_gives_zero_loss_and_finite_stats():
 
 class TestLookup:
     def test_unknown_loss_lists_known(self):
-        with pytest.raises(RegistryError, match="unknown policy loss 'ppo'; known: cispo, gspo, nsr, ppo_clip"):
+        with pytest.raises(RegistryError, match="unknown policy loss 'ppo'; known: cispo, gspo, nsr, popo, ppo_clip"):
             POLICY_LOSSES.get("ppo")
 
     def test_unknown_parameter_is_named(self):

@@ -1,4 +1,4 @@
-"""Policy losses per token: PPO-clip (GRPO/DAPO), GSPO, CISPO and NSR, registered by name.
+"""Policy losses per token: PPO-clip (GRPO/DAPO), GSPO, CISPO, NSR and POPO, registered by name.
 
 Every loss has the signature
 
@@ -229,6 +229,22 @@ def nsr_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: tor
     rescued = (above & (r * scale <= 1 + eps_high)) | (below & (r * scale >= 1 - eps_low))
     loss = torch.where(rescued, -adv * ratio * scale, loss)
     return zero_masked(loss, valid), _stats(ratio, valid, zeroed & valid & ~rescued, rescued)
+
+
+@POLICY_LOSSES.register("popo")
+def popo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+              response_mask: torch.Tensor) -> tuple[torch.Tensor, LossStats]:
+    """POPO's weighted NLL on positive rollouts (arXiv 2605.06650; ``mmrlvr.algos.popo``): −a_i·log π(o_t).
+
+    logprobs: [N, L] (with grad); advantages: [N] or [N, L] — here POPO's weights a_i = w_i·P_g ≥ 0
+    (``popo_weights``), 0 for rows without a positive reward (negative values count as 0); response_mask: [N, L] (the stage zeroes the
+    rows that are not positive, so token-mean divides by the positive token count). No importance ratio
+    and no clip: ``clip_fraction`` is 0; the ratio statistics still describe pi/pi_old.
+    """
+    valid, logp, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, response_mask)
+    loss = -adv.clamp_min(0.0) * logp  # positive only: a negative value (e.g. a GRPO advantage) carries nothing
+    ratio = torch.exp(log_ratio)
+    return zero_masked(loss, valid), _stats(ratio, valid, torch.zeros_like(valid))
 
 
 def call_policy_loss(name: str, logprobs: torch.Tensor, old_logprobs: torch.Tensor,

@@ -99,6 +99,8 @@ LOSS_DEFAULTS: dict[str, dict[str, Any]] = {
     "cispo": {"eps_low": 1.0, "eps_high": 4.0, "agg": "token-mean"},
     # NSR (METHODS §5, built on DAPO): DAPO's clip-higher range, noise 0.2 [ours]
     "nsr": {"eps_low": 0.2, "eps_high": 0.28, "dual_clip": None, "nsr_noise": 0.2, "agg": None},
+    # POPO (arXiv 2605.06650): an NLL over positive tokens, normalised by their count; no clip range
+    "popo": {"agg": "token-mean"},
 }
 
 #: config name -> the loss function's keyword (the rest are the same name)
@@ -109,6 +111,7 @@ _WHY = {
     "gspo": "GSPO's sequence-ratio clip range and sequence mean (arXiv:2507.18071)",
     "cispo": "CISPO's weight truncation: no lower bound, upper 5 (ScaleRL/TRL/SkyRL reference code)",
     "nsr": "NSR on DAPO's clip-higher range",
+    "popo": "POPO's weighted NLL over positive tokens, normalised by their count (arXiv:2605.06650)",
 }
 
 
@@ -230,6 +233,7 @@ def loss_defaults_table_markdown() -> str:
     for name, d in LOSS_DEFAULTS.items():
         other = ", ".join(f"`{k}` {_num(v)}" for k, v in d.items() if k not in ("eps_low", "eps_high", "agg"))
         agg = f"`{d['agg']}`" if d.get("agg") else "(config's `algo.agg`)"
-        rows.append(f"| `{name}` | {_num(d['eps_low'])} / {_num(d['eps_high'])} | {other or '—'} | {agg} | "
+        eps = f"{_num(d['eps_low'])} / {_num(d['eps_high'])}" if "eps_low" in d else "— (no clip)"
+        rows.append(f"| `{name}` | {eps} | {other or '—'} | {agg} | "
                     f"{_WHY[name]} |")
     return "\n".join(rows)
