@@ -346,6 +346,7 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, optimizer:
 
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(run_dir)  # leftovers of a save that was killed (its writer is gone)
     final = root / f"step-{step:08d}"
     tmp = root / f".tmp-step-{step:08d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
