@@ -307,3 +307,36 @@ def test_launch_with_auth_requires_the_login(tmp_path: Path) -> None:
         assert status in (401, 403)  # files too need the login
     finally:
         app.close()
+
+
+def test_follow_timer_opens_new_steps_only_from_the_newest(tmp_path: Path) -> None:
+    from mmrlvr.inspector.app import Inspector
+
+    source = make_fake_run(tmp_path / "source", steps=4, groups=2, group_size=2)
+    reader = RolloutReader(source)
+    run = tmp_path / "live"
+    (run / "rollouts").mkdir(parents=True)
+    ins = Inspector(run)
+    assert "No rollouts yet" in ins.render(None, None, None)[CARDS]
+    assert all(v == gr_skip() for v in ins.tick(None))  # nothing new: every output skipped
+
+    def write(step: int) -> None:
+        with RolloutWriter(run, "source") as w:
+            w.write_step(step, reader.read_step(step))
+
+    write(0)
+    out = ins.tick(None)  # the empty view opens the first step
+    assert out[3 + STEP]["value"] == 0 and "mm-card" in out[3 + CARDS] and "1 step files" in out[0]
+    write(1)
+    out = ins.tick(0)  # the newest step was shown: follow to step 1
+    assert out[3 + STEP]["value"] == 1 and "step 1" in out[3 + CARDS]
+    write(2)
+    out = ins.tick(0)  # reading an older step: stay there, only the choices grow
+    assert out[3 + STEP]["value"] == 0 and [c[1] for c in out[3 + STEP]["choices"]] == [0, 1, 2]
+    assert out[3 + CARDS] == gr_skip()
+
+
+def gr_skip() -> Any:
+    import gradio as gr
+
+    return gr.skip()

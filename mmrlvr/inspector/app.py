@@ -37,6 +37,7 @@ APP_CSS = """
 .gradio-container { max-width: 100% !important; overflow-x: hidden; }
 #mm-reward table, #mm-thinking-answer table { max-width: 100%; }
 """
+FILTER_PREVIEW_CHARS = 60  # response preview in Filter results: fits beside the numeric columns at 1440 px
 RECUR_HINT = ("prompts recur when the training pool is smaller than max_steps × prompts_per_step "
               "(data.train_size for synth: data)")
 
@@ -297,7 +298,8 @@ class Inspector:
         total = len(rows)
         n = max(0, int(limit)) if limit else 200
         picked = rows.iloc[:n]
-        shown = views.filter_table(picked, self.reader.components(), texts=self.reader.texts(picked))
+        shown = views.filter_table(picked, self.reader.components(), texts=self.reader.texts(picked),
+                                   preview=FILTER_PREVIEW_CHARS)
         if not self.reader.steps():
             return "No rollouts yet: nothing to filter (the run has not written a step file).", shown
         if total == 0:
@@ -449,8 +451,7 @@ def build_app(run_dir: str | os.PathLike[str], *, refresh_s: float = 5.0) -> gr.
                                      label="order (round robin: one sample per group first)")
                     run_btn = gr.Button("Filter", variant="primary", scale=0, min_width=100, elem_id="mm-run-filter")
                 count_md = gr.Markdown(elem_id="mm-count")
-                results = gr.Dataframe(interactive=False, elem_id="mm-results", max_height=480, wrap=True,
-                                       column_widths=["56px", "84px", "64px", "72px", "84px", "64px", "64px"])
+                results = gr.Dataframe(interactive=False, elem_id="mm-results", max_height=480, wrap=True)
             with gr.Tab("Prompt across steps", id="history"):
                 history_title = gr.HTML()
                 with gr.Row():
