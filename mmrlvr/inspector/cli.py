@@ -1,4 +1,6 @@
-"""``mmrlvr inspect RUN_DIR [--host 127.0.0.1] [--port 7860] [--auth USER:PASS | --insecure]``.
+"""Open the rollout inspector on a run folder (read-only; bound to 127.0.0.1 unless --host says otherwise).
+
+``mmrlvr inspect RUN_DIR [--host 127.0.0.1] [--port 7860] [--auth USER:PASS | --insecure]``.
 
 The app only reads the run folder (it can stay open while the run trains) and is bound to 127.0.0.1
 unless ``--host`` says otherwise. Binding to any other address exposes the run's rollouts to that
