@@ -202,6 +202,21 @@ class DistributedConfig:
 
 
 @dataclass
+class StagesConfig:
+    """Which registered stage fills each step of the pipeline (docs/architecture.md); null = chosen from the
+    rest of the config (e.g. ``credit.scheme`` picks the credit stage)."""
+
+    generate: str | None = _f(None, "sampler + rollout strategy (groups)")
+    score: str | None = _f(None, "rewards for every rollout (rewards)")
+    shape: list[str] | None = _f(None, "reward transforms / row filters, in order (overlong, mask_truncated, dynamic_sampling)")
+    advantages: str | None = _f(None, "advantage stage (group, consistency_split)")
+    credit: str | None = _f(None, "token credit stage (none, in_update, separate)")
+    reference: str | None = _f(None, "reference log-probs for the KL term (none, frozen)")
+    update: str | None = _f(None, "policy update (policy_gradient)")
+    record: str | None = _f(None, "metrics and rollout records (metrics_and_rollouts)")
+
+
+@dataclass
 class RunConfig:
     output_dir: str = _f("runs/run", "run directory: config.yaml, metrics.jsonl, rollouts/, checkpoints/")
     seed: int = _f(0, "seed for data order, sampling and perturbations")
@@ -227,6 +242,7 @@ class RunConfig:
     consistency: ConsistencyConfig = field(default_factory=ConsistencyConfig, metadata={"help": "consistency training"})
     rubric: RubricConfig = field(default_factory=RubricConfig, metadata={"help": "rubric judging"})
     eval: EvalConfig = field(default_factory=EvalConfig, metadata={"help": "evaluation"})
+    stages: StagesConfig = field(default_factory=StagesConfig, metadata={"help": "step pipeline: stage per kind (null = auto)"})
     distributed: DistributedConfig = field(default_factory=DistributedConfig,
                                            metadata={"help": "multi-process strategy"})
 

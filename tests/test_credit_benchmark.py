@@ -16,7 +16,8 @@ def test_every_arm_runs_the_same_rollouts_with_its_credit(tmp_path):
     spec.loader.exec_module(mod)
     mod.SETTINGS["tiny"]["overrides"] = ["rollout.prompts_per_step=2"]  # 16 rollouts: a quick check
     trainers = {arm: mod.make_trainer("tiny", arm, tmp_path) for arm in mod.ARMS}
-    assert trainers["vepo"].defer_credit and not trainers["vppo"].defer_credit
+    assert trainers["vepo"].pipeline.names["credit"] == ["in_update"]
+    assert trainers["vppo"].pipeline.names["credit"] == ["separate"]
     steps = {arm: [mod.timed_step(t, s) for s in range(2)] for arm, t in trainers.items()}
     for arm, runs in steps.items():
         for r in runs:

@@ -149,6 +149,9 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         (RUN + " (1 arm, 2 steps)", (T_DOC + "test_consistency_study_runs_one_arm",)),
     "OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 python benchmarks/consistency_study.py":
         (RUN + " (1 arm, 2 steps)", (T_DOC + "test_consistency_study_runs_one_arm",)),
+    # ---- docs/architecture.md
+    'mmrlvr train configs/demo-tiny.yaml "plugins=[docs/examples/median_advantage.py]" algo.advantage=group_median '
+    'max_steps=2': (RUN + " (2 steps)", ("tests/test_stage_plugins.py::test_documented_plugin_example_trains",)),
     # ---- docs/credit.md (and configs/credit-vepo-tiny.yaml's header)
     CREDIT: (RUN + " (2 steps)", (cfg_run("credit-vepo-tiny.yaml"), T_DRY)),
     CREDIT + " credit.scheme=vppo": (RUN + " (2 steps)", (T_DOC + "test_credit_vppo_scheme_trains",)),

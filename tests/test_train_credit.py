@@ -15,6 +15,11 @@ from mmrlvr.config import load_config
 from tests.test_train_loop import small_config, tiny_dir  # noqa: F401  (fixture)
 
 
+def _deferred(trainer) -> bool:
+    """Whether the run's credit stage is the one inside the update's first pass."""
+    return trainer.pipeline.names["credit"] == ["in_update"]
+
+
 def _one_step(tiny_dir, out, scheme: str, in_update: bool, agg: str, epochs: int = 1):
     from mmrlvr.train.trainer import Trainer
 
@@ -25,16 +30,17 @@ def _one_step(tiny_dir, out, scheme: str, in_update: bool, agg: str, epochs: int
     # keep each optimizer step's gradients: Adam's first step (~lr * sign(g)) would turn 1e-12 rounding
     # differences of near-zero gradients into lr-sized parameter differences, so gradients are compared
     trainer.grads = []
-    step = trainer._optimizer_step
+    upd = trainer.pipeline.stage("update")
+    step = upd.optimizer_step
 
     def keep_grads():
         trainer.grads.append({n: p.grad.detach().clone() for n, p in trainer.policy.named_parameters()
                               if p.grad is not None})
         return step()
 
-    trainer._optimizer_step = keep_grads
-    data = trainer.collect(0)
-    stats = trainer.update(data)
+    upd.optimizer_step = keep_grads
+    data = trainer.pipeline.run(0, upto="reference")  # generate .. reference, then the update on its own
+    stats = upd.update(data)
     return trainer, data, stats
 
 
@@ -51,7 +57,7 @@ def _same_grads(a, b, atol: float) -> None:
 def test_in_update_credit_equals_a_separate_pass(tiny_dir, tmp_path, scheme, agg):
     t_sep, d_sep, s_sep = _one_step(tiny_dir, tmp_path / "sep", scheme, False, agg)
     t_in, d_in, s_in = _one_step(tiny_dir, tmp_path / "in", scheme, True, agg)
-    assert not t_sep.defer_credit and t_in.defer_credit
+    assert _deferred(t_in) and not _deferred(t_sep)
     assert d_in.deferred is not None and d_in.deferred.done
     # same credit: weights (selection), signals and metrics
     assert torch.equal(d_sep.token_weights > 0, d_in.token_weights > 0)
@@ -73,7 +79,7 @@ def test_in_update_credit_equals_a_separate_pass(tiny_dir, tmp_path, scheme, agg
 def test_vppo_is_not_deferred(tiny_dir, tmp_path):
     """VPPO's advantage scale is min-max normalised over the whole batch: it cannot be done per micro-batch."""
     t, d, _ = _one_step(tiny_dir, tmp_path / "v", "vppo", True, "token-mean")
-    assert not t.defer_credit and d.deferred is None and d.signals is not None
+    assert not _deferred(t) and d.deferred is None and d.signals is not None
 
 
 def test_second_epoch_reuses_the_first_pass_credit(tiny_dir, tmp_path):
@@ -108,7 +114,7 @@ def test_in_update_credit_reaches_the_rollout_records_and_metrics(tiny_dir, tmp_
     cfg = small_config(tiny_dir, tmp_path / "run", max_steps=1, credit__scheme="vepo",
                        credit__perturbation="patch_blackout")
     trainer = Trainer(load_config(data=cfg))
-    assert trainer.defer_credit
+    assert _deferred(trainer)
     trainer.train()
     rec = RolloutReader(tmp_path / "run").read_step(1)
     for r in rec:

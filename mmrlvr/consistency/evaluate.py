@@ -45,7 +45,7 @@ def evaluate_consistency(engine: RolloutEngine, samples: list[Sample], *, k: int
     if not samples:
         raise ValueError("evaluate_consistency() needs at least one sample")
     if judge is None:
-        from mmrlvr.rewards import answer_judge as judge
+        from mmrlvr.rewards.combine import answer_judge as judge
     n = len(samples)
     greedy: list[Completion] = []
     for start in range(0, n, max(1, batch_size)):

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from mmrlvr.rewards import answer_judge, make_answer_judge, split_think_answer
-from mmrlvr.rewards import same_answer as _rewards_same_answer
+from mmrlvr.rewards.auto import same_answer as _rewards_same_answer
+from mmrlvr.rewards.combine import answer_judge, make_answer_judge
+from mmrlvr.rewards.parsing import split_think_answer
 from mmrlvr.rewards.auto import AutoAccuracyReward
 from mmrlvr.rewards.parsing import ParsedResponse
 from mmrlvr.types import Completion, Sample

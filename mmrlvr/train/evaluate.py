@@ -73,16 +73,9 @@ def load_eval_samples(cfg, data: str | None = None) -> list:
 
 def build_rewards(cfg) -> list:
     """The run's reward functions in config order (as the trainer builds them), for the rubric eval score."""
-    from mmrlvr.rewards.combine import CombinedReward, RewardSpec
+    from mmrlvr.train.reward_setup import build_run_reward
 
-    specs = [RewardSpec(s.name, s.weight, dict(s.params)) for s in cfg.rewards]
-    for spec in specs:
-        if spec.name == "rubric" and cfg.rubric.judge != "none":
-            spec.params.setdefault("judge", cfg.rubric.judge)
-            spec.params.setdefault("judge_params", dict(cfg.rubric.judge_params))
-        if spec.name in ("rubric", "consistency"):
-            spec.params.setdefault("group_size", cfg.rollout.group_size)
-    reward = CombinedReward(specs)
+    reward = build_run_reward(cfg)
     return list(getattr(reward, "fns", [reward]))
 
 
@@ -181,7 +174,7 @@ def main(argv: list[str]) -> int:
         run_dir = _run_dir_for(Path(args.run))
     cfg = load_config(Path(run_dir) / "config.yaml") if run_dir is not None else RunConfig()
     if run_dir is not None:
-        from mmrlvr.train.trainer import load_plugins
+        from mmrlvr.plugins import load_plugins
 
         load_plugins(cfg.plugins)  # plugin rewards the run's config names
     # the model: --model wins; then RUN_DIR (its newest verified checkpoint, or the folder itself)

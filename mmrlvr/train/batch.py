@@ -1,0 +1,62 @@
+"""``StepBatch``: the one typed value that flows through the stages of a training step.
+
+Each stage (``mmrlvr.train.stages``) reads some fields and writes others; docs/architecture.md lists which.
+N = rollouts in this process's share of the step (prompts x G), L = response tokens (padded).
+A field is ``None`` until the stage that writes it has run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from mmrlvr.rollout.base import RolloutBatch
+
+#: an auxiliary loss term: given the policy's response log-probs of the *whole* batch [N, L] (rows outside the
+#: current micro-batch detached), the per-token loss [N, L] to add (e.g. PAPO's perception term)
+AuxLoss = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class StepBatch:
+    step: int  # 0-based index of the optimizer step this batch trains
+    # generate
+    samples: list = field(default_factory=list)  # the prompts the sampler chose (this process's share)
+    rollouts: RolloutBatch | None = None  # prompt + response ids, masks, old log-probs, vision inputs
+    images_per_row: list[int] = field(default_factory=list)  # images in each row's prompt
+    vision: Any = None  # VisionFeatureCache: vision-tower outputs shared by every later pass, or None
+    # score / shape
+    results: list = field(default_factory=list)  # N RewardResult (score, components, parsed)
+    rewards: torch.Tensor | None = None  # [N] total reward after the shaping transforms
+    token_weights: torch.Tensor | None = None  # [N, L] loss weights: response mask x filters x credit
+    # advantages / credit
+    advantages: torch.Tensor | None = None  # [N], or [N, L] per token; after credit scaling
+    signals: Any = None  # credit TokenSignals (entropy, jsd, ...) for records and metrics
+    deferred: Any = None  # DeferredCredit: credit applied inside the update's first pass
+    aux_losses: list[AuxLoss] = field(default_factory=list)
+    # reference / update
+    ref_logprobs: torch.Tensor | None = None  # [N, L] under the reference policy (KL), or None
+    token_entropy: torch.Tensor | None = None  # [N, L] policy entropy from the first update pass
+    token_ratio: torch.Tensor | None = None  # [N, L] pi/pi_old in the first update pass
+    update_stats: dict[str, float] = field(default_factory=dict)  # loss, grad_norm, kl_sum, ... (update stage)
+    # diagnostics, merged into metrics.jsonl by the record stage in this order
+    reward_metrics: dict[str, float] = field(default_factory=dict)  # rewards' own counters (judge/unknown_rate)
+    credit_stats: dict[str, float] = field(default_factory=dict)  # credit/selected_fraction, ...
+    diagnostics: dict[str, float] = field(default_factory=dict)  # any other stage's per-step statistics
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per stage kind
+    logged: dict[str, Any] = field(default_factory=dict)  # what the record stage wrote for this step
+
+    # the records builder and older code read these names
+    @property
+    def batch(self) -> RolloutBatch | None:
+        return self.rollouts
+
+    @property
+    def extra_loss(self) -> AuxLoss | None:
+        if not self.aux_losses:
+            return None
+        if len(self.aux_losses) == 1:
+            return self.aux_losses[0]
+        return lambda logp: sum(fn(logp) for fn in self.aux_losses)

@@ -1,0 +1,204 @@
+"""``Runtime``: what the stages of a training step share — model, processor, engine, reward, optimizer, data.
+
+``build_runtime(cfg)`` does the set-up once (accelerate, policy + LoRA, reference, optimizer, engine, reward,
+data); stages receive the Runtime and never reach into the trainer. Also here: the few helpers every stage
+needs (micro-batch slices, model inputs with the vision cache, sums over processes).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from mmrlvr.config import RunConfig
+from mmrlvr.errors import UserError
+from mmrlvr.train.data import DataOrder, load_split
+from mmrlvr.train.forward import slice_inputs
+from mmrlvr.train.reward_setup import build_run_reward
+
+
+@dataclass
+class Runtime:
+    cfg: RunConfig
+    accel: Any  # accelerate.Accelerator
+    model: torch.nn.Module  # as prepared by accelerate (DDP-wrapped with several processes)
+    policy: torch.nn.Module  # the unwrapped policy (peft model for LoRA runs)
+    ref_model: torch.nn.Module | None  # frozen copy for full fine-tuning with KL; None = adapter-off policy
+    processor: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    engine: Any  # RolloutEngine
+    reward: Any  # CombinedReward
+    train_samples: list
+    eval_samples: list
+    order: DataOrder  # the sampler: which prompts make up each step
+    vision_start_id: int
+    metrics_writer: Any = None  # MetricsWriter (metrics.jsonl + trackers); writes on the main process only
+    rollout_writer: Any = None  # RolloutWriter (Parquet per step) on the main process, or None
+    counters: dict[str, int] = field(default_factory=lambda: {"bad_steps": 0, "skipped_steps": 0,
+                                                              "optimizer_steps": 0})
+
+    @property
+    def is_main(self) -> bool:
+        return self.accel.is_main_process
+
+    def reward_fns(self) -> list:
+        """The reward components, in config order (one object for a single reward)."""
+        return list(getattr(self.reward, "fns", [self.reward]))
+
+    def micro_slices(self, n: int) -> list[slice]:
+        mbs = self.cfg.algo.micro_batch_size
+        return [slice(i, min(n, i + mbs)) for i in range(0, n, mbs)]
+
+    def inputs(self, rollouts: Any, vision: Any, images_per_row: list[int], rows: slice) -> dict[str, Any]:
+        """Model inputs for ``rows``, reusing the step's vision features when there is a cache."""
+        if vision is not None:
+            return vision.inputs(rollouts.input_ids, rollouts.attention_mask, rows)
+        return slice_inputs(rollouts.model_inputs(), rows, images_per_row)
+
+    def global_sum(self, value: float) -> float:
+        """``value`` summed over processes (losses are normalised by global counts)."""
+        if self.accel.num_processes == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=self.accel.device)
+        return float(self.accel.reduce(t, reduction="sum").item())
+
+    def reward_state(self) -> dict[str, Any]:
+        """JSON-able state of rewards that adapt during training (POW3R weights), by position."""
+        return {str(i): fn.state_dict() for i, fn in enumerate(self.reward_fns()) if hasattr(fn, "state_dict")}
+
+    def load_reward_state(self, state: dict[str, Any] | None) -> None:
+        for i, fn in enumerate(self.reward_fns()):
+            saved = (state or {}).get(str(i))
+            if saved is not None and hasattr(fn, "load_state_dict"):
+                fn.load_state_dict(saved)
+
+    def eval_rubric(self):
+        """The rubric reward for held-out scoring, as a static-weight copy (scoring held-out responses must not
+        move POW3R's training state), or None when the run has no rubric reward."""
+        from mmrlvr.train.evaluate import eval_rubric
+
+        return eval_rubric(self.cfg, self.reward_fns())
+
+    def evaluate(self) -> tuple[dict[str, Any], dict[str, float]]:
+        """The held-out evaluation: greedy accuracy, avg@k, pass@k, plus the inconsistency rate (and the rubric
+        score when a rubric reward is configured) on the very same responses. Returns (result, eval/* metrics)."""
+        from mmrlvr.train.evaluate import evaluate_run
+
+        cfg = self.cfg
+        self.model.eval()
+        result = evaluate_run(self.engine, self.eval_samples, k=cfg.eval.k, temperature=cfg.eval.temperature,
+                              max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed, rubric=self.eval_rubric(),
+                              progress=cfg.progress and self.is_main)
+        metrics = {f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))}
+        metrics["eval/accuracy"] = result["greedy_accuracy"]  # DESIGN.md's name for the headline number
+        return result, metrics
+
+    def summaries(self) -> list[str]:
+        """End-of-run lines from the rewards (e.g. each judge's verdict counts and unknown rate)."""
+        from mmrlvr.rubric.reward import judge_summaries
+
+        return list(judge_summaries(self.reward))
+
+    def lora_info(self) -> dict[str, Any] | None:
+        lc = self.cfg.model.lora
+        if not lc.enabled:
+            return None
+        return {"r": lc.r, "alpha": lc.alpha, "dropout": lc.dropout, "target_modules": list(lc.target_modules),
+                "init": lc.init}
+
+
+def lr_lambda(cfg: RunConfig):
+    """The learning-rate multiplier per optimizer step: linear warm-up, then constant / linear / cosine."""
+    o = cfg.optim
+
+    def fn(step: int) -> float:
+        if o.warmup_steps and step < o.warmup_steps:
+            return (step + 1) / o.warmup_steps
+        total = max(1, cfg.max_steps - o.warmup_steps)
+        frac = min(1.0, max(0, step - o.warmup_steps) / total)
+        if o.schedule == "linear":
+            return 1.0 - frac
+        if o.schedule == "cosine":
+            return 0.5 * (1 + math.cos(math.pi * frac))
+        return 1.0
+
+    return fn
+
+
+def _load_model(cfg: RunConfig, accel: Any):
+    from mmrlvr.models import load_policy
+    from mmrlvr.train.model_path import resolve_model_path
+
+    if not cfg.model.path:
+        raise UserError("model.path: no model folder given (build one with `mmrlvr tiny build`)")
+    model_path = resolve_model_path(cfg.model.path) if accel.is_main_process else None
+    accel.wait_for_everyone()
+    model_path = model_path or resolve_model_path(cfg.model.path)  # built by the main process by now
+    model, processor = load_policy(model_path, dtype=cfg.model.dtype, device=str(accel.device),
+                                   attn_implementation=cfg.model.attn_implementation)
+    ref_model = None
+    if cfg.model.freeze_vision:
+        from mmrlvr.models.lora import freeze_vision
+
+        freeze_vision(model)
+    if cfg.model.lora.enabled:
+        from mmrlvr.models.lora import apply_lora
+
+        lc = cfg.model.lora
+        model = apply_lora(model, r=lc.r, alpha=lc.alpha, dropout=lc.dropout,
+                           target_modules=tuple(lc.target_modules), init=lc.init)
+    elif cfg.algo.kl_coef > 0:
+        ref_model = copy.deepcopy(model).eval()
+        for p in ref_model.parameters():
+            p.requires_grad_(False)
+    return model, processor, ref_model
+
+
+def build_engine(cfg: RunConfig, policy: torch.nn.Module, processor: Any):
+    if cfg.rollout.engine == "vllm":
+        from mmrlvr.rollout.vllm import VLLMEngine
+
+        return VLLMEngine.from_config(cfg, policy, processor)
+    from mmrlvr.rollout.hf import HFEngine
+
+    return HFEngine(policy, processor)
+
+
+def build_runtime(cfg: RunConfig) -> Runtime:
+    """Set up a run: processes, policy (+ LoRA / reference), optimizer, engine, reward and data."""
+    from accelerate import Accelerator
+
+    from mmrlvr.plugins import load_plugins
+
+    load_plugins(cfg.plugins)
+    accel = Accelerator(cpu=not torch.cuda.is_available())
+    torch.manual_seed(cfg.seed)
+    model, processor, ref_model = _load_model(cfg, accel)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if not trainable:
+        raise UserError("model: no trainable parameters (check model.lora and model.freeze_vision)")
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
+                                  weight_decay=cfg.optim.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+    prepared, optimizer = accel.prepare(model, optimizer)
+    policy = accel.unwrap_model(prepared)
+    engine = build_engine(cfg, policy, processor)
+    reward = build_run_reward(cfg)
+    for fn in getattr(reward, "fns", [reward]):
+        if getattr(fn, "needs_policy", False):
+            fn.attach_policy(policy, processor)  # e.g. GRPO-CARE's EMA reference
+    train_samples = load_split(cfg.data.train, cfg.data, "train")
+    eval_samples = load_split(cfg.data.eval, cfg.data, "test") if cfg.data.eval else []
+    if cfg.eval.limit:
+        eval_samples = eval_samples[: cfg.eval.limit]
+    order = DataOrder(len(train_samples), cfg.rollout.prompts_per_step, cfg.seed)
+    tok = getattr(processor, "tokenizer", processor)
+    return Runtime(cfg=cfg, accel=accel, model=prepared, policy=policy, ref_model=ref_model, processor=processor,
+                   optimizer=optimizer, scheduler=scheduler, engine=engine, reward=reward,
+                   train_samples=train_samples, eval_samples=eval_samples, order=order,
+                   vision_start_id=tok.convert_tokens_to_ids("<|vision_start|>"))

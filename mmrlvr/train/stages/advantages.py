@@ -1,0 +1,65 @@
+"""Advantages: from [N] rewards and the group layout to [N] (or [N, L]) advantages.
+
+- ``group`` (default): the estimator ``algo.advantage`` from ``mmrlvr.algos.ADVANTAGES`` (GRPO, Dr.GRPO, RLOO,
+  REINFORCE++, plug-ins).
+- ``consistency_split`` (``consistency.split_advantage``): CORA-style split (arXiv:2507.11662 as in
+  METHODS.md): A = alpha * A_task + beta(t) * A_cons, each normalised within its group; with
+  ``consistency.scope: answer`` the consistency term reaches only the final answer's tokens ([N, L]).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mmrlvr.algos import ADVANTAGES, split_advantages, token_split_advantages
+from mmrlvr.train.batch import StepBatch
+from mmrlvr.train.stages.base import Stage, register_stage
+
+
+@register_stage("advantages", "group")
+class GroupAdvantage(Stage):
+    @classmethod
+    def validate(cls, cfg) -> list[str]:
+        if cfg.algo.advantage not in ADVANTAGES:
+            return [f"algo.advantage: unknown advantage estimator {cfg.algo.advantage!r}; "
+                    f"known: {', '.join(ADVANTAGES.names())}"]
+        return []
+
+    def __init__(self, rt) -> None:
+        super().__init__(rt)
+        self.estimator = ADVANTAGES.get(self.cfg.algo.advantage)
+
+    def __call__(self, b: StepBatch) -> None:
+        b.advantages = self.estimator(b.rewards, b.rollouts.group_index)
+
+
+@register_stage("advantages", "consistency_split", priority=10)
+class ConsistencySplit(Stage):
+    @classmethod
+    def when(cls, cfg) -> bool:
+        return cfg.consistency.split_advantage
+
+    @classmethod
+    def validate(cls, cfg) -> list[str]:
+        cc = cfg.consistency
+        if not any(s.name == cc.component for s in cfg.rewards):
+            return [f"consistency.component: split_advantage needs a reward named {cc.component!r} in `rewards`"]
+        return []
+
+    def __call__(self, b: StepBatch) -> None:
+        from mmrlvr.consistency.bonus import beta_schedule
+
+        cfg, cc = self.cfg, self.cfg.consistency
+        cons_w = next(s.weight for s in cfg.rewards if s.name == cc.component)
+        cons = torch.tensor([r.components.get(cc.component, 0.0) for r in b.results], dtype=torch.float32)
+        task = b.rewards - cons_w * cons
+        beta = beta_schedule(b.step, cc.beta_warmup_steps, cc.beta_decay_steps, cc.beta, cc.beta_min)
+        rollouts = b.rollouts
+        if cc.scope == "answer":  # [N, L]: the consistency term reaches the answer's tokens only
+            from mmrlvr.consistency.spans import answer_token_mask
+
+            m = answer_token_mask([c.text for c in rollouts.completions], rollouts.response_ids,
+                                  rollouts.response_mask, getattr(self.rt.processor, "tokenizer", self.rt.processor))
+            b.advantages = token_split_advantages(task, cons, rollouts.group_index, m, cc.alpha, beta)
+        else:
+            b.advantages = split_advantages(task, cons, rollouts.group_index, cc.alpha, beta)

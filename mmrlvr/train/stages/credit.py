@@ -1,0 +1,114 @@
+"""Token credit: which response tokens the policy gradient reaches, and how strongly (docs/credit.md).
+
+- ``none``: every response token (the loss weights stay the response mask).
+- ``in_update`` (``credit.in_update``, schemes that read the clean distribution and decide each row alone:
+  VEPO, entropy top-k, RSI): runs the perturbed-image pass now (if the scheme needs one) and defers the scheme
+  to the update's first forward, which computes the clean logits anyway (``mmrlvr.train.deferred_credit``).
+- ``separate``: a no-grad signal pass now (clean and/or perturbed), the scheme's token weights, advantage
+  scale and auxiliary loss (PAPO) applied before the update (VPPO, PAPO, plug-ins without ``row_local``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from mmrlvr.train.batch import StepBatch
+from mmrlvr.train.stages.base import Stage, register_stage
+
+
+def _scheme(cfg):
+    from mmrlvr.credit import build_scheme
+
+    return build_scheme(cfg.credit.scheme, **cfg.credit.params)
+
+
+class _CreditStage(Stage):
+    def __init__(self, rt) -> None:
+        super().__init__(rt)
+        self.scheme = _scheme(self.cfg)
+
+    @classmethod
+    def validate(cls, cfg) -> list[str]:
+        from mmrlvr.credit import CREDIT_SCHEMES as SCHEMES
+
+        if cfg.credit.scheme not in SCHEMES:
+            return [f"credit.scheme: unknown credit scheme {cfg.credit.scheme!r}; known: {', '.join(SCHEMES.names())}"]
+        return []
+
+    def perturbed_inputs(self, b: StepBatch) -> dict[str, Any]:
+        """Model inputs with the scheme's (or the configured) perturbation of the images, seeded per step."""
+        from mmrlvr.credit import perturb_vision
+
+        cc = self.cfg.credit
+        name, params = self.scheme.perturbation or ("gaussian", {})
+        if cc.perturbation:
+            name, params = cc.perturbation, {}
+        params = {**params, **cc.perturbation_params}
+        vision = perturb_vision(b.rollouts.vision, name, seed=self.cfg.seed * 1_000_003 + b.step,
+                                processor=self.rt.processor, **params)
+        return {"input_ids": b.rollouts.input_ids, "attention_mask": b.rollouts.attention_mask, **vision}
+
+
+@register_stage("credit", "none")
+class NoCredit(Stage):
+    @classmethod
+    def when(cls, cfg) -> bool:
+        return cfg.credit.scheme == "none"
+
+    def __call__(self, b: StepBatch) -> None:
+        pass
+
+
+@register_stage("credit", "in_update", priority=20)
+class InUpdateCredit(_CreditStage):
+    @classmethod
+    def when(cls, cfg) -> bool:
+        from mmrlvr.train.deferred_credit import can_defer
+
+        return cfg.credit.scheme != "none" and cfg.credit.in_update and can_defer(_scheme(cfg))
+
+    def __call__(self, b: StepBatch) -> None:
+        from mmrlvr.credit.signals import response_hidden
+        from mmrlvr.train.deferred_credit import DeferredCredit
+
+        cfg, rollouts = self.cfg, b.rollouts
+        pert = None
+        if self.scheme.needs_perturbed:
+            pert = response_hidden(self.rt.policy, self.perturbed_inputs(b), rollouts.prompt_length,
+                                   rollouts.response_ids.shape[1], rows_per_prompt=cfg.rollout.group_size)
+        b.deferred = DeferredCredit(self.scheme, pert, b.token_weights.clone(), b.advantages.clone(),
+                                    cfg.credit.chunk_size, cfg.rollout.temperature)
+
+
+@register_stage("credit", "separate", priority=10)
+class SeparateCredit(_CreditStage):
+    @classmethod
+    def when(cls, cfg) -> bool:
+        return cfg.credit.scheme != "none"
+
+    def __call__(self, b: StepBatch) -> None:
+        from mmrlvr.credit import token_signals_from_model
+
+        cfg, rt, rollouts, scheme = self.cfg, self.rt, b.rollouts, self.scheme
+        clean = rt.inputs(rollouts, b.vision, b.images_per_row, slice(0, rollouts.num_rows))
+        pert_inputs = self.perturbed_inputs(b) if scheme.needs_perturbed else None
+        # the clean full-vocabulary pass is needed for entropy/JSD (VEPO, entropy top-k, RSI); VPPO and
+        # PAPO read only the perturbed pass's sampled-token log-probs
+        distribution = scheme.needs_distribution or not scheme.needs_perturbed
+        with torch.no_grad():
+            signals = token_signals_from_model(
+                rt.policy, clean if distribution else None, pert_inputs, rollouts.prompt_length,
+                rollouts.response_ids, rollouts.response_mask, chunk_size=cfg.credit.chunk_size,
+                temperature=cfg.rollout.temperature, old_logprobs=rollouts.old_logprobs,
+                distribution=distribution, rows_per_prompt=cfg.rollout.group_size,
+            )
+        credit = scheme(signals, b.token_weights, b.advantages, old_logprobs=rollouts.old_logprobs)
+        b.signals = signals
+        b.token_weights = b.token_weights * credit.token_weights
+        adv = b.advantages
+        b.advantages = adv * (credit.adv_scale if adv.dim() == 1 else credit.adv_scale[:, None])
+        if credit.extra_loss is not None:
+            b.aux_losses.append(credit.extra_loss)
+        b.credit_stats = dict(credit.stats)

@@ -1,0 +1,29 @@
+"""Score: every rollout through the configured rewards -> RewardResult (score, components, parsed) and [N] rewards.
+
+Rewards that keep per-call statistics (``fn.metrics()``: judge unknown rate, parse failures) report them here,
+for the record stage.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mmrlvr.rewards.base import score_batch
+from mmrlvr.train.batch import StepBatch
+from mmrlvr.train.stages.base import Stage, register_stage
+
+
+@register_stage("score", "rewards")
+class Rewards(Stage):
+    @classmethod
+    def validate(cls, cfg) -> list[str]:
+        return [] if cfg.rewards else ["rewards: at least one reward component is needed"]
+
+    def __call__(self, b: StepBatch) -> None:
+        rt = self.rt
+        b.results = score_batch(rt.reward, b.rollouts.completions, b.rollouts.samples)
+        fns = rt.reward_fns()
+        for fn in ([rt.reward] if rt.reward not in fns else []) + fns:  # the guard's counters, then each reward's
+            if hasattr(fn, "metrics"):
+                b.reward_metrics.update(fn.metrics())
+        b.rewards = torch.tensor([r.score for r in b.results], dtype=torch.float32)

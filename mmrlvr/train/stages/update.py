@@ -1,0 +1,201 @@
+"""Update: ``algo.epochs`` passes of the policy loss over the rollout batch, one optimizer step each.
+
+Per micro-batch: the policy's response log-probs (with gradient), the policy loss chosen by ``algo.loss``
+(``mmrlvr.algos.POLICY_LOSSES``, each with its own parameters), the KL penalty to the reference, the batch's
+auxiliary losses, aggregated by ``algo.agg`` and normalised by the *global* count of the whole batch (all
+micro-batches and processes), so gradient accumulation and DDP's average reproduce one big batch.
+
+Credit deferred into this pass (``batch.deferred``) is applied to each micro-batch from its own clean logits;
+its normaliser is only known after the first pass, so that pass backpropagates unnormalised sums and the
+gradients are divided by the global normaliser at the end (same gradient).
+
+A non-finite loss or gradient skips the step (counted); ``max_bad_steps`` consecutive ones stop the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from typing import Any
+
+import torch
+
+from mmrlvr.algos import KL_ESTIMATORS, POLICY_LOSSES, agg_loss, call_policy_loss, logprobs_from_logits
+from mmrlvr.train.batch import StepBatch
+from mmrlvr.train.forward import LOGPROB_CHUNK, response_logits, token_logprobs
+from mmrlvr.train.stages.base import Stage, register_stage
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+def agg_denominator(weights: torch.Tensor, mode: str) -> float:
+    """What ``agg_loss(mode)`` divides by for these [n, L] weights: tokens, live rows, or rows."""
+    if mode == "token-mean":
+        return float(weights.sum())
+    if mode == "seq-mean-token-mean":
+        return float((weights.sum(dim=1) > 0).sum())
+    return float(weights.shape[0])
+
+
+#: loss keyword -> the ``algo`` config field that sets it (a loss receives the ones its signature takes)
+LOSS_PARAM_FIELDS: dict[str, str] = {"eps_low": "eps_low", "eps_high": "eps_high", "dual_clip": "dual_clip",
+                                     "noise": "nsr_noise"}
+
+
+def policy_loss_params(algo: Any) -> dict[str, Any]:
+    """The keyword arguments of ``algo.loss`` taken from the ``algo`` config section, by the loss's signature."""
+    accepted = inspect.signature(POLICY_LOSSES.get(algo.loss)).parameters
+    return {kw: getattr(algo, f) for kw, f in LOSS_PARAM_FIELDS.items() if kw in accepted}
+
+
+@register_stage("update", "policy_gradient")
+class PolicyGradient(Stage):
+    @classmethod
+    def validate(cls, cfg) -> list[str]:
+        a, out = cfg.algo, []
+        if a.loss not in POLICY_LOSSES:
+            out.append(f"algo.loss: unknown policy loss {a.loss!r}; known: {', '.join(POLICY_LOSSES.names())}")
+        if a.kl_coef > 0 and a.kl_estimator not in KL_ESTIMATORS:
+            out.append(f"algo.kl_estimator: unknown KL estimator {a.kl_estimator!r}; "
+                       f"known: {', '.join(KL_ESTIMATORS.names())}")
+        return out
+
+    def __init__(self, rt) -> None:
+        super().__init__(rt)
+        a = self.cfg.algo
+        self.loss_name = a.loss
+        self.loss_params = policy_loss_params(a)
+        self.kl_fn = KL_ESTIMATORS.get(a.kl_estimator) if a.kl_coef > 0 else None
+        self.after_step_hooks = [h for h in (getattr(fn, "on_optimizer_step", None) for fn in rt.reward_fns()) if h]
+
+    def __call__(self, b: StepBatch) -> None:
+        rt = self.rt
+        try:
+            b.update_stats = self.update(b)
+            rt.engine.sync_weights(rt.policy)  # no-op for hf; pushes weights / adapter into vLLM
+            rt.counters["bad_steps"] = 0
+        except NonFiniteLoss as exc:
+            rt.optimizer.zero_grad(set_to_none=True)
+            rt.counters["bad_steps"] += 1
+            rt.counters["skipped_steps"] += 1
+            b.update_stats = {"skipped": 1.0}
+            if rt.counters["bad_steps"] >= self.cfg.max_bad_steps:
+                raise RuntimeError(f"step {b.step}: {rt.counters['bad_steps']} consecutive steps with a non-finite "
+                                   f"loss ({exc}); stopping (max_bad_steps={self.cfg.max_bad_steps})") from exc
+
+    def update(self, b: StepBatch) -> dict[str, float]:
+        rt, a = self.rt, self.cfg.algo
+        rollouts = b.rollouts
+        deferred = b.deferred if b.deferred is not None and not b.deferred.done else None
+        global_den = None if deferred is not None else rt.global_sum(agg_denominator(b.token_weights, a.agg))
+        norm_constant = float(self.cfg.rollout.max_new_tokens)
+        rt.model.train()
+        # NSR's random rescue is seeded per step so a resumed run draws the same noise
+        self.generator = torch.Generator().manual_seed(self.cfg.seed * 7_919 + int(rollouts.timings.get("step", 0)))
+        totals: dict[str, float] = {}
+        self.recorded_rows: dict[int, bool] = {}  # rows whose first-pass entropy/ratio are stored
+        for _epoch in range(a.epochs):
+            slices = rt.micro_slices(rollouts.num_rows)
+            den_sum, epoch_loss = 0.0, 0.0
+            for i, rows in enumerate(slices):
+                sync = contextlib.nullcontext() if i == len(slices) - 1 else rt.accel.no_sync(rt.model)
+                with sync:
+                    stats = self.micro_step(b, rows, global_den, norm_constant)
+                den_sum += stats.pop("den")
+                epoch_loss += stats.pop("loss")
+                for k, v in stats.items():
+                    totals[k] = max(totals.get(k, v), v) if k == "ratio_max" else totals.get(k, 0.0) + v
+            if global_den is None:  # the deferred-credit pass: now the normaliser is known
+                global_den = rt.global_sum(den_sum)
+                inv = 1.0 / max(global_den, 1e-8)
+                for p in rt.model.parameters():
+                    if p.grad is not None:
+                        p.grad.mul_(inv)
+                epoch_loss *= inv
+                b.signals, b.credit_stats = deferred.finish(rollouts.old_logprobs)
+            totals["loss"] = totals.get("loss", 0.0) + epoch_loss
+            grad_norm = self.optimizer_step()
+            totals["grad_norm"] = totals.get("grad_norm", 0.0) + grad_norm
+        passes = a.epochs
+        return {k: (v / passes if k in ("grad_norm", "loss", "kl", "policy_loss") else v) for k, v in totals.items()}
+
+    def micro_step(self, b: StepBatch, rows: slice, global_den: float | None, norm_constant: float) -> dict[str, float]:
+        rt, cfg, a, rollouts = self.rt, self.cfg, self.cfg.algo, b.rollouts
+        inputs = rt.inputs(rollouts, b.vision, b.images_per_row, rows)
+        mask = rollouts.response_mask[rows]
+        dc = b.deferred if b.deferred is not None and not b.deferred.done else None
+        if dc is not None:  # credit from this pass's own clean logits (mmrlvr.train.deferred_credit)
+            logits = response_logits(rt.model, inputs, rollouts.response_ids.shape[1])
+            logp = logprobs_from_logits(logits, rollouts.response_ids[rows], temperature=cfg.rollout.temperature,
+                                        chunk_size=LOGPROB_CHUNK)
+            w, adv, ent = dc.apply(rows, logits, rollouts.response_ids[rows], mask, rollouts.old_logprobs[rows])
+            b.token_weights[rows] = w
+            b.advantages[rows] = adv
+            del logits
+        else:
+            logp, ent = token_logprobs(rt.model, inputs, rollouts.response_ids[rows], cfg.rollout.temperature,
+                                       with_entropy=True)
+        w = b.token_weights[rows]
+        if b.token_ratio is None:
+            b.token_entropy = torch.zeros_like(rollouts.old_logprobs)
+            b.token_ratio = torch.zeros_like(rollouts.old_logprobs)
+        if not self.recorded_rows.get(rows.start):
+            self.recorded_rows[rows.start] = True
+            with torch.no_grad():
+                valid = mask > 0
+                b.token_ratio[rows] = torch.where(valid, (logp.detach() - rollouts.old_logprobs[rows]).clamp(-20, 20).exp(), 0.0)
+                if ent is not None:
+                    b.token_entropy[rows] = torch.where(valid, ent, 0.0)
+        loss_tok, lstats = call_policy_loss(self.loss_name, logp, rollouts.old_logprobs[rows], b.advantages[rows], w,
+                                            generator=self.generator, **self.loss_params)
+        kl_val = 0.0
+        if self.kl_fn is not None:
+            kl_tok = self.kl_fn(logp, b.ref_logprobs[rows], mask=mask)
+            loss_tok = loss_tok + a.kl_coef * kl_tok
+            kl_val = float((kl_tok.detach() * mask).sum())
+        if b.aux_losses:
+            # an auxiliary term is defined over the whole batch: place this micro-batch's log-probs
+            # (with gradient) into a full-size tensor, then keep its rows
+            full = rollouts.old_logprobs.index_copy(0, torch.arange(rows.start, rows.stop), logp)
+            loss_tok = loss_tok + b.extra_loss(full)[rows]
+        local_den = agg_denominator(w, a.agg)
+        loss = agg_loss(loss_tok, w, a.agg, norm_constant=norm_constant)
+        # agg_loss normalises by this micro-batch; rescale to the global normaliser (times world size,
+        # because DDP averages gradients over processes). global_den None: leave the sum (update divides)
+        scale = local_den if global_den is None else local_den / max(global_den, 1e-8)
+        scale = scale * rt.accel.num_processes
+        loss = loss * scale
+        if not torch.isfinite(loss):
+            raise NonFiniteLoss(f"loss is {loss.item()}")
+        rt.accel.backward(loss)
+        n_tok = float(mask.sum())
+        return {
+            "loss": float(loss.detach()) / rt.accel.num_processes, "den": local_den,
+            "kl_sum": kl_val, "tokens": n_tok,
+            "entropy_sum": float((ent * mask).sum()) if ent is not None else 0.0,
+            "clip_sum": float(getattr(lstats, "clip_fraction", 0.0)) * n_tok,
+            "ratio_sum": float(getattr(lstats, "ratio_mean", 1.0)) * n_tok,
+            "ratio_max": float(getattr(lstats, "ratio_max", 1.0)),
+        }
+
+    def optimizer_step(self) -> float:
+        """Check the gradients, clip them, step the optimizer and scheduler; returns the gradient norm."""
+        rt = self.rt
+        clip = self.cfg.optim.grad_clip
+        params = [p for p in rt.model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is not None and not torch.isfinite(p.grad).all():
+                raise NonFiniteLoss("non-finite gradient")
+        if clip > 0:
+            norm = rt.accel.clip_grad_norm_(params, clip)
+        else:
+            norm = torch.sqrt(sum((p.grad.detach() ** 2).sum() for p in params if p.grad is not None))
+        rt.optimizer.step()
+        rt.scheduler.step()
+        rt.optimizer.zero_grad(set_to_none=True)
+        rt.counters["optimizer_steps"] += 1
+        for hook in self.after_step_hooks:
+            hook(rt.policy, rt.counters["optimizer_steps"])
+        return float(norm)

@@ -1,0 +1,123 @@
+"""Golden runs for the step pipeline: every metric and every rollout record of short fixed-seed runs.
+
+``tests/test_stage_goldens.py`` reruns each case and compares with ``tests/data/stage_goldens.json``, written by
+``python tests/stage_goldens.py --write`` from the trainer as it was before the step became a pipeline of stages
+(issue 18), so the refactor is shown to change nothing: every value of metrics.jsonl (wall-clock timings aside) and
+a digest of every rollout record column (run-specific ids aside) must match exactly.
+
+When a later change *means* to change results (a new default, a fixed bug), rerun ``--write`` in that commit and
+say so in its message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "data" / "stage_goldens.json"
+
+# fast settings shared by every case: 4 prompts per step, no eval, no checkpoints, rollouts recorded
+_COMMON = ["save_every=0", "eval.every=0", "eval.at_start=false", "eval.at_end=false", "rollout.prompts_per_step=4",
+           "progress=false", "log_rollouts=true", "data.train_size=64"]
+
+#: (case name, config file or "demo", overrides, steps). The five required cases run 20 steps; the variants cover
+#: the other paths through the step (split advantages, separate credit passes, extra losses, epochs, micro-batches).
+CASES: list[tuple[str, str, list[str], int]] = [
+    ("demo", "demo", [], 20),
+    ("demo-tiny", "configs/demo-tiny.yaml", [], 20),
+    ("consistency-tiny", "configs/consistency-tiny.yaml", [], 20),
+    ("credit-vepo-tiny", "configs/credit-vepo-tiny.yaml", [], 20),
+    ("grounding-tiny", "configs/grounding-tiny.yaml", [], 20),
+    ("rubric-tiny", "configs/rubric-tiny.yaml", [], 20),
+    ("split-answer", "configs/consistency-tiny.yaml", ["consistency.split_advantage=true"], 4),
+    ("split-all", "configs/consistency-tiny.yaml", ["consistency.split_advantage=true", "consistency.scope=all"], 3),
+    ("vppo", "configs/credit-vepo-tiny.yaml", ["credit.scheme=vppo"], 3),
+    ("papo", "configs/credit-vepo-tiny.yaml", ["credit.scheme=papo"], 3),
+    ("vepo-separate-2ep-mb", "configs/credit-vepo-tiny.yaml",
+     ["credit.in_update=false", "algo.epochs=2", "algo.micro_batch_size=8"], 3),
+    ("entropy-deferred-2ep", "configs/credit-vepo-tiny.yaml",
+     ["credit.scheme=entropy_topk", "algo.epochs=2", "algo.micro_batch_size=12"], 3),
+    ("lora-dapo-trunc", "configs/demo-tiny.yaml",
+     ["model.lora.enabled=true", "algo.preset=dapo", "rollout.max_new_tokens=12"], 3),
+    ("nsr-overlong", "configs/demo-tiny.yaml", ["algo.loss=nsr", "algo.overlong_cache=8"], 3),
+    ("gspo-preset", "configs/demo-tiny.yaml", ["algo.preset=gspo"], 3),
+    ("cispo-preset-rpp", "configs/demo-tiny.yaml", ["algo.preset=cispo", "algo.advantage=reinforce_pp"], 3),
+]
+
+_VOLATILE_METRICS = ("time/",)
+_VOLATILE_COLUMNS = {"run_id", "config_hash", "git_commit"}
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    return value
+
+
+def run_case(name: str, config: str, overrides: list[str], steps: int, out: Path) -> dict[str, Any]:
+    """Train one case in ``out`` and return its metrics rows and per-step record digests."""
+    from mmrlvr.config import load_config
+    from mmrlvr.train.trainer import Trainer
+
+    ov = [f"output_dir={out}", f"max_steps={steps}", *_COMMON, *overrides]
+    if config == "demo":
+        from mmrlvr.train.demo import demo_config_dict
+
+        cfg = load_config(data=demo_config_dict(), overrides=ov)
+    else:
+        cfg = load_config(ROOT / config, ov)
+    Trainer(cfg).train()
+    rows = []
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        rows.append({k: _clean(v) for k, v in sorted(row.items()) if not k.startswith(_VOLATILE_METRICS)})
+    digests = {}
+    import pyarrow.parquet as pq
+
+    for shard in sorted((out / "rollouts").glob("*.parquet")):
+        table = pq.read_table(shard)
+        h = hashlib.sha256()
+        for col in sorted(table.column_names):
+            if col in _VOLATILE_COLUMNS:
+                continue
+            h.update(col.encode())
+            h.update(json.dumps(table.column(col).to_pylist(), sort_keys=True, default=str).encode())
+        digests[shard.name] = h.hexdigest()
+    return {"metrics": rows, "records": digests}
+
+
+def run_all(tmp: Path, names: list[str] | None = None) -> dict[str, Any]:
+    """Run the cases on one intra-op thread: float reductions (and so every value) depend on the thread count."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = {}
+        for name, config, overrides, steps in CASES:
+            if names and name not in names:
+                continue
+            out[name] = run_case(name, config, overrides, steps, tmp / name)
+        return out
+    finally:
+        torch.set_num_threads(threads)
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    if "--write" not in sys.argv:
+        raise SystemExit("usage: python tests/stage_goldens.py --write [CASE ...]")
+    names = [a for a in sys.argv[1:] if not a.startswith("--")]
+    with tempfile.TemporaryDirectory() as tmp:
+        result = run_all(Path(tmp), names or None)
+    old = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+    old.update(result)
+    GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+    GOLDEN.write_text(json.dumps(old, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {GOLDEN} ({', '.join(result)})")
