@@ -57,13 +57,23 @@ def child(args) -> None:
     model.train()
     before = _rss_mib()
     t0 = time.perf_counter()
-    logp, _ = token_logprobs(model, inputs, resp)
-    logp.mean().backward()
+    storages: dict[int, int] = {}
+
+    def keep(t):  # every tensor autograd keeps for backward, by storage (views counted once)
+        st = t.untyped_storage()
+        storages[st.data_ptr()] = st.nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        logp, _ = token_logprobs(model, inputs, resp)
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved_mib = sum(n for ptr, n in storages.items() if ptr not in weights) / 2**20
+    if not args.forward_only:
+        logp.mean().backward()
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     grads_mib = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) / 2**20
     print("RESULT " + json.dumps({"before_mib": before, "peak_mib": peak, "pass_mib": peak - before,
-                                  "grads_mib": grads_mib,
+                                  "grads_mib": grads_mib, "saved_mib": saved_mib,
                                   "seconds": seconds, "tokens": ids.shape[1]}))
 
 
@@ -74,6 +84,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=4)
     ap.add_argument("--image-tokens", type=int, default=256)
     ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--forward-only", action="store_true",
+                    help="skip the backward: report only what the forward keeps for it (fast)")
     ap.add_argument("--checkpointing", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -85,6 +97,7 @@ def main() -> None:
     for ckpt in (False, True):
         cmd = [sys.executable, __file__, "--child", "--shape", args.shape, "--layers", str(args.layers),
                "--rows", str(args.rows), "--image-tokens", str(args.image_tokens), "--new-tokens", str(args.new_tokens)]
+        cmd += ["--forward-only"] if args.forward_only else []
         proc = subprocess.run(cmd + (["--checkpointing"] if ckpt else []), env=env, capture_output=True, text=True)
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if proc.returncode != 0 or line is None:
@@ -92,8 +105,16 @@ def main() -> None:
             raise SystemExit(f"run failed (checkpointing={ckpt})")
         res[ckpt] = json.loads(line[len("RESULT "):])
         r = res[ckpt]
+        print(f"checkpointing {'on ' if ckpt else 'off'}: forward keeps {r['saved_mib']:.0f} MiB of activations "
+              f"for backward (weights excluded)", flush=True)
+        if args.forward_only:
+            continue
         print(f"checkpointing {'on ' if ckpt else 'off'}: pass adds {r['pass_mib']:.0f} MiB over {r['before_mib']:.0f} MiB "
               f"loaded ({r['tokens']} tokens x {args.rows} rows, {r['seconds']:.1f} s)", flush=True)
+    saved_cut = 1 - res[True]["saved_mib"] / res[False]["saved_mib"]
+    print(f"activations kept for backward cut by gradient checkpointing: {100 * saved_cut:.0f} %")
+    if args.forward_only:
+        return
     grads = res[False]["grads_mib"]
     act = {k: r["pass_mib"] - grads for k, r in res.items()}
     print(f"of which gradients {grads:.0f} MiB (the same either way); the rest (activations, buffers): "

@@ -252,6 +252,7 @@ def test_shape_true_standin_equals_todays_path():
     ref_logp, ref_ent = _today(model, inputs, resp, 1.0)
     (rg,) = torch.autograd.grad(ref_logp.sum(), [norm])
     assert model.lm_head.out_features == 151_936
+    assert model.lm_head.weight is model.model.language_model.embed_tokens.weight  # tied, as in the 3B checkpoint
     assert_close(logp, ref_logp, atol=1e-5, rtol=1e-5)
     assert_close(ent, ref_ent, atol=1e-5, rtol=1e-5)
     assert_close(g, rg, atol=1e-5, rtol=1e-4)

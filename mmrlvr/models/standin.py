@@ -67,6 +67,8 @@ def standin_model(shape: str, tokenizer, *, layers: int = 1, vision_depth: int =
     config = standin_config(shape, tokenizer, layers=layers, vision_depth=vision_depth, vocab_size=vocab_size)
     with no_init_weights():
         model = Qwen2_5_VLForConditionalGeneration(config)
+    if config.tie_word_embeddings:
+        model.tie_weights()  # skipped with the initialisation; the 3B checkpoint ties lm_head to the embedding
     fill_random(model, seed)
     eos = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.pad_token_id]
     with torch.no_grad():
