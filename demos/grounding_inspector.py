@@ -12,9 +12,14 @@ IoU) over the ground truth (cyan outline, no fill); sort the group by reward to 
 digits of the box to see which numbers the update pushed; the compare slider shows the same prompt at an
 earlier step (prompts recur: the training pool is smaller than steps × prompts per step).
 
-Measured: see FIGURES below (filled in from a real run of this script; the demo prints the same table).
+Measured (seed 0, 40 steps, trained and control side by side on 2 shared CPU cores, ~25 s per step
+there; a few seconds per step on an idle machine): mean IoU reward over the first / last 10 steps
+0.072 -> 0.089 trained, 0.080 -> 0.077 for the lr-0 control; held-out avg@4 box accuracy (IoU >= 0.5)
+0.023 -> 0.031 trained, unchanged for the control. Honest reading: a small rise (+0.012 over the
+control at the end, against a step-to-step noise of about ±0.02), not yet a strong one — the warm start
+places boxes poorly (mean IoU ~0.08), so most samples score 0 and groups carry little signal.
 
-    python demos/grounding_inspector.py [--steps 60] [--out runs/demo-grounding] [--no-control] [--no-inspect]
+    python demos/grounding_inspector.py [--steps 40] [--out runs/demo-grounding] [--no-control] [--no-inspect]
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ def train(out: str, steps: int, *overrides: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--steps", type=int, default=40)
     p.add_argument("--out", default="runs/demo-grounding")
     p.add_argument("--port", type=int, default=7860)
     p.add_argument("--no-control", action="store_true", help="skip the lr-0 control run")
@@ -62,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     if b and a:
         print(f"held-out greedy box accuracy (IoU >= 0.5): {b['greedy_accuracy']:.3f} -> {a['greedy_accuracy']:.3f}")
     trained = iou_curve(args.out)
-    k = max(1, args.steps // 4)
+    k = max(1, args.steps // 4)  # 10 of 40 steps
     rows = [("trained", trained)]
     if not args.no_control:
         control_dir = f"{args.out}-lr0"

@@ -259,7 +259,7 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     # ---- demos/*.py docstrings
     "python demos/credit_study.py [--steps 20] [--out runs/demo-credit] [any credit_study.py option]":
         (RUN + " (--steps 2 ...)", (T_DOC + "test_credit_study_demo_runs", T_OPTS)),
-    "python demos/grounding_inspector.py [--steps 60] [--out runs/demo-grounding] [--no-control] [--no-inspect]":
+    "python demos/grounding_inspector.py [--steps 40] [--out runs/demo-grounding] [--no-control] [--no-inspect]":
         (DEMO + " (--steps 2 --no-control --no-inspect)", (T_GROUNDING, T_OPTS)),
     # ---- docs/inspector.md
     "mmrlvr demo --steps 40": (RUN + " (mmrlvr demo, 3 steps)", (T_DEMO,)),
