@@ -81,25 +81,30 @@ class PhaseTimer:
 
 
 def _wire_optimizer(trainer, cfg) -> str:
-    """Until the trainer builds its optimiser with ``mmrlvr.train.optim`` (issue 17), do it here: fused
-    AdamW and the one-pass clip + non-finite check, the calls the trainer is to make."""
+    """Until the run builds its optimiser with ``mmrlvr.train.optim`` (issue 17), do it here: fused AdamW
+    and the one-pass clip + non-finite check, the calls the runtime / update stage are to make."""
     import torch
 
-    if getattr(trainer.optimizer, "defaults", {}).get("fused"):
-        return "trainer's own optimiser (fused)"
+    rt, update = trainer.rt, trainer.pipeline.stage("update")
+    if getattr(rt.optimizer, "defaults", {}).get("fused"):
+        return "the run's own optimiser (fused)"
     from mmrlvr.train.optim import build_optimizer, clip_grad_norm_and_check
+    from mmrlvr.train.runtime import lr_lambda
 
-    params = [p for p in trainer.model.parameters() if p.requires_grad]
-    trainer.optimizer = build_optimizer(params, cfg.optim)
-    trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, trainer._lr_lambda)
+    params = [p for p in rt.model.parameters() if p.requires_grad]
+    rt.optimizer = build_optimizer(params, cfg.optim)
+    rt.scheduler = torch.optim.lr_scheduler.LambdaLR(rt.optimizer, lr_lambda(cfg))
 
     def optimizer_step() -> float:
         norm = clip_grad_norm_and_check(params, cfg.optim.grad_clip)
-        trainer.optimizer.step()
-        trainer.scheduler.step()
-        trainer.optimizer.zero_grad(set_to_none=True)
+        rt.optimizer.step()
+        rt.scheduler.step()
+        rt.optimizer.zero_grad(set_to_none=True)
+        rt.counters["optimizer_steps"] += 1
+        for hook in update.after_step_hooks:
+            hook(rt.policy, rt.counters["optimizer_steps"])
         return norm
-    trainer._optimizer_step = optimizer_step
+    update.optimizer_step = optimizer_step
     return "optimiser wired by the benchmark: build_optimizer (fused) + clip_grad_norm_and_check"
 
 
@@ -129,27 +134,23 @@ def run_ours(model_dir: str, a, out: str, rollout_log: bool) -> dict:
     if a.gradient_checkpointing and not getattr(trainer.policy, "is_gradient_checkpointing", False):
         from mmrlvr.models.lora import enable_gradient_checkpointing
 
-        enable_gradient_checkpointing(trainer.policy)  # until the trainer reads model.gradient_checkpointing
+        enable_gradient_checkpointing(trainer.policy)  # until the runtime reads model.gradient_checkpointing
     optim_note = _wire_optimizer(trainer, cfg)
     timer = PhaseTimer()
-    generate = trainer.engine.generate
-
-    def generate_and_measure(*args, **kwargs):
-        t0 = time.perf_counter()
-        batch = generate(*args, **kwargs)
-        timer.add("generate", time.perf_counter() - t0)
-        timer.lengths.append(float(batch.response_mask.sum(1).float().mean()))
-        return batch
-    trainer.engine.generate = generate_and_measure
-    timer.wrap(trainer, "reference_logprobs", "reference")
-    timer.wrap(trainer, "_micro_step", "policy_fwd_bwd")
-    timer.wrap(trainer, "_optimizer_step", "optimizer")
+    timer.wrap(trainer.pipeline.stage("update"), "optimizer_step", "optimizer")
     times = []
     for step in range(a.steps):
         timer.new_step()
         t0 = time.perf_counter()
-        trainer.run_step(step)
+        batch = trainer.pipeline.run(step)  # what Trainer.run_step does, keeping the batch for its timings
         times.append(time.perf_counter() - t0)
+        ph = timer.steps[-1]
+        ph["generate"] = batch.timings.get("generate", 0.0)
+        ph["reference"] = batch.timings.get("reference", 0.0)
+        ph["policy_fwd_bwd"] = batch.timings.get("update", 0.0) - ph["optimizer"]
+        mask = getattr(getattr(batch, "rollouts", None), "response_mask", None)
+        if mask is not None:
+            timer.lengths.append(float(mask.sum(1).float().mean()))
     if trainer.writer is not None:
         trainer.writer.close()
     return {"step_s": times, "phases": timer.steps, "response_len": timer.lengths, "note": optim_note}
