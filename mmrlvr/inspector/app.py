@@ -407,8 +407,9 @@ def build_app(run_dir: str | os.PathLike[str], *, refresh_s: float = 5.0) -> gr.
                 with gr.Row():
                     with gr.Column(scale=2):
                         annotated = gr.AnnotatedImage(label="Image · predicted boxes (magenta, with IoU) vs ground "
-                                                      "truth (cyan), outlines", format="png", height=360,
-                                                      elem_id="mm-annotated")
+                                                      "truth (cyan), outlines", format="png",
+                                                      elem_id="mm-annotated")  # no fixed height: a letterboxed
+                                                      # image and its box masks would be scaled apart
                         gallery = gr.Gallery(label="More images", visible=False, columns=4, height=160)
                     with gr.Column(scale=3):
                         ta_html = gr.HTML(elem_id="mm-thinking-answer")
