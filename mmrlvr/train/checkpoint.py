@@ -504,28 +504,38 @@ def _dcp_state(model: torch.nn.Module, optimizer: Any | None) -> dict[str, Any]:
 
 
 def _load_dcp(folder: Path, model: torch.nn.Module, optimizer: Any | None) -> None:
-    """Fill ``model`` (and ``optimizer``) from ``folder/sharded`` at this process's world size."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
+    """Fill ``model`` (and ``optimizer``) from ``folder/sharded`` at this process's world size.
 
-    state = _dcp_state(model, optimizer)
+    Every weight the checkpoint holds must exist in the model; when resuming (``optimizer`` given) every
+    weight the model trains must be in the checkpoint. A fresh model for export / eval (vision tower not
+    frozen) takes the saved weights and keeps its other ones."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         set_model_state_dict, set_state_dict)
+
     saved = {k.split(".", 1)[1] for k in dcp.FileSystemReader(str(Path(folder) / SHARDED)).read_metadata()
              .state_dict_metadata if k.startswith("model.")}
-    wanted = set(state["model"])
-    if saved != wanted:
-        odd = sorted(saved - wanted) or sorted(wanted - saved)
-        side = "this model lacks" if saved - wanted else "the checkpoint lacks"
-        raise CheckpointError(f"{folder}: the sharded checkpoint holds {len(saved)} trainable weights, the model "
-                              f"trains {len(wanted)}; e.g. {odd[0]} ({side} it; was model.lora changed?)")
+    full = get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=False))
+    trained = _dcp_state(model, None)["model"].keys()
+    lacking = sorted(saved - set(full))
+    if lacking:
+        raise CheckpointError(f"{folder}: the sharded checkpoint holds weights this model lacks, e.g. {lacking[0]} "
+                              "(was model.lora changed?)")
+    missing = sorted(set(trained) - saved) if optimizer is not None else []
+    if missing:
+        raise CheckpointError(f"{folder}: no saved value for trainable weight {missing[0]} (was model.lora or "
+                              "model.freeze_vision changed?)")
+    state: dict[str, Any] = {"model": {k: v for k, v in full.items() if k in saved}}
+    if optimizer is not None:
+        state["optim"] = _dcp_state(model, optimizer)["optim"]
     try:
         dcp.load(state, checkpoint_id=str(Path(folder) / SHARDED))
     except Exception as exc:  # noqa: BLE001 - DCP raises a CheckpointException listing every rank's error
         first = str(exc).strip().splitlines()
         raise CheckpointError(f"{folder}: the sharded weights do not fit this model ({type(exc).__name__}: "
                               f"{first[-1] if first else exc})") from None
-    # strict=False: frozen weights (the base under LoRA) are not in the checkpoint by design; the key sets
-    # were compared above
-    opts = StateDictOptions(ignore_frozen_params=True, strict=False)
+    # strict=False: weights outside the checkpoint (frozen ones) keep their values; the names were checked
+    opts = StateDictOptions(strict=False)
     if optimizer is None:
         set_model_state_dict(model, state["model"], options=opts)
     else:

@@ -16,7 +16,9 @@ exits 0 having trained something other than what was asked. Here:
 - ``distributed.strategy: fsdp2``: torch's own ``torch.distributed.fsdp.fully_shard`` (FSDP2, the engine
   TRL / accelerate / torchtitan use; not our own sharding) per transformer block (the model's
   ``_no_split_modules``: Qwen2.5-VL's decoder layers and vision blocks), the root last;
-  ``reshard_after_forward``; ``MixedPrecisionPolicy`` (float32 gradient reduction) on GPU only.
+  ``reshard_after_forward`` for the blocks (the root keeps its weights gathered between its forward and
+  backward, FSDP2's default for the root: the fused log-prob path multiplies by the LM head's weight after
+  the forward); ``MixedPrecisionPolicy`` (float32 gradient reduction) on GPU only.
   Parameters become ``DTensor``s holding 1/world of each sharded tensor, so parameters, gradients and
   AdamW state are sharded. ``shard_model`` must run before the optimizer is built (it replaces the
   parameters), and such a model is NOT given to ``accelerate.prepare`` (that would wrap it in DDP).
@@ -305,13 +307,48 @@ def shard_model(model: torch.nn.Module, *, reshard_after_forward: bool = True,
     if not blocks:
         raise UserError(f"distributed.strategy: fsdp2: {type(model).__name__} names no transformer blocks "
                         "(_no_split_modules); cannot choose what to shard")
-    n = 0
     for m in list(model.modules()):
         if m is not model and type(m).__name__ in blocks:
             fully_shard(m, **kwargs)
-            n += 1
-    fully_shard(model, **kwargs)  # the root last: embeddings, norms, head, vision patch embed / merger
+    # the vision tower as a unit of its own (patch embedding, merger): the rollout and the vision-feature
+    # cache call it directly, outside the root's forward, so its weights must not depend on the root's hooks
+    for name, m in list(model.named_modules()):
+        if m is not model and name.rsplit(".", 1)[-1] == "visual":
+            fully_shard(m, **kwargs)
+    # the root last: embeddings, norms, LM head. Not resharded after its forward (FSDP2's own default for
+    # the root): the fused log-prob path reads the LM head's weight after the forward returns
+    fully_shard(model, **{**kwargs, "reshard_after_forward": False})
+    # FSDP2 makes the first FSDP module that runs a forward the root of the tree; the vision tower runs
+    # before the model does (image encoding), so initialise the whole tree from the real root now
+    lazy_init = getattr(model._get_fsdp_state(), "_lazy_init", None)  # type: ignore[attr-defined]
+    if lazy_init is not None:
+        lazy_init()
     return model
+
+
+def shard(accel: Any, cfg: Any, model: torch.nn.Module, ref_model: torch.nn.Module | None
+          ) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+    """``distributed.strategy: fsdp2`` over several processes: shard the policy and a frozen reference copy
+    the same way (a LoRA run's reference is the adapter-off policy, sharded with it). Unchanged otherwise;
+    fsdp2 in one process runs unsharded (said once). Call before building the optimizer."""
+    if strategy_of(cfg) != "fsdp2":
+        return model, ref_model
+    if accel.num_processes == 1:
+        if accel.is_main_process:
+            print("distributed: strategy fsdp2 in one process: nothing to shard, training unsharded", flush=True)
+        return model, ref_model
+    shard_model(model)
+    if ref_model is not None:
+        shard_model(ref_model)
+    return model, ref_model
+
+
+def prepare(accel: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
+    """``accel.prepare(model, optimizer)``, except that an FSDP2-sharded model is not handed to accelerate
+    (it would wrap it in DDP): only the optimizer is prepared."""
+    if is_sharded(model):
+        return model, accel.prepare(optimizer)
+    return accel.prepare(model, optimizer)
 
 
 def _fsdp_modules(model: torch.nn.Module) -> list:
@@ -325,7 +362,8 @@ def gathered(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
     """Every FSDP2 block unsharded for the whole block of code (one all-gather each), none per forward.
 
     Inside, forwards issue no collective, so ranks may run different numbers of forwards (``generate``
-    stopping at different lengths). Restores resharding afterwards. A no-op for an unsharded model.
+    stopping at different lengths). Afterwards every module is resharded and resharding after forward is
+    back as ``shard_model`` set it (blocks yes, the root ``model`` no). A no-op for an unsharded model.
     """
     mods = _fsdp_modules(model)
     if not mods:
@@ -342,7 +380,7 @@ def gathered(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
     finally:
         for m in mods:
             m.reshard()
-            m.set_reshard_after_forward(True, recurse=False)
+            m.set_reshard_after_forward(m is not model, recurse=False)  # as shard_model set them
 
 
 class GatheredEngine:

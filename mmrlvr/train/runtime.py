@@ -39,6 +39,7 @@ class Runtime:
     vision_start_id: int
     metrics_writer: Any = None  # MetricsWriter (metrics.jsonl + trackers); writes on the main process only
     rollout_writer: Any = None  # RolloutWriter (Parquet per step) on the main process, or None
+    topology: Any = None  # mmrlvr.train.distributed.Topology: world size, nodes, strategy, prompts per rank
     counters: dict[str, int] = field(default_factory=lambda: {"bad_steps": 0, "skipped_steps": 0,
                                                               "optimizer_steps": 0})
 
@@ -177,17 +178,21 @@ def build_runtime(cfg: RunConfig) -> Runtime:
 
     load_plugins(cfg.plugins)
     accel = Accelerator(cpu=not torch.cuda.is_available())
+    from mmrlvr.train import distributed
+
+    topology = distributed.setup(accel, cfg, cfg.output_dir)  # a lone copy of an N-process launch stops here
     torch.manual_seed(cfg.seed)
     model, processor, ref_model = _load_model(cfg, accel)
+    model, ref_model = distributed.shard(accel, cfg, model, ref_model)  # fsdp2: before the optimizer sees params
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not trainable:
         raise UserError("model: no trainable parameters (check model.lora and model.freeze_vision)")
     optimizer = torch.optim.AdamW(trainable, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
                                   weight_decay=cfg.optim.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
-    prepared, optimizer = accel.prepare(model, optimizer)
+    prepared, optimizer = distributed.prepare(accel, model, optimizer)  # accel.prepare, unless sharded
     policy = accel.unwrap_model(prepared)
-    engine = build_engine(cfg, policy, processor)
+    engine = distributed.wrap_engine(build_engine(cfg, policy, processor), policy)  # fsdp2: gather per generate
     reward = build_run_reward(cfg)
     for fn in getattr(reward, "fns", [reward]):
         if getattr(fn, "needs_policy", False):
@@ -201,4 +206,4 @@ def build_runtime(cfg: RunConfig) -> Runtime:
     return Runtime(cfg=cfg, accel=accel, model=prepared, policy=policy, ref_model=ref_model, processor=processor,
                    optimizer=optimizer, scheduler=scheduler, engine=engine, reward=reward,
                    train_samples=train_samples, eval_samples=eval_samples, order=order,
-                   vision_start_id=tok.convert_tokens_to_ids("<|vision_start|>"))
+                   vision_start_id=tok.convert_tokens_to_ids("<|vision_start|>"), topology=topology)

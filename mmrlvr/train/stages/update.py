@@ -46,8 +46,13 @@ LOSS_PARAM_FIELDS: dict[str, str] = {"eps_low": "eps_low", "eps_high": "eps_high
 
 def policy_loss_params(algo: Any) -> dict[str, Any]:
     """The keyword arguments of ``algo.loss`` taken from the ``algo`` config section, by the loss's signature."""
+    from mmrlvr.algos.presets import clip_kwargs
+
     accepted = inspect.signature(POLICY_LOSSES.get(algo.loss)).parameters
-    return {kw: getattr(algo, f) for kw, f in LOSS_PARAM_FIELDS.items() if kw in accepted}
+    params = {kw: getattr(algo, f) for kw, f in LOSS_PARAM_FIELDS.items() if kw in accepted}
+    # algo.clip (fixed | acpo) for the losses that take a clip rule; another rule on a loss without one raises
+    params.update(clip_kwargs(algo.loss, vars(algo)))
+    return params
 
 
 @register_stage("update", "policy_gradient")
@@ -96,6 +101,9 @@ class PolicyGradient(Stage):
         self.generator = torch.Generator().manual_seed(self.cfg.seed * 7_919 + int(rollouts.timings.get("step", 0)))
         totals: dict[str, float] = {}
         self.recorded_rows: dict[int, bool] = {}  # rows whose first-pass entropy/ratio are stored
+        from mmrlvr.algos.clipping import OffPolicyDiagnostics
+
+        self.offpolicy = OffPolicyDiagnostics()  # per pi_old bin, over every pass of this step
         for _epoch in range(a.epochs):
             slices = rt.micro_slices(rollouts.num_rows)
             den_sum, epoch_loss = 0.0, 0.0
@@ -118,6 +126,7 @@ class PolicyGradient(Stage):
             totals["loss"] = totals.get("loss", 0.0) + epoch_loss
             grad_norm = self.optimizer_step()
             totals["grad_norm"] = totals.get("grad_norm", 0.0) + grad_norm
+        b.diagnostics.update(self.offpolicy.metrics())
         passes = a.epochs
         return {k: (v / passes if k in ("grad_norm", "loss", "kl", "policy_loss") else v) for k, v in totals.items()}
 
@@ -150,6 +159,7 @@ class PolicyGradient(Stage):
                     b.token_entropy[rows] = torch.where(valid, ent, 0.0)
         loss_tok, lstats = call_policy_loss(self.loss_name, logp, rollouts.old_logprobs[rows], b.advantages[rows], w,
                                             generator=self.generator, **self.loss_params)
+        self.record_offpolicy(logp, rollouts.old_logprobs[rows], w)
         kl_val = 0.0
         if self.kl_fn is not None:
             kl_tok = self.kl_fn(logp, b.ref_logprobs[rows], mask=mask)
@@ -180,18 +190,38 @@ class PolicyGradient(Stage):
             "ratio_max": float(getattr(lstats, "ratio_max", 1.0)),
         }
 
+    @torch.no_grad()
+    def record_offpolicy(self, logp: torch.Tensor, old_logp: torch.Tensor, weights: torch.Tensor) -> None:
+        """Ratio statistics per pi_old bin (``offpolicy/...``), with the clip bounds the loss used (ACPO's too)."""
+        from mmrlvr.algos.clipping import loss_bounds
+
+        valid = weights > 0
+        ratio = torch.where(valid, (logp.detach() - old_logp).clamp(-20, 20).exp(), torch.ones_like(logp))
+        low, high = loss_bounds(self.loss_params, logp.detach(), ratio, valid)
+        self.offpolicy.add(ratio, old_logp, valid, low, high)
+
     def optimizer_step(self) -> float:
         """Check the gradients, clip them, step the optimizer and scheduler; returns the gradient norm."""
         rt = self.rt
         clip = self.cfg.optim.grad_clip
         params = [p for p in rt.model.parameters() if p.requires_grad]
-        for p in params:
-            if p.grad is not None and not torch.isfinite(p.grad).all():
-                raise NonFiniteLoss("non-finite gradient")
-        if clip > 0:
-            norm = rt.accel.clip_grad_norm_(params, clip)
+        from mmrlvr.train.distributed import is_sharded
+
+        if is_sharded(rt.model):  # FSDP2: DTensor gradients; one norm reduced over the ranks decides on every rank
+            from mmrlvr.train.optim import NonFiniteGradient, clip_grad_norm_and_check
+
+            try:
+                norm = clip_grad_norm_and_check(params, clip)
+            except NonFiniteGradient as exc:
+                raise NonFiniteLoss(str(exc)) from None
         else:
-            norm = torch.sqrt(sum((p.grad.detach() ** 2).sum() for p in params if p.grad is not None))
+            for p in params:
+                if p.grad is not None and not torch.isfinite(p.grad).all():
+                    raise NonFiniteLoss("non-finite gradient")
+            if clip > 0:
+                norm = rt.accel.clip_grad_norm_(params, clip)
+            else:
+                norm = torch.sqrt(sum((p.grad.detach() ** 2).sum() for p in params if p.grad is not None))
         rt.optimizer.step()
         rt.scheduler.step()
         rt.optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,219 @@
+"""1 vs 2 processes, DDP vs FSDP2: step time, per-rank peak memory, per-rank parameter + optimizer-state bytes,
+and decode tokens/s sharded vs unsharded, on a shape-true stand-in (issue 25).
+
+Arms (each its own launch, so peak RSS is that arm's alone): ``1proc`` (plain, one process), ``ddp`` (2
+ranks, ``torch.nn.parallel.DistributedDataParallel``, what accelerate's MULTI_CPU/MULTI_GPU wraps),
+``fsdp2`` (2 ranks, ``mmrlvr.train.distributed.shard_model``: torch's ``fully_shard`` per block, root
+last). The 2-rank arms start with ``torchrun --nproc_per_node 2`` over gloo on loopback.
+
+Each arm trains ``--steps`` update steps of full fine-tuning, vision tower frozen (the policy-update part of
+our step: forward,
+token-mean loss, backward, ``clip_grad_norm_and_check``, AdamW from ``mmrlvr.train.optim``) on a fixed
+global batch of ``--rows`` x ``--seq`` text tokens split over the ranks, then decodes ``--new-tokens``
+greedily from one prompt per rank: plain (1proc, DDP's module), FSDP2 under ``gathered`` (one all-gather
+per block per ``generate``: what the trainer does) and FSDP2 without it (an all-gather per block per
+decoded token: what a naive sharded ``generate`` does).
+
+The model is ``mmrlvr.models.standin``'s Qwen2.5-VL stand-in (``--shape qwen2_5_vl_3b``: real hidden,
+intermediate, head and vision widths; ``--layers`` decoder layers, one vision block; ``--vocab`` tokens,
+smaller than the real 151,936 so that two full-fine-tuning ranks fit in a shared machine's memory) or
+``--shape toy`` (the 0.64 M tiny model).
+
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/scaling.py --shape qwen2_5_vl_3b --layers 1 --vocab 8192 --steps 3
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/scaling.py --shape toy --steps 3
+
+Ends with:
+    step time ratio (ddp 2 ranks / 1 process): A
+    step time ratio (fsdp2/ddp): B
+    peak memory per rank (fsdp2/ddp): C
+    per-rank state bytes (fsdp2/ddp): X        (parameters + AdamW state held by one rank; <= 0.55 expected)
+    decode tokens/s (fsdp2 gathered / unsharded): D
+    decode tokens/s (fsdp2 per-token gather / gathered): E
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+ARMS = ("1proc", "ddp", "fsdp2")
+
+
+def build_model(shape: str, out: Path, layers: int, vocab: int) -> Path:
+    if shape == "toy":
+        from mmrlvr.models.tiny import build_tiny
+
+        return build_tiny("qwen2_5_vl", out)
+    from mmrlvr.models.standin import standin_model
+    from mmrlvr.models.tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    model = standin_model(shape, tok, layers=layers, vision_depth=1, vocab_size=max(vocab, len(tok)))
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def child(arm: str, model_dir: str, a: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from mmrlvr.models import load_policy
+    from mmrlvr.train import distributed as D
+    from mmrlvr.train.optim import build_optimizer, clip_grad_norm_and_check
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if world > 1 else 0
+    torch.manual_seed(0)
+    model, _ = load_policy(model_dir, dtype="float32", device="cpu")
+    from mmrlvr.models.lora import freeze_vision
+
+    freeze_vision(model)  # text-only batches: the vision tower gets no gradient (frozen, as in our runs by default)
+    model.train()
+    plain = model
+    if arm == "ddp":
+        model = torch.nn.parallel.DistributedDataParallel(model)
+        plain = model.module
+    elif arm == "fsdp2":
+        D.shard_model(model)
+    opt = build_optimizer(model.parameters(), SimpleNamespace(lr=1e-5, betas=[0.9, 0.999], weight_decay=0.0))
+    vocab = plain.config.get_text_config().vocab_size
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(10, min(vocab, 5000), (a.rows, a.seq), generator=gen)
+    per = a.rows // world
+    mine = ids[rank * per:(rank + 1) * per]
+    count = float(a.rows * (a.seq - 1))
+    times = []
+    for _ in range(a.steps):
+        if world > 1:
+            dist.barrier()
+        t0 = time.perf_counter()
+        logits = model(input_ids=mine).logits[:, :-1]
+        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), mine[:, 1:].reshape(-1),
+                                                reduction="sum")
+        (nll / count * world).backward()
+        clip_grad_norm_and_check(list(model.parameters()), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del logits, nll
+        times.append(time.perf_counter() - t0)
+    state = D.state_bytes(plain, opt)
+    plain.eval()
+    prompt = ids[rank:rank + 1, :16]
+
+    def decode(ctx) -> float:
+        if world > 1:
+            dist.barrier()
+        t0 = time.perf_counter()
+        with torch.no_grad(), ctx:
+            out = plain.generate(input_ids=prompt, max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens,
+                                 do_sample=False)
+        return (out.shape[1] - prompt.shape[1]) / (time.perf_counter() - t0)
+
+    import contextlib
+
+    decode_plain = decode(D.gathered(plain))  # a no-op for unsharded models
+    decode_pertoken = decode(contextlib.nullcontext()) if arm == "fsdp2" else None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    mine_res = {"rank": rank, "step_s": times, "state_bytes": state, "peak_rss_mib": peak,
+                "decode_tok_s": decode_plain, "decode_pertoken_tok_s": decode_pertoken,
+                "local_params": D.local_numel(plain)}
+    every = [mine_res]
+    if world > 1:
+        every = [None] * world
+        dist.all_gather_object(every, mine_res)
+        dist.destroy_process_group()
+    if rank == 0:
+        print("RESULT " + json.dumps(every), flush=True)
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_arm(arm: str, model_dir: str, a: argparse.Namespace, env: dict[str, str]) -> list[dict]:
+    args = [__file__, "--child", arm, "--model", model_dir, "--steps", str(a.steps), "--rows", str(a.rows),
+            "--seq", str(a.seq), "--new-tokens", str(a.new_tokens)]
+    if arm == "1proc":
+        cmd = [sys.executable, *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+               "--master_port", str(_port()), *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if proc.returncode != 0 or line is None:
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-5000:])
+        raise SystemExit(f"{arm} arm failed (exit {proc.returncode})")
+    return json.loads(line[len("RESULT "):])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="toy", choices=["toy", "qwen2_5_vl_3b", "qwen2_5_vl_7b"])
+    p.add_argument("--layers", type=int, default=1, help="stand-ins: decoder layers")
+    p.add_argument("--vocab", type=int, default=8192, help="stand-ins: vocabulary size")
+    p.add_argument("--steps", type=int, default=3, help="update steps per arm; the first is warm-up, not timed")
+    p.add_argument("--rows", type=int, default=4, help="global batch rows (split over the ranks)")
+    p.add_argument("--seq", type=int, default=128, help="tokens per row")
+    p.add_argument("--new-tokens", type=int, default=16, help="decoded tokens")
+    p.add_argument("--model", default=None, help="model folder (default: build the --shape model)")
+    p.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.child:
+        child(a.child, a.model, a)
+        return
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "OMP_WAIT_POLICY": "PASSIVE",
+           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    model_dir = a.model
+    if model_dir is None:
+        t0 = time.perf_counter()
+        model_dir = str(build_model(a.shape, Path(tempfile.mkdtemp()) / a.shape, a.layers, a.vocab))
+        print(f"== {a.shape}: built in {time.perf_counter() - t0:.0f} s", flush=True)
+    print(f"== {a.shape} ({a.layers} layer(s), vocab {a.vocab if a.shape != 'toy' else 'tiny'}): full fine-tuning, "
+          f"{a.rows} rows x {a.seq} tokens per step, {a.steps} steps; decode {a.new_tokens} tokens; "
+          f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']} per process", flush=True)
+    res = {}
+    for arm in ARMS:
+        res[arm] = run_arm(arm, model_dir, a, env)
+        for r in res[arm]:
+            timed = r["step_s"][1:] or r["step_s"]
+            extra = (f", decode per-token gather {r['decode_pertoken_tok_s']:.1f} tok/s"
+                     if r["decode_pertoken_tok_s"] else "")
+            print(f"{arm:>6} rank {r['rank']}: step {statistics.median(timed):.3f} s, peak RSS {r['peak_rss_mib']:.0f} "
+                  f"MiB, params+optimizer state {r['state_bytes'] / 2**20:.1f} MiB ({r['local_params']:,} parameter "
+                  f"elements), decode {r['decode_tok_s']:.1f} tok/s{extra}", flush=True)
+
+    def step(arm: str) -> float:  # the slowest rank's median step
+        return max(statistics.median(r["step_s"][1:] or r["step_s"]) for r in res[arm])
+
+    def worst(arm: str, key: str) -> float:
+        return max(r[key] for r in res[arm])
+
+    decode_unsharded = statistics.median([r["decode_tok_s"] for r in res["ddp"]])
+    decode_gathered = statistics.median([r["decode_tok_s"] for r in res["fsdp2"]])
+    decode_pertoken = statistics.median([r["decode_pertoken_tok_s"] for r in res["fsdp2"]])
+    print(f"step time ratio (ddp 2 ranks / 1 process): {step('ddp') / step('1proc'):.2f}")
+    print(f"step time ratio (fsdp2/ddp): {step('fsdp2') / step('ddp'):.2f}")
+    print(f"peak memory per rank (fsdp2/ddp): {worst('fsdp2', 'peak_rss_mib') / worst('ddp', 'peak_rss_mib'):.2f}")
+    print(f"per-rank state bytes (fsdp2/ddp): {worst('fsdp2', 'state_bytes') / worst('ddp', 'state_bytes'):.3f}")
+    print(f"decode tokens/s (fsdp2 gathered / unsharded): {decode_gathered / decode_unsharded:.2f}")
+    print(f"decode tokens/s (fsdp2 per-token gather / gathered): {decode_pertoken / decode_gathered:.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
