@@ -237,7 +237,7 @@ class RolloutReader:
         if regex:
             result = result[self._regex_mask(result, regex, regex_field)]
         if order == "round_robin":
-            result = round_robin(result)
+            result = round_robin(result, limit)  # orders positions, then takes only the first `limit` rows
         elif order != "step":
             raise UserError(f"unknown order {order!r}; use 'step' or 'round_robin'")
         if limit is not None:
@@ -400,13 +400,17 @@ def group_summary(rows: pd.DataFrame, by: str = "prompt_id") -> pd.DataFrame:
     return out.reset_index()
 
 
-def round_robin(rows: pd.DataFrame) -> pd.DataFrame:
-    """Reorder rows so every (step, prompt) group gives its first sample before any gives its second."""
+def round_robin(rows: pd.DataFrame, limit: int | None = None) -> pd.DataFrame:
+    """Reorder rows so every (step, prompt) group gives its first sample before any gives its second
+    (only the first ``limit`` rows of that order when given: the order is computed on positions, so a big
+    selection is never copied whole)."""
     if rows.empty:
         return rows
     rank = rows.groupby(["step", "prompt_id"], sort=False).cumcount()
     order = np.lexsort((rows["sample_index"].to_numpy(), rows["prompt_id"].to_numpy().astype(str),
                         rows["step"].to_numpy(), rank.to_numpy()))
+    if limit is not None:
+        order = order[: max(int(limit), 0)]
     return rows.iloc[order]
 
 
