@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -249,18 +250,27 @@ def bench_shape(shape: str, args, env: dict[str, str]) -> None:
     a = argparse.Namespace(**{**vars(args), "shape": shape, "prompts": args.prompts or prompts,
                               "group": args.group or group, "image_tokens": args.image_tokens or image_tokens,
                               "new_tokens": args.new_tokens or new_tokens})
-    model_dir = args.model
+    model_dir, built = args.model, None
     if model_dir is None:
         from mmrlvr.models.standin import build_standin
 
+        built = tempfile.mkdtemp()  # removed at the end: a stand-in is gigabytes
         t0 = time.perf_counter()
-        model_dir = str(build_standin(shape, Path(tempfile.mkdtemp()) / shape, image_tokens=a.image_tokens,
-                                      layers=args.layers))
+        model_dir = str(build_standin(shape, Path(built) / shape, image_tokens=a.image_tokens, layers=args.layers))
         print(f"== {shape}: built in {time.perf_counter() - t0:.0f} s", flush=True)
     print(f"== {shape}: {a.prompts} prompts x G {a.group}, {a.image_tokens} image tokens, {a.new_tokens} new "
           f"tokens, {'LoRA' if a.lora else 'full fine-tuning'}"
           f"{', gradient checkpointing' if a.gradient_checkpointing else ''}; {a.steps} steps x {a.rounds} rounds",
           flush=True)
+    try:
+        _alternate(a, args, env, model_dir)
+    finally:
+        if built is not None:
+            shutil.rmtree(built, ignore_errors=True)
+
+
+def _alternate(a, args, env: dict[str, str], model_dir: str) -> None:
+    shape = a.shape
     results: dict[str, list[dict]] = {"ours": [], "trl": []}
     for r in range(args.rounds):
         for arm in ("ours", "trl"):
