@@ -270,6 +270,8 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "MMRLVR_INSPECT_AUTH=ann:correct-horse mmrlvr inspect runs/demo --host 0.0.0.0":
         ("the CLI (launch stubbed) reads the variable", T_EXPOSED),
     "mmrlvr inspect runs/demo --host 0.0.0.0 --insecure": ("the CLI (launch stubbed) is tested", T_EXPOSED),
+    "OMP_NUM_THREADS=1 python benchmarks/inspector_scale.py --out /tmp/bench --keep":
+        ("a timing benchmark (run by hand); its file and options checked", (T_OPTS,)),
     "python demos/rubric_authoring.py [--out DIR]": (DEMO, (T_RUBRIC_DEMO, T_OPTS)),
 }
 
