@@ -105,8 +105,8 @@ class RolloutConfig:
 @dataclass
 class AlgoConfig:
     preset: str | None = _f(None, "grpo | dapo | dr_grpo | gspo | cispo: fills the fields below unless set explicitly")
-    advantage: str = _f("grpo", "advantage estimator: grpo | dr_grpo | rloo | reinforce_pp")
-    loss: str = _f("ppo_clip", "policy loss: ppo_clip | gspo | cispo | nsr")
+    advantage: str = _f("grpo", "advantage estimator: grpo | dr_grpo | rloo | reinforce_pp | poise (online probe baseline, a stage)")
+    loss: str = _f("ppo_clip", "policy loss: ppo_clip | gspo | cispo | nsr | popo (positive-only)")
     eps_low: float = _f(0.2, "lower clip range (ratio >= 1 - eps_low)")
     eps_high: float = _f(0.2, "upper clip range (DAPO clip-higher: 0.28)")
     dual_clip: float | None = _f(None, "dual-clip constant c for A < 0 (e.g. 3.0); None = off")
@@ -121,6 +121,9 @@ class AlgoConfig:
     popo_sim_coef: float = _f(0.1, "POPO: weight of the similarity term (predictor vs EMA target features)")
     popo_ent_coef: float = _f(0.01, "POPO: weight of the entropy bonus on positive tokens")
     popo_ema_tau: float = _f(0.995, "POPO: EMA rate of the target parameters")
+    poise_lr: float = _f(1e-3, "POISE: learning rate of the online probe (Adam)")
+    poise_buffer_steps: int = _f(4, "POISE: the probe trains on the rollouts of the last N steps")
+    poise_train_iters: int = _f(20, "POISE: probe optimisation steps per training step")
     agg: str = _f("token-mean", "loss aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm")
     kl_coef: float = _f(0.0, "beta: weight of the KL penalty to the reference policy (0 = no reference pass)")
     kl_estimator: str = _f("k3", "KL estimator: k1 | k2 | k3")
@@ -145,7 +148,7 @@ class OptimConfig:
 
 @dataclass
 class CreditConfig:
-    scheme: str = _f("none", "token credit: none | entropy_topk | vepo | vppo | papo | rsi")
+    scheme: str = _f("none", "token credit: none | entropy_topk | vepo | vppo | papo | rsi | delta (DelTA, hidden states)")
     params: dict[str, Any] = _f({}, "scheme parameters (see docs/credit.md), e.g. vepo {alpha: 0.7, rho: 0.2, mode: mask}")
     perturbation: str | None = _f(None, "perturbed image for the counterfactual pass: gaussian | zero | patch_blackout | blur (None = the scheme's paper default)")
     perturbation_params: dict[str, Any] = _f({}, "perturbation parameters, e.g. {std: 1.0}")

@@ -56,6 +56,9 @@ BUILTIN_NAMES: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "algo.clip": ("clip rule", "mmrlvr.algos.clipping", "CLIP_RULES", ("acpo", "fixed")),
 }
 
+#: ``algo.advantage`` names served by an advantages stage instead of ``ADVANTAGES`` (mmrlvr.train.stages.seed)
+STAGE_ADVANTAGES: tuple[str, ...] = ("poise",)
+
 #: prompt template -> the answer shape its instruction asks for (the rewards' ``template`` parameter);
 #: templates missing here ask for no particular shape and are not cross-checked
 TEMPLATE_ANSWER_FORMAT: dict[str, str] = {"r1": "r1", "r1_user": "r1", "boxed": "boxed"}
@@ -165,6 +168,8 @@ def name_problems(cfg: RunConfig, where: str) -> list[str]:
         if value is None:
             continue
         known = registry_names(key)
+        if key == "algo.advantage":  # estimators that read hidden states run as stages, not registry functions
+            known = sorted({*known, *STAGE_ADVANTAGES})
         if value not in known:
             out.append(_unknown(where, key, BUILTIN_NAMES[key][0], value, known))
     from mmrlvr.rubric.judges import JUDGES

@@ -91,7 +91,7 @@ def test_doc_dry_run_reports_every_problem(tmp_path):
         "mmrlvr train: error: 3 problems found before loading the model:",
         f"  {cfg}: rollout.top_p: must be in (0, 1], got 2.0",
         f"  {cfg}: algo.loss: unknown policy loss 'ppo'; allowed: cispo, gspo, nsr, popo, ppo_clip (did you mean 'ppo_clip'?)",
-        f"  {cfg}: credit.scheme: unknown credit scheme 'vep'; allowed: entropy_topk, none, papo, rsi, vepo, vppo "
+        f"  {cfg}: credit.scheme: unknown credit scheme 'vep'; allowed: delta, entropy_topk, none, papo, rsi, vepo, vppo "
         "(did you mean 'vepo'?)",
     ]
     assert list(tmp_path.iterdir()) == []

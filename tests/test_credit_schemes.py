@@ -177,9 +177,9 @@ def test_masked_tokens_never_selected_or_weighted(name):
 
 
 def test_registry_flags_and_errors():
-    assert CREDIT_SCHEMES.names() == ["entropy_topk", "none", "papo", "rsi", "vepo", "vppo"]
+    assert CREDIT_SCHEMES.names() == ["delta", "entropy_topk", "none", "papo", "rsi", "vepo", "vppo"]
     needs = {n: CREDIT_SCHEMES.get(n).needs_perturbed for n in CREDIT_SCHEMES}
-    assert needs == {"entropy_topk": False, "none": False, "papo": True, "rsi": False, "vepo": True,
+    assert needs == {"delta": False, "entropy_topk": False, "none": False, "papo": True, "rsi": False, "vepo": True,
                      "vppo": True}
     assert [n for n in CREDIT_SCHEMES if CREDIT_SCHEMES.get(n).needs_distribution] == ["vepo"]
     # VPPO and PAPO work from logq alone (distribution=False signals: no JSD)

@@ -71,3 +71,35 @@ def _check(rows, before, after):
 def test_lora_init_trains_20_steps(tiny_dir, tmp_path, init):
     rows, before, after = train(config(tiny_dir, tmp_path / init, model={"lora": {"init": init}}))
     _check(rows, before, after)
+
+
+def test_acpo_trains_20_steps_and_logs_offpolicy_diagnostics(tiny_dir, tmp_path):
+    rows, before, after = train(config(tiny_dir, tmp_path / "acpo", algo={"clip": "acpo", "epochs": 2}))
+    _check(rows, before, after)
+    # every step: per pi_old bin ratio mean/std and clip shares; the second pass is off-policy
+    assert all("offpolicy/ratio_std" in r for r in rows)
+    keys = [k for k in rows[-1] if k.startswith("offpolicy/bin")]
+    assert any(k.endswith("/ratio_mean") for k in keys) and any(k.endswith("/clip_high") for k in keys)
+    assert max(r["offpolicy/ratio_std"] for r in rows) > 0
+
+
+def test_delta_credit_trains_20_steps(tiny_dir, tmp_path):
+    rows, before, after = train(config(tiny_dir, tmp_path / "delta", credit={"scheme": "delta"}))
+    _check(rows, before, after)
+    assert all("credit/delta_coef_mean" in r for r in rows)
+
+
+def test_popo_trains_20_steps_and_counts_groups_without_a_positive(tiny_dir, tmp_path):
+    # distinct_tokens (plugin) + format give rewards in [0, 2.2]: a threshold of 0.5 makes some rollouts positive
+    rows, before, after = train(config(tiny_dir, tmp_path / "popo", algo={"loss": "popo", "popo_threshold": 0.5}))
+    _check(rows, before, after)
+    assert all("popo/groups_without_positive" in r and r["popo/groups"] == 2 for r in rows)
+    assert any("popo/sim_loss" in r and r["popo/sim_loss"] != 0 for r in rows)
+
+
+def test_poise_trains_20_steps_with_group_size_two_and_logs_probe_quality(tiny_dir, tmp_path):
+    cfg = config(tiny_dir, tmp_path / "poise", algo={"advantage": "poise"}, rollout={"group_size": 2})
+    rows, before, after = train(cfg)
+    _check(rows, before, after)
+    assert all("poise/probe_mse" in r for r in rows)
+    assert any("poise/probe_auc" in r for r in rows)

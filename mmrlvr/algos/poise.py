@@ -15,8 +15,8 @@ standardised features (running mean/std of the buffer), trained with Adam (lr 1e
 with G > 2, b̂_i = mean over j ≠ i of the probe's prediction for rollout j; a prompt with a single
 rollout has no independent rollout and gets b̂ = 0 (counted as ``poise/lone_rows``); the baselines of a step are computed *before* the
 probe sees that step's rewards (then its MSE and AUC on the step are held-out figures, logged as
-``poise/probe_mse`` and ``poise/probe_auc``, AUC for reward ≥ ``auc_threshold`` 0.5 against the
-probe's own prediction); no normalisation of A (r − b̂ as the summary states).
+``poise/probe_mse`` and ``poise/probe_auc``: the AUC of the probe's own prediction for "reward above the
+step's mean reward", which is "correct" for 0/1 rewards and stays meaningful for shaped ones); no normalisation of A (r − b̂ as the summary states).
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class PoiseProbe:
 
 
 def poise_advantages(rewards: torch.Tensor, group_index: torch.Tensor, features: torch.Tensor, probe: PoiseProbe,
-                     *, auc_threshold: float = 0.5, train: bool = True) -> tuple[torch.Tensor, dict[str, float]]:
+                     *, auc_threshold: float | None = None, train: bool = True) -> tuple[torch.Tensor, dict[str, float]]:
     """A = r − b̂ with the cross-rollout baseline, then one online training step of the probe.
 
     rewards: [N]; group_index: [N]; features: [N, D] (``poise_features``). Returns (A [N], stats): the
@@ -132,7 +132,8 @@ def poise_advantages(rewards: torch.Tensor, group_index: torch.Tensor, features:
     adv = rewards.float() - baseline.to(rewards.device)
     stats: dict[str, float] = {"poise/probe_mse": float(((pred - rewards.float().cpu()) ** 2).mean()),
                                "poise/baseline_mean": float(baseline.mean()), "poise/lone_rows": float(lonely)}
-    a = auc(pred, rewards.float().cpu() >= auc_threshold)
+    r = rewards.float().cpu()
+    a = auc(pred, r > (r.mean() if auc_threshold is None else auc_threshold))
     if a is not None:
         stats["poise/probe_auc"] = a
     if train:
