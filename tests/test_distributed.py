@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from multiproc import (assert_same_params, final_params, free_port, run, topology, torchrun_cmd,
+                       train_cli)  # tests/ is on sys.path under pytest
 
 from mmrlvr.errors import UserError
 from mmrlvr.train import distributed as D
@@ -88,18 +90,28 @@ def test_topology_of_one_process_is_written_and_logged(tmp_path, capsys):
     assert not (tmp_path / "other").exists()  # only rank 0 writes
 
 
-def test_accelerate_cpu_launch_of_two_processes_is_refused_in_the_process_it_starts(tmp_path):
+def _cfg(model: str, out: Path, **extra) -> Path:
+    import yaml
+
+    from test_train_loop import small_config
+
+    path = out.parent / f"{out.name}.yaml"
+    path.write_text(yaml.safe_dump(small_config(model, out, **extra)))
+    return path
+
+
+def test_accelerate_cpu_launch_of_two_processes_stops_instead_of_training_a_copy(tiny_dir, tmp_path):
     """The issue's command: `accelerate launch --num_processes 2 --cpu` starts one lone process (accelerate
-    1.16); that process must see what it was launched for and stop, not train as a copy."""
-    script = tmp_path / "probe.py"
-    script.write_text("from accelerate import Accelerator\nfrom mmrlvr.train.distributed import check_launch\n"
-                      "check_launch(Accelerator(cpu=True).num_processes)\nprint('TRAINING')\n")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    1.16). `mmrlvr train` must say so and exit 2 (a user error, no traceback) before training a step."""
+    cfg = _cfg(tiny_dir, tmp_path / "run", log_rollouts=False)
     res = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--cpu",
-                          "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script)],
-                         env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode != 0 and "TRAINING" not in res.stdout
+                          "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                          "-m", "mmrlvr.cli", "train", str(cfg)],
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+    assert res.returncode != 0 and "Loading weights" not in res.stderr  # stopped before the model loaded
     assert "2-process run" in res.stderr and "runs alone" in res.stderr, res.stderr[-3000:]
+    assert "returned non-zero exit status 2" in res.stderr  # accelerate reports our exit 2 (a user error)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
 # --------------------------------------------------------------------------------------------- FSDP2
@@ -110,18 +122,8 @@ def tiny_dir(tmp_path_factory) -> str:
     return str(build_tiny("qwen2_5_vl", tmp_path_factory.mktemp("tiny") / "m"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def torchrun(*args: str, nproc: int = 2, timeout: int = 900, env: dict | None = None) -> subprocess.CompletedProcess:
-    """``python -m torch.distributed.run --nproc_per_node 2`` on loopback (what the docs' torchrun is)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), *args]
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
+def torchrun(*args: str) -> subprocess.CompletedProcess:
+    return run(torchrun_cmd(*args))
 
 
 @pytest.mark.slow
@@ -188,3 +190,119 @@ def test_fsdp2_two_ranks_hold_half_of_each_tensor_and_train_like_one_process(tin
 def test_fsdp2_refuses_without_a_process_group():
     with pytest.raises(UserError, match="needs a process group"):
         D.shard_model(torch.nn.Linear(2, 2))
+
+
+# ------------------------------------------------------------------------------ the trainer, several ranks
+STEPS2 = dict(max_steps=2, log_rollouts=False, algo__micro_batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def one_process(tiny_dir, tmp_path_factory):
+    """1-process reference runs (full fine-tuning and LoRA), trained once for the tests below."""
+    out: dict[str, dict[str, torch.Tensor]] = {}
+
+    def get(lora: bool) -> dict[str, torch.Tensor]:
+        key = "lora" if lora else "full"
+        if key not in out:
+            base = tmp_path_factory.mktemp(f"one_{key}")
+            cfg = _cfg(tiny_dir, base / "run", **STEPS2, **_lora(lora))
+            res = run([sys.executable, *train_cli(cfg)])
+            assert res.returncode == 0, res.stderr[-4000:]
+            out[key] = final_params(base / "run", tiny_dir)
+        return out[key]
+
+    return get
+
+
+def _lora(on: bool) -> dict:
+    return {"model__lora__enabled": on, "model__lora__r": 4, "model__lora__alpha": 8}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_fsdp2_training_run_on_two_ranks_equals_one_process(tiny_dir, tmp_path, one_process, lora):
+    cfg = _cfg(tiny_dir, tmp_path / "run", **STEPS2, **_lora(lora), distributed__strategy="fsdp2")
+    res = run(torchrun_cmd(*train_cli(cfg)))
+    assert res.returncode == 0, res.stderr[-4000:]
+    topo = topology(tmp_path / "run")
+    assert (topo["world_size"], topo["strategy"]) == (2, "fsdp2")
+    if "save_distributed" not in _trainer_save_source():
+        pytest.skip("Trainer.save does not call checkpoint.save_distributed yet (sharded runs cannot save)")
+    assert_same_params(one_process(lora), final_params(tmp_path / "run", tiny_dir))
+
+
+def _trainer_save_source() -> str:
+    import inspect
+
+    from mmrlvr.train.trainer import Trainer
+
+    return inspect.getsource(Trainer.save)
+
+
+@pytest.mark.slow
+def test_two_nodes_of_one_process_over_loopback_equal_one_process(tiny_dir, tmp_path, one_process):
+    """docs/scaling.md's multi-node recipe, 2 nodes x 1 process on 127.0.0.1."""
+    cfg = _cfg(tiny_dir, tmp_path / "run", **STEPS2)
+    port = free_port()
+    procs = [subprocess.Popen(torchrun_cmd(*train_cli(cfg), nproc=1, nnodes=2, node_rank=r, port=port),
+                              env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    for p, (_o, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-4000:]
+    topo = topology(tmp_path / "run")
+    assert (topo["world_size"], topo["num_nodes"], topo["procs_per_node"]) == (2, 2, [1, 1]), topo
+    rows = [r for r in (json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+            if "loss" in r]
+    assert [r["step"] for r in rows] == [1, 2]  # one run, not two copies writing one folder
+    assert_same_params(one_process(False), final_params(tmp_path / "run", tiny_dir))
+
+
+@pytest.mark.slow
+def test_accelerate_launch_with_a_config_file_starts_two_processes(tiny_dir, tmp_path, one_process):
+    acc = tmp_path / "accelerate_cpu2.yaml"
+    acc.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nnum_processes: 2\n"
+                   "num_machines: 1\nmachine_rank: 0\nmain_process_ip: 127.0.0.1\n"
+                   f"main_process_port: {free_port()}\nuse_cpu: true\nmixed_precision: 'no'\n")
+    cfg = _cfg(tiny_dir, tmp_path / "run", **STEPS2)
+    res = run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(acc), *train_cli(cfg)])
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert topology(tmp_path / "run")["world_size"] == 2
+    assert_same_params(one_process(False), final_params(tmp_path / "run", tiny_dir))
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_two_rank_fsdp2_run_resumes_exactly(tiny_dir, tmp_path):
+    if "save_distributed" not in _trainer_save_source():
+        pytest.skip("Trainer.save does not call checkpoint.save_distributed yet (sharded runs cannot save)")
+    import signal
+    import time
+
+    base = dict(max_steps=4, save_every=2, log_rollouts=False, algo__micro_batch_size=4,
+                distributed__strategy="fsdp2")
+    straight = _cfg(tiny_dir, tmp_path / "a", **base)
+    killed = _cfg(tiny_dir, tmp_path / "b", **base)
+    res = run(torchrun_cmd(*train_cli(straight)))
+    assert res.returncode == 0, res.stderr[-4000:]
+    proc = subprocess.Popen(torchrun_cmd(*train_cli(killed)), env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    first = tmp_path / "b" / "checkpoints" / "step-00000002" / "manifest.json"
+    deadline = time.time() + 600
+    while not first.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks, at once
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    done = sorted(p.name for p in (tmp_path / "b" / "checkpoints").glob("step-*"))
+    assert done and done[-1] < "step-00000004"
+    res = run(torchrun_cmd(*train_cli(killed, "--resume")))
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert_same_params(final_params(tmp_path / "a", tiny_dir), final_params(tmp_path / "b", tiny_dir), atol=1e-6)
+    steps = [r["step"] for r in (json.loads(ln) for ln in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines())
+             if "loss" in r]
+    assert steps == [1, 2, 3, 4]
+    # the same checkpoint resumes in one process (DCP reshards), or says why not
+    from mmrlvr.train.checkpoint import read_state
+
+    ckpt = sorted((tmp_path / "b" / "checkpoints").glob("step-*"))[-1]
+    assert read_state(ckpt)["world_size"] == 2

@@ -1,0 +1,63 @@
+"""Helpers for tests that start real process groups (torchrun / accelerate) on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "HF_HUB_OFFLINE": "1"}
+
+
+def torchrun_cmd(*args: str, nproc: int = 2, port: int | None = None, nnodes: int = 1,
+                 node_rank: int | None = None) -> list[str]:
+    """``torchrun`` (as ``python -m torch.distributed.run``) on 127.0.0.1, as docs/scaling.md writes it."""
+    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    if nnodes > 1:
+        cmd += ["--nnodes", str(nnodes), "--node_rank", str(node_rank)]
+    cmd += ["--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1", "--master_port", str(port or free_port())]
+    return cmd + list(args)
+
+
+def train_cli(config: Path | str, *extra: str) -> list[str]:
+    return ["-m", "mmrlvr.cli", "train", str(config), *extra]
+
+
+def run(cmd: list[str], timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=timeout)
+
+
+def final_params(run_dir: Path, model_dir: str) -> dict[str, torch.Tensor]:
+    """Every parameter of the run's newest checkpoint applied to the base model (any checkpoint format)."""
+    from mmrlvr.models import load_policy
+    from mmrlvr.train.checkpoint import list_checkpoints, load_trainable_into
+
+    model, _ = load_policy(model_dir, dtype="float32", device="cpu")
+    model = load_trainable_into(model, list_checkpoints(run_dir)[-1])
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def assert_same_params(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 1e-5) -> None:
+    assert a.keys() == b.keys() and a
+    for n in a:
+        torch.testing.assert_close(b[n], a[n], rtol=0, atol=atol, msg=n)
+
+
+def topology(run_dir: Path) -> dict:
+    """The run's own statement of its processes (``topology.json``, written by rank 0)."""
+    return json.loads((Path(run_dir) / "topology.json").read_text())
