@@ -48,6 +48,77 @@ from types import SimpleNamespace
 
 ARMS = ("1proc", "ddp", "fsdp2")
 
+# --------------------------------------------------------------------------------- on paper (--paper)
+# published config.json of Qwen/Qwen2.5-VL-{3B,7B,32B}-Instruct: text widths, depth, KV heads, vocabulary;
+# the vision tower (32 blocks of 1280, MLP 3420, merger to the text width) is the same for all three
+PAPER_MODELS = {
+    "3B": dict(h=2048, layers=36, inter=11008, heads=16, kv=2, vocab=151936, tied=True),
+    "7B": dict(h=3584, layers=28, inter=18944, heads=28, kv=4, vocab=152064, tied=False),
+    "32B": dict(h=5120, layers=64, inter=27648, heads=40, kv=8, vocab=152064, tied=False),
+}
+GIB = 2 ** 30
+
+
+def paper_params(m: dict) -> dict[str, float]:
+    """Parameter counts: decoder layers (q/k/v with bias, o, gate/up/down, 2 norms), embeddings, vision."""
+    h, kvd = m["h"], m["kv"] * (m["h"] // m["heads"])
+    layer = h * h + h + 2 * (h * kvd + kvd) + h * h + 3 * h * m["inter"] + 2 * h
+    embed = m["vocab"] * h * (1 if m["tied"] else 2)
+    vh, vi = 1280, 3420
+    vblock = vh * 3 * vh + 3 * vh + vh * vh + vh + 3 * vh * vi + 2 * vi + vh + 2 * vh
+    vision = 32 * vblock + 3 * 2 * 14 * 14 * vh + (4 * vh) * (4 * vh) + 4 * vh + (4 * vh) * h + h + vh
+    lora = m["layers"] * 16 * ((h + h) + (h + kvd) * 2 + (h + h))  # r 16 on q, k, v, o
+    return {"layers": m["layers"] * layer, "embed": embed, "vision": vision, "total": m["layers"] * layer + embed + vision,
+            "lora": lora, "layer": layer}
+
+
+def paper_memory(size: str, gpus: int, strategy: str, lora: bool, ckpt: bool, vllm: bool, kl: bool = True,
+                 tokens: int = 8192, kv_tokens: int = 131072) -> dict[str, float]:
+    """Per-GPU GiB, computed (not measured). Assumptions (docs/scaling.md): bf16 weights and gradients,
+    float32 AdamW moments (optim.state_dtype: float32), frozen vision tower, a micro-batch of ``tokens``
+    tokens, flash/sdpa attention (activations ~34 bytes x hidden per token per layer, Korthikanti et al.
+    2022; with gradient checkpointing 2 bytes x hidden per token per layer kept plus one layer recomputed),
+    our chunked log-probs (no full-vocabulary logits), a frozen reference copy for full fine-tuning with
+    KL (LoRA: the adapter-off policy), and for a colocated vLLM its own bf16 weights plus a KV cache of
+    ``kv_tokens`` tokens per GPU."""
+    m = PAPER_MODELS[size]
+    p = paper_params(m)
+    n = gpus if strategy == "fsdp2" else 1
+    trainable = p["lora"] if lora else p["total"] - p["vision"]
+    weights = 2 * p["total"] / n
+    grads = 2 * trainable / n
+    adam = 8 * trainable / n
+    ref = 0.0 if lora or not kl else 2 * p["total"] / n
+    gathered = 0.0
+    if strategy == "fsdp2" and gpus > 1:  # the root (embeddings, head) gathered + two blocks in flight
+        gathered = 2 * p["embed"] + 2 * 2 * p["layer"]
+    act_layer = (2 if ckpt else 34) * tokens * m["h"]
+    acts = m["layers"] * act_layer + (34 * tokens * m["h"] if ckpt else 0)
+    vllm_b = (2 * p["total"] + kv_tokens * 2 * m["layers"] * m["kv"] * (m["h"] // m["heads"]) * 2) if vllm else 0.0
+    parts = {"weights": weights, "grads": grads, "adam": adam, "ref": ref, "gathered": gathered,
+             "activations": acts, "vllm": vllm_b}
+    parts = {k: v / GIB for k, v in parts.items()}
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def print_paper() -> None:
+    for size in PAPER_MODELS:
+        p = paper_params(PAPER_MODELS[size])
+        print(f"Qwen2.5-VL-{size}: {p['total'] / 1e9:.2f} B parameters ({p['vision'] / 1e9:.2f} B vision), "
+              f"LoRA r16 q/k/v/o {p['lora'] / 1e6:.1f} M")
+    print("| model | tuning | strategy | GPUs | grad ckpt | + vLLM | per-GPU GiB (computed) | fits 80 GB | fits 141 GB |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for size in PAPER_MODELS:
+        for lora in (True, False):
+            for strategy, gpus in (("ddp", 1), ("ddp", 8), ("fsdp2", 8), ("fsdp2", 32)):
+                for ckpt in (False, True):
+                    for vllm in (False, True):
+                        t = paper_memory(size, gpus, strategy, lora, ckpt, vllm)["total"]
+                        print(f"| {size} | {'LoRA' if lora else 'full'} | {strategy} | {gpus} | "
+                              f"{'yes' if ckpt else 'no'} | {'yes' if vllm else 'no'} | {t:.0f} | "
+                              f"{'yes' if t < 74.5 else 'no'} | {'yes' if t < 131 else 'no'} |")
+
 
 def build_model(shape: str, out: Path, layers: int, vocab: int) -> Path:
     if shape == "toy":
@@ -172,8 +243,13 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=128, help="tokens per row")
     p.add_argument("--new-tokens", type=int, default=16, help="decoded tokens")
     p.add_argument("--model", default=None, help="model folder (default: build the --shape model)")
+    p.add_argument("--paper", action="store_true",
+                   help="print the computed per-GPU memory table of docs/scaling.md (Qwen2.5-VL 3B/7B/32B) and exit")
     p.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.paper:
+        print_paper()
+        return
     if a.child:
         child(a.child, a.model, a)
         return
