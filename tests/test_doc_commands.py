@@ -152,6 +152,26 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     # ---- docs/architecture.md
     'mmrlvr train configs/demo-tiny.yaml "plugins=[docs/examples/median_advantage.py]" algo.advantage=group_median '
     'max_steps=2': (RUN + " (2 steps)", ("tests/test_stage_plugins.py::test_documented_plugin_example_trains",)),
+    # ---- docs/methods.md (each option trains 20 steps on the tiny VLM with the same keys)
+    "mmrlvr train configs/demo-tiny.yaml model.lora.enabled=true model.lora.init=rlpo":
+        ("the option trains 20 steps (tiny run, same keys)",
+         ("tests/test_seed_methods_train.py::test_lora_init_trains_20_steps", T_DRY)),
+    "mmrlvr train configs/demo-tiny.yaml algo.clip=acpo algo.epochs=2":
+        ("the option trains 20 steps (tiny run, same keys)",
+         ("tests/test_seed_methods_train.py::test_acpo_trains_20_steps_and_logs_offpolicy_diagnostics", T_DRY)),
+    "mmrlvr train configs/demo-tiny.yaml credit.scheme=delta":
+        ("the option trains 20 steps (tiny run, same keys)",
+         ("tests/test_seed_methods_train.py::test_delta_credit_trains_20_steps", T_DRY)),
+    "mmrlvr train configs/demo-tiny.yaml algo.loss=popo algo.kl_coef=0":
+        ("the option trains 20 steps (tiny run, same keys)",
+         ("tests/test_seed_methods_train.py::test_popo_trains_20_steps_and_counts_groups_without_a_positive", T_DRY)),
+    "mmrlvr train configs/demo-tiny.yaml algo.advantage=poise rollout.group_size=2":
+        ("the option trains 20 steps (tiny run, same keys)",
+         ("tests/test_seed_methods_train.py::test_poise_trains_20_steps_with_group_size_two_and_logs_probe_quality",
+          T_DRY)),
+    "python benchmarks/acpo_offpolicy.py --steps 8":
+        ("run by hand (docs/methods.md figures); options checked, the diagnostics tested",
+         (T_OPTS, "tests/test_acpo.py::test_offpolicy_diagnostics_per_old_probability_bin_hand_worked")),
     # ---- docs/credit.md (and configs/credit-vepo-tiny.yaml's header)
     CREDIT: (RUN + " (2 steps)", (cfg_run("credit-vepo-tiny.yaml"), T_DRY)),
     CREDIT + " credit.scheme=vppo": (RUN + " (2 steps)", (T_DOC + "test_credit_vppo_scheme_trains",)),
