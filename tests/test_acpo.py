@@ -99,3 +99,20 @@ def test_offpolicy_diagnostics_per_old_probability_bin_hand_worked():
     d = OffPolicyDiagnostics()
     d.add(ratio, old, torch.ones_like(ratio, dtype=torch.bool), torch.full((1, 4), 0.5), torch.full((1, 4), 0.5))
     assert d.metrics()["offpolicy/bin4/clip_low"] == 0.0
+
+
+def test_config_ranges_of_the_seed_method_keys_are_checked():
+    from mmrlvr.config import load_config
+    from mmrlvr.errors import UserError as UE
+
+    base = {"model": {"path": "x"}, "data": {"train": "synth:count"}, "rewards": [{"name": "format"}]}
+    with pytest.raises(UE) as e:
+        load_config(data={**base, "algo": {"clip": "acpo", "acpo_eps_min": 0.5, "acpo_eps_max": 0.1,
+                                           "popo_ema_tau": 1.0, "poise_buffer_steps": 0}})
+    text = str(e.value)
+    for key in ("algo.acpo_eps_max", "algo.popo_ema_tau", "algo.poise_buffer_steps"):
+        assert key in text
+    from mmrlvr.validation import name_problems
+
+    problems = name_problems(load_config(data={**base, "algo": {"clip": "acp"}}), "config")
+    assert any("algo.clip" in p and "acpo" in p for p in problems), problems
