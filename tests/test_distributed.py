@@ -306,3 +306,41 @@ def test_kill_9_of_a_two_rank_fsdp2_run_resumes_exactly(tiny_dir, tmp_path):
 
     ckpt = sorted((tmp_path / "b" / "checkpoints").glob("step-*"))[-1]
     assert read_state(ckpt)["world_size"] == 2
+
+
+# ------------------------------------------------------------------------------------ paper memory table
+def _scaling_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_scaling", ROOT / "benchmarks" / "scaling.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_paper_memory_table():
+    """docs/scaling.md's computed figures: parameter counts of the published configs, and the per-GPU bytes
+    from the stated assumptions (bf16 weights/grads, float32 Adam moments, a bf16 frozen reference)."""
+    mod = _scaling_module()
+    totals = {k: mod.paper_params(m)["total"] / 1e9 for k, m in mod.PAPER_MODELS.items()}
+    # the model cards: 3.75 B, 8.29 B, 33.5 B parameters
+    assert totals["3B"] == pytest.approx(3.75, abs=0.01) and totals["7B"] == pytest.approx(8.29, abs=0.01)
+    assert totals["32B"] == pytest.approx(33.45, abs=0.06)
+    p = mod.paper_params(mod.PAPER_MODELS["7B"])
+    trainable = p["total"] - p["vision"]
+    ddp = mod.paper_memory("7B", 1, "ddp", lora=False, ckpt=True, vllm=False)
+    gib = 2 ** 30
+    assert ddp["weights"] == pytest.approx(2 * p["total"] / gib)
+    assert ddp["grads"] == pytest.approx(2 * trainable / gib) and ddp["adam"] == pytest.approx(8 * trainable / gib)
+    assert ddp["ref"] == pytest.approx(2 * p["total"] / gib)
+    assert ddp["activations"] == pytest.approx((28 * 2 + 34) * 8192 * 3584 / gib)  # 28 layers kept + 1 recomputed
+    fsdp = mod.paper_memory("7B", 8, "fsdp2", lora=False, ckpt=True, vllm=False)
+    for part in ("weights", "grads", "adam", "ref"):
+        assert fsdp[part] == pytest.approx(ddp[part] / 8)
+    kv = mod.paper_memory("7B", 8, "fsdp2", lora=False, ckpt=True, vllm=True)["vllm"] * gib
+    assert kv == pytest.approx(2 * p["total"] + 131072 * 2 * 28 * 4 * 128 * 2)  # K and V, 28 layers, 4 KV heads
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scaling.py"), "--paper"], capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0 and "| 7B | full | fsdp2 | 8 | yes | yes | 41 | yes | yes |" in res.stdout
+    doc = (ROOT / "docs" / "scaling.md").read_text()
+    assert "| 7B | full | 104 GiB (141 GB only) | 18 GiB | 127 GiB (141 GB only) | 41 GiB |" in doc

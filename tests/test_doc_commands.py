@@ -65,6 +65,7 @@ T_GPU_CPU = ("tests/test_gpu_configs_on_cpu.py::test_gpu_config_pipeline_runs_on
              "[qwen2_5_vl_7b_geometry3k_lora.yaml]")
 T_DRY = T_DOC + "test_doc_train_commands_resolve_with_dry_run"
 T_TWO_PROC = "tests/test_train_loop.py::test_two_processes_match_one_process"
+T_DIST = "tests/test_distributed.py::"
 T_RESUME = "tests/test_train_loop.py::test_kill_and_resume_matches_an_uninterrupted_run"
 T_DEMO = "tests/test_demo.py::test_demo_runs_and_writes_table_plots_and_summary"
 T_OPTS = T_DOC + "test_doc_commands_name_real_files_and_options"
@@ -218,8 +219,42 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mmrlvr train configs/demo-tiny.yaml --resume --allow-config-change seed=1":
         (RUN + " (checked without training)",
          (T_RUN_DIR + "test_resume_refuses_changes_that_break_exactness", T_DRY)),
-    "accelerate launch --num_processes N -m mmrlvr.cli train CONFIG":
-        (RUN + " (N = 2, CPU, gloo)", (T_TWO_PROC, T_OPTS)),
+    # ---- docs/scaling.md
+    "torchrun --nproc_per_node 2 -m mmrlvr.cli train configs/demo-tiny.yaml":
+        (RUN + " (shortened: 2 steps of a tiny config)", (T_TWO_PROC, T_OPTS)),
+    "torchrun --nproc_per_node 2 -m mmrlvr.cli train configs/demo-tiny.yaml distributed.strategy=fsdp2":
+        (RUN + " (shortened: 2 steps of a tiny config)", (T_DIST + "test_fsdp2_training_run_on_two_ranks_equals_one_process",
+                                                         T_OPTS)),
+    "torchrun --nnodes 2 --nproc_per_node 1 --node_rank 0 --master_addr 127.0.0.1 --master_port 29500 "
+    "-m mmrlvr.cli train configs/demo-tiny.yaml":
+        (RUN + " (with node 1's command; shortened)", (T_DIST + "test_two_nodes_of_one_process_over_loopback_equal_one_process",
+                                                      T_OPTS)),
+    "torchrun --nnodes 2 --nproc_per_node 1 --node_rank 1 --master_addr 127.0.0.1 --master_port 29500 "
+    "-m mmrlvr.cli train configs/demo-tiny.yaml":
+        (RUN + " (with node 0's command; shortened)", (T_DIST + "test_two_nodes_of_one_process_over_loopback_equal_one_process",
+                                                      T_OPTS)),
+    "accelerate launch --config_file accelerate_cpu2.yaml -m mmrlvr.cli train configs/demo-tiny.yaml":
+        (RUN + " (the file as the doc shows it; shortened)",
+         (T_DIST + "test_accelerate_launch_with_a_config_file_starts_two_processes", T_OPTS)),
+    "mmrlvr export runs/demo --out exports/demo --merge":
+        (RUN + " (on a sharded checkpoint)", (T_DIST + "test_fsdp2_two_ranks_hold_half_of_each_tensor_and_train_like_one_process",
+                                            "tests/test_export.py::test_lora_merged_export_is_a_plain_model")),
+    "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/scaling.py --shape qwen2_5_vl_3b --layers 1 "
+    "--vocab 8192 --steps 3":
+        ("run by hand; options checked, FSDP2 sharding and state bytes tested",
+         (T_OPTS, T_DIST + "test_fsdp2_two_ranks_hold_half_of_each_tensor_and_train_like_one_process")),
+    "python benchmarks/scaling.py --paper": (RUN, (T_OPTS, T_DIST + "test_paper_memory_table")),
+    # what not to run: a lone process of these launches stops with exit 2 instead of training a copy
+    "accelerate launch --num_processes 2 --cpu":
+        (RUN + " (refused: exit 2, one message)",
+         (T_DIST + "test_accelerate_cpu_launch_of_two_processes_stops_instead_of_training_a_copy",)),
+    "accelerate launch --num_processes N --cpu":
+        (RUN + " (N = 2; refused: exit 2, one message)",
+         (T_DIST + "test_accelerate_cpu_launch_of_two_processes_stops_instead_of_training_a_copy",)),
+    "accelerate launch --cpu --num_machines 2 ...":
+        (RUN + " (refused: the parent's flags are read)",
+         (T_DIST + "test_a_lone_process_of_a_multi_process_launch_stops_with_the_launch_that_works",)),
+    "mmrlvr export": (RUN, (T_DIST + "test_fsdp2_two_ranks_hold_half_of_each_tensor_and_train_like_one_process",)),
     # ---- docs/integrations.md
     'MMRLVR_VERL=$(python -c "import mmrlvr.integrations.verl as m; print(m.__file__)")':
         (RUN, (T_DOC + "test_verl_reward_path_command_prints_the_module",)),
@@ -241,7 +276,6 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     QWEN_7B + " " + MODEL_7B + " " + GEO_DATA: (ON_8_GPUS, (T_DRY, T_CFG_LOAD, T_TWO_PROC, *T_GPU_CPU)),
     "bash benchmarks/gpu_check.sh": (GPU + "; the script exists, the vLLM engine's CPU parts are tested",
                                      (T_OPTS, T_VLLM + "test_merged_state_dict_uses_base_names_and_merges_lora")),
-    "accelerate launch --config_file fsdp.yaml ...": (GPU + "; --config_file is a real accelerate option", (T_OPTS,)),
     # ---- docs/rubric-rewards.md, docs/rubrics.md
     "mmrlvr rubric validate|preview|score|agreement": (SYNOPSIS, (T_OPTS, T_TRANSCRIPTS)),
     "mmrlvr rubric score": (RUN, (T_TRANSCRIPTS, "tests/test_rubric_cli.py::test_score_table")),
@@ -508,6 +542,12 @@ def _accelerate_options() -> frozenset[str]:
     return frozenset(o for a in launch_command_parser()._actions for o in a.option_strings)
 
 
+def _torchrun_options() -> frozenset[str]:
+    from torch.distributed.run import get_args_parser
+
+    return frozenset(o for a in get_args_parser()._actions for o in a.option_strings)
+
+
 def _mmrlvr_problems(cmd: str) -> list[str]:
     words = cmd.split()[1:]
     if not words:
@@ -539,6 +579,11 @@ def command_problems(cmd: str) -> list[str]:
             own, _, rest = seg.partition(" -m ")
             problems += [f"`accelerate launch` has no option {o}" for o in OPTION_RE.findall(own)
                          if o not in _accelerate_options()]
+            if rest.startswith("mmrlvr.cli "):
+                problems += _mmrlvr_problems("mmrlvr " + rest[len("mmrlvr.cli "):])
+        elif words[0] == "torchrun":
+            own, _, rest = seg.partition(" -m ")
+            problems += [f"`torchrun` has no option {o}" for o in OPTION_RE.findall(own) if o not in _torchrun_options()]
             if rest.startswith("mmrlvr.cli "):
                 problems += _mmrlvr_problems("mmrlvr " + rest[len("mmrlvr.cli "):])
         elif words[0] in ("python", "python3") and len(words) > 1 and words[1].endswith(".py"):
