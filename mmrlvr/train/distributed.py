@@ -54,7 +54,8 @@ TOPOLOGY_FILE = "topology.json"
 
 WORKING_LAUNCH = ("torchrun --nproc_per_node N -m mmrlvr.cli train CONFIG (one node), torchrun --nnodes M "
                   "--nproc_per_node N --node_rank R --master_addr HOST --master_port PORT ... (several), or "
-                  "accelerate launch --config_file F.yaml with num_processes N in F (see docs/scaling.md)")
+                  "accelerate launch --config_file F.yaml with distributed_type: MULTI_GPU and num_processes: N in F, "
+                  "also on CPU (see docs/scaling.md)")
 
 
 # --------------------------------------------------------------------------------------------- launch
