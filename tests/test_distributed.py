@@ -304,11 +304,19 @@ def test_kill_9_of_a_two_rank_fsdp2_run_resumes_exactly(tiny_dir, tmp_path):
     steps = [r["step"] for r in (json.loads(ln) for ln in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines())
              if "loss" in r]
     assert steps == [1, 2, 3, 4]
-    # the same checkpoint resumes in one process (DCP reshards), or says why not
+    # the 2-rank checkpoint of step 2 resumes in ONE process (DCP reshards weights and AdamW state)
+    import shutil
+
     from mmrlvr.train.checkpoint import read_state
 
-    ckpt = sorted((tmp_path / "b" / "checkpoints").glob("step-*"))[-1]
-    assert read_state(ckpt)["world_size"] == 2
+    one = tmp_path / "c"
+    shutil.copytree(tmp_path / "b", one, ignore=shutil.ignore_patterns(".mmrlvr.lock", "step-00000004"))
+    assert read_state(one / "checkpoints" / "step-00000002")["world_size"] == 2
+    cfg_one = _cfg(tiny_dir, one, **base)
+    res = run([sys.executable, *train_cli(cfg_one, "--resume")])
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "saved by 2 process(es) and resumes on 1" in res.stderr
+    assert_same_params(final_params(tmp_path / "a", tiny_dir), final_params(one, tiny_dir), atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------ paper memory table
