@@ -129,7 +129,13 @@ class AlgoConfig:
     kl_estimator: str = _f("k3", "KL estimator: k1 | k2 | k3")
     epochs: int = _f(1, "gradient passes over each rollout batch (>1 = off-policy steps with importance ratios)")
     micro_batch_size: int = _f(64, "rows per forward/backward (gradient accumulation over the rest)")
-    dynamic_sampling: bool = _f(False, "DAPO: drop groups whose rewards are all equal from the loss and its normaliser")
+    dynamic_sampling: bool = _f(False, "DAPO: drop groups with no signal (see dynamic_sampling_metric) and refill the batch")
+    dynamic_sampling_metric: str = _f("accuracy", "dynamic sampling keeps groups whose accuracy varies (DAPO) | reward (total reward varies)")
+    dynamic_sampling_max_rounds: int = _f(3, "generation rounds per step to refill dropped groups (1 = no refill; DAPO: until full) [ours: 3]")
+    recompute_old_logprobs: bool | None = _f(None, "recompute pi_old with the training model before the update (null = when epochs > 1 or engine vllm)")
+    rollout_correction: str = _f("none", "rollout/training mismatch correction on the policy loss: none | tis (truncate) | mis (mask)")
+    rollout_correction_cap: float = _f(3.0, "TIS/MIS cap on pi_old/pi_rollout (TRL's default 3.0; verl's 2.0)")
+    rollout_correction_level: str = _f("token", "rollout correction per token | sequence (product over the response)")
     mask_truncated: bool = _f(False, "DAPO: drop responses that hit max_new_tokens from the loss")
     overlong_cache: int = _f(0, "DAPO overlong shaping: penalise linearly in the last N tokens (0 = off)")
     overlong_penalty: float = _f(1.0, "DAPO overlong shaping: penalty at max length")
@@ -688,10 +694,32 @@ def collect_config(path: str | Path | None = None, overrides: list[str] | None =
         raw = {**raw, **json.loads(json.dumps(data))}
     problems: list[str] = []
     raw = apply_overrides(raw, list(overrides or []), problems)
+    user_algo = raw.get("algo") if isinstance(raw.get("algo"), dict) else {}
+    user_algo_keys = set(user_algo)
     raw = _merge_preset(raw, problems, where)
+    notes = _apply_loss_defaults(raw, user_algo_keys)
     cfg = _build(RunConfig, raw, where, "", problems)
     problems += range_problems(cfg, where)
+    cfg.notes = notes  # not a config key: log lines for the run (loss defaults applied)
     return cfg, problems
+
+
+def _apply_loss_defaults(raw: dict[str, Any], user_algo_keys: set[str]) -> list[str]:
+    """Each policy loss owns its defaults (``mmrlvr.algos.presets.LOSS_DEFAULTS``): ``algo.loss: gspo`` without a
+    preset gets GSPO's clip range and aggregation, not PPO's. Keys the user wrote (or the loss's own preset filled)
+    win. Returns one note per loss whose defaults were applied, for the run's log."""
+    algo = raw.get("algo") if isinstance(raw.get("algo"), dict) else {}
+    loss = algo.get("loss", AlgoConfig().loss)
+    if not isinstance(loss, str):
+        return []  # the type check reports it
+    from mmrlvr.algos.presets import explicit_algo_keys, resolve_loss_params
+
+    values = {**{f.name: getattr(AlgoConfig(), f.name) for f in dataclasses.fields(AlgoConfig)}, **algo}
+    explicit = explicit_algo_keys(user_algo_keys, algo.get("preset"), loss)
+    params, notes = resolve_loss_params(loss, values, explicit)
+    if params:
+        raw["algo"] = {**algo, **params}
+    return notes
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,

@@ -20,9 +20,12 @@ def test_auto_selection_follows_the_config():
     from mmrlvr.train.stages import select_stages
 
     s = select_stages(load_config(ROOT / "configs" / "demo-tiny.yaml"))
-    assert s["credit"] == ["none"] and s["reference"] == ["frozen"] and s["shape"] == []
-    s = select_stages(load_config(ROOT / "configs" / "grounding-tiny.yaml"))
-    assert s["shape"] == ["overlong", "dynamic_sampling"]  # dapo preset: overlong shaping + dynamic sampling
+    assert s["credit"] == ["none"] and s["reference"] == ["frozen"] and s["shape"] == ["drop_unscored"]
+    s = select_stages(load_config(ROOT / "configs" / "demo-tiny.yaml", ["algo.preset=dapo"]))
+    # dapo preset: overlong shaping + dynamic sampling (after rows a reward could not score leave the batch)
+    assert s["shape"] == ["drop_unscored", "overlong", "dynamic_sampling"]
+    s = select_stages(load_config(ROOT / "configs" / "demo-tiny.yaml", ["algo.epochs=2"]))
+    assert s["reference"] == ["old_policy", "frozen"]  # pi_old recomputed for several epochs, then pi_ref
     s = select_stages(load_config(ROOT / "configs" / "credit-vepo-tiny.yaml", ["credit.scheme=vppo"]))
     assert s["credit"] == ["separate"]
     s = select_stages(load_config(ROOT / "configs" / "consistency-tiny.yaml", ["consistency.split_advantage=true"]))

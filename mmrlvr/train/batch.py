@@ -22,6 +22,7 @@ AuxLoss = Callable[[torch.Tensor], torch.Tensor]
 @dataclass
 class StepBatch:
     step: int  # 0-based index of the optimizer step this batch trains
+    round: int = 0  # generation round within the step (dynamic-sampling refill draws more prompts)
     # generate
     samples: list = field(default_factory=list)  # the prompts the sampler chose (this process's share)
     rollouts: RolloutBatch | None = None  # prompt + response ids, masks, old log-probs, vision inputs
@@ -31,6 +32,9 @@ class StepBatch:
     results: list = field(default_factory=list)  # N RewardResult (score, components, parsed)
     rewards: torch.Tensor | None = None  # [N] total reward after the shaping transforms
     token_weights: torch.Tensor | None = None  # [N, L] loss weights: response mask x filters x credit
+    norm_weights: torch.Tensor | None = None  # [N, L] tokens counted by the loss normaliser (None: token_weights)
+    row_mask: torch.Tensor | None = None  # [N] bool, rows that belong to the batch (None: all); rows dropped by
+    #                                       dynamic sampling leave every normaliser, seq-mean-token-sum's too
     # advantages / credit
     advantages: torch.Tensor | None = None  # [N], or [N, L] per token; after credit scaling
     signals: Any = None  # credit TokenSignals (entropy, jsd, ...) for records and metrics
@@ -38,6 +42,8 @@ class StepBatch:
     aux_losses: list[AuxLoss] = field(default_factory=list)
     # reference / update
     ref_logprobs: torch.Tensor | None = None  # [N, L] under the reference policy (KL), or None
+    rollout_logprobs: torch.Tensor | None = None  # [N, L] the sampler's log-probs when pi_old was recomputed
+    is_weights: torch.Tensor | None = None  # [N, L] rollout-correction weights on the policy loss (TIS / MIS)
     token_entropy: torch.Tensor | None = None  # [N, L] policy entropy from the first update pass
     token_ratio: torch.Tensor | None = None  # [N, L] pi/pi_old in the first update pass
     update_stats: dict[str, float] = field(default_factory=dict)  # loss, grad_norm, kl_sum, ... (update stage)

@@ -41,7 +41,9 @@ class EvalExtras:
         if kind == "sampled" and self.rubric is not None:
             from mmrlvr.rewards.base import score_batch
 
-            self.rubric_scores.extend(r.score for r in score_batch(self.rubric, completions, samples))
+            # responses the judge left undetermined (judge down) never enter the mean as a score
+            self.rubric_scores.extend(r.score for r in score_batch(self.rubric, completions, samples)
+                                      if not (r.parsed or {}).get("undetermined"))
 
     def metrics(self) -> dict[str, float]:
         from mmrlvr.consistency.metrics import score_completions

@@ -205,13 +205,18 @@ class VisionFeatureCache:
                 "mm_encoder_outputs": encoder_outputs(self.features[i0:i1])}
 
 
-def slice_inputs(inputs: dict[str, Any], rows: slice, images_per_row: list[int]) -> dict[str, Any]:
+def slice_inputs(inputs: dict[str, Any], rows: slice, images_per_row: list[int],
+                 videos_per_row: list[int] | None = None) -> dict[str, Any]:
     """Rows ``rows`` of a batch of model inputs, slicing the flat per-image tensors consistently.
 
     Qwen processors give ``pixel_values`` as concatenated patches of all images and ``image_grid_thw``
-    as one row per image; a micro-batch must take exactly its rows' images.
+    as one row per image; a micro-batch must take exactly its rows' images (and, with ``videos_per_row``, its
+    rows' videos: ``pixel_values_videos`` / ``video_grid_thw`` / ``second_per_grid_ts``).
     """
+    from mmrlvr.data.video_processing import VIDEO_KEYS, slice_video_rows
+
     n = inputs["input_ids"].shape[0]
+    video = bool(videos_per_row) and any(videos_per_row) and any(k in inputs for k in VIDEO_KEYS)
     first_img = sum(images_per_row[:rows.start])
     last_img = sum(images_per_row[:rows.stop])
     out: dict[str, Any] = {}
@@ -224,8 +229,12 @@ def slice_inputs(inputs: dict[str, Any], rows: slice, images_per_row: list[int])
             out[k] = v[p0:p1]
         elif k == "image_grid_thw":
             out[k] = v[first_img:last_img]
+        elif video and k in VIDEO_KEYS:
+            continue  # sliced per video below
         elif torch.is_tensor(v) and v.dim() > 0 and v.shape[0] == n:
             out[k] = v[rows]
         else:
             out[k] = v
+    if video:
+        out.update(slice_video_rows(inputs, rows, videos_per_row))
     return out

@@ -75,8 +75,9 @@ def spec_task(spec: str, task: str = "count") -> str:
     ('count_chatter', 'count')
     """
     from mmrlvr.data.synth import TASKS
+    from mmrlvr.data.synth_video import VIDEO_TASKS
 
-    return next((o for o in spec.split(":")[3:] if o in TASKS), task)
+    return next((o for o in spec.split(":")[3:] if o in TASKS or o in VIDEO_TASKS), task)
 
 
 def resolve_model_path(spec: str, *, task: str = "count", answer_noise: float = 0.0) -> str:

@@ -72,6 +72,9 @@ class _ImageRefs:
 _REFS: dict[str, _ImageRefs] = {}
 
 
+from mmrlvr.store.images import VIDEO_FRAMES_KEY, video_frame_refs  # noqa: E402  (frames of video prompts)
+
+
 def build_records(step: int, data, processor, writer, cfg) -> list[RolloutRecord]:
     batch = data.batch
     key = str(writer.run_dir) if hasattr(writer, "run_dir") else cfg.output_dir
@@ -113,7 +116,8 @@ def build_records(step: int, data, processor, writer, cfg) -> list[RolloutRecord
             rubric_results=[_criterion(c) for c in criteria],
             consistency=_consistency(cons),
             config_hash=chash, git_commit=commit,
-            extra={"task": sample.meta.get("task", ""), "answer_type": sample.answer_type},
+            extra={"task": sample.meta.get("task", ""), "answer_type": sample.answer_type,
+                   **({VIDEO_FRAMES_KEY: video_frame_refs(sample, refs.ref)} if sample.meta.get("videos") else {})},
         ))
     return records
 

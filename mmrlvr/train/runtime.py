@@ -39,6 +39,8 @@ class Runtime:
     vision_start_id: int
     metrics_writer: Any = None  # MetricsWriter (metrics.jsonl + trackers); writes on the main process only
     rollout_writer: Any = None  # RolloutWriter (Parquet per step) on the main process, or None
+    data_reports: list = field(default_factory=list)  # data load / length reports (their metrics() are logged)
+    pipeline: Any = None  # the step's stages (set by Pipeline), for stages that run earlier kinds again
     topology: Any = None  # mmrlvr.train.distributed.Topology: world size, nodes, strategy, prompts per rank
     counters: dict[str, int] = field(default_factory=lambda: {"bad_steps": 0, "skipped_steps": 0,
                                                               "optimizer_steps": 0})
@@ -59,7 +61,8 @@ class Runtime:
         """Model inputs for ``rows``, reusing the step's vision features when there is a cache."""
         if vision is not None:
             return vision.inputs(rollouts.input_ids, rollouts.attention_mask, rows)
-        return slice_inputs(rollouts.model_inputs(), rows, images_per_row)
+        videos = [len(s.meta.get("videos") or []) for s in rollouts.samples]
+        return slice_inputs(rollouts.model_inputs(), rows, images_per_row, videos if any(videos) else None)
 
     def global_sum(self, value: float) -> float:
         """``value`` summed over processes (losses are normalised by global counts)."""
@@ -157,6 +160,10 @@ def _load_model(cfg: RunConfig, accel: Any):
         ref_model = copy.deepcopy(model).eval()
         for p in ref_model.parameters():
             p.requires_grad_(False)
+    if cfg.model.gradient_checkpointing:  # after the reference copy: the frozen reference never backpropagates
+        from mmrlvr.models.lora import enable_gradient_checkpointing
+
+        enable_gradient_checkpointing(model)
     return model, processor, ref_model
 
 
@@ -181,14 +188,18 @@ def build_runtime(cfg: RunConfig) -> Runtime:
     from mmrlvr.train import distributed
 
     topology = distributed.setup(accel, cfg, cfg.output_dir)  # a lone copy of an N-process launch stops here
+    if accel.is_main_process:
+        for note in getattr(cfg, "notes", []):
+            print(f"note: {note}")
     torch.manual_seed(cfg.seed)
     model, processor, ref_model = _load_model(cfg, accel)
     model, ref_model = distributed.shard(accel, cfg, model, ref_model)  # fsdp2: before the optimizer sees params
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not trainable:
         raise UserError("model: no trainable parameters (check model.lora and model.freeze_vision)")
-    optimizer = torch.optim.AdamW(trainable, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
-                                  weight_decay=cfg.optim.weight_decay)
+    from mmrlvr.train.optim import build_optimizer
+
+    optimizer = build_optimizer(trainable, cfg.optim)  # fused AdamW where the device has it
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     prepared, optimizer = distributed.prepare(accel, model, optimizer)  # accel.prepare, unless sharded
     policy = accel.unwrap_model(prepared)
@@ -197,8 +208,9 @@ def build_runtime(cfg: RunConfig) -> Runtime:
     for fn in getattr(reward, "fns", [reward]):
         if getattr(fn, "needs_policy", False):
             fn.attach_policy(policy, processor)  # e.g. GRPO-CARE's EMA reference
-    train_samples = load_split(cfg.data.train, cfg.data, "train")
-    eval_samples = load_split(cfg.data.eval, cfg.data, "test") if cfg.data.eval else []
+    data_reports: list = []  # load / length reports (rows dropped as too long: data/dropped_too_long)
+    train_samples = load_split(cfg.data.train, cfg.data, "train", processor=processor, reports=data_reports)
+    eval_samples = load_split(cfg.data.eval, cfg.data, "test", processor=processor) if cfg.data.eval else []
     if cfg.eval.limit:
         eval_samples = eval_samples[: cfg.eval.limit]
     order = DataOrder(len(train_samples), cfg.rollout.prompts_per_step, cfg.seed)
@@ -206,4 +218,5 @@ def build_runtime(cfg: RunConfig) -> Runtime:
     return Runtime(cfg=cfg, accel=accel, model=prepared, policy=policy, ref_model=ref_model, processor=processor,
                    optimizer=optimizer, scheduler=scheduler, engine=engine, reward=reward,
                    train_samples=train_samples, eval_samples=eval_samples, order=order,
-                   vision_start_id=tok.convert_tokens_to_ids("<|vision_start|>"), topology=topology)
+                   vision_start_id=tok.convert_tokens_to_ids("<|vision_start|>"), topology=topology,
+                   data_reports=data_reports)

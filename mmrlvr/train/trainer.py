@@ -22,7 +22,7 @@ from mmrlvr.config import RunConfig
 from mmrlvr.train.batch import StepBatch
 from mmrlvr.train.metrics import MetricsWriter
 from mmrlvr.train.runtime import build_runtime
-from mmrlvr.train.stages import Pipeline
+from mmrlvr.train.stages import Pipeline, validate_stages
 from mmrlvr.train.stages.record import PROGRESS_KEYS
 
 StepData = StepBatch  # the name older code and plug-ins use
@@ -33,6 +33,13 @@ class Trainer:
         self.cfg = cfg
         self.run_dir = Path(cfg.output_dir)
         self.resume = resume
+        from mmrlvr.errors import ConfigErrors
+        from mmrlvr.plugins import load_plugins
+
+        load_plugins(cfg.plugins)  # plug-in stages validate too
+        problems = validate_stages(cfg)  # each selected stage checks its own config section, before any model load
+        if problems:
+            raise ConfigErrors(problems)
         self.rt = build_runtime(cfg)
         self.pipeline = Pipeline(self.rt)
         self.rt.metrics_writer = MetricsWriter(self.run_dir, tensorboard=cfg.tensorboard, enabled=self.is_main)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from mmrlvr.algos import ADVANTAGES, split_advantages, token_split_advantages
+from mmrlvr.algos.advantages import call_advantage
 from mmrlvr.train.batch import StepBatch
 from mmrlvr.train.stages.base import Stage, register_stage
 
@@ -27,10 +28,24 @@ class GroupAdvantage(Stage):
 
     def __init__(self, rt) -> None:
         super().__init__(rt)
-        self.estimator = ADVANTAGES.get(self.cfg.algo.advantage)
+        name = self.cfg.algo.advantage
+        ADVANTAGES.get(name)  # an unknown name fails here, listing the known ones
+        # token_counts reach only the estimators that take them (REINFORCE++'s token-level whitening)
+        self.estimator = lambda rewards, group_index, token_counts=None: call_advantage(
+            name, rewards, group_index, token_counts=token_counts)
 
     def __call__(self, b: StepBatch) -> None:
-        b.advantages = self.estimator(b.rewards, b.rollouts.group_index)
+        group_index = b.rollouts.group_index
+        counts = (b.rollouts.response_mask > 0).sum(dim=-1)  # [N] response lengths
+        if b.row_mask is None or bool(b.row_mask.all()):
+            b.advantages = self.estimator(b.rewards, group_index, counts)
+            return
+        # rows outside the batch (unscored, dropped groups) take no part in their group's baseline
+        keep = b.row_mask
+        adv = torch.zeros_like(b.rewards)
+        if bool(keep.any()):
+            adv[keep] = self.estimator(b.rewards[keep], group_index[keep], counts[keep])
+        b.advantages = adv
 
 
 @register_stage("advantages", "consistency_split", priority=10)

@@ -1,6 +1,6 @@
 """The stage contract: a training step is a fixed sequence of stage *kinds*, each filled by registered stages.
 
-    generate -> score -> shape -> advantages -> credit -> reference -> update -> record
+    generate -> score -> shape -> advantages -> reference -> credit -> update -> record
 
 A stage is a small class registered under its kind and a name::
 
@@ -30,9 +30,11 @@ if TYPE_CHECKING:
     from mmrlvr.train.runtime import Runtime
 
 #: the stage kinds in the order a step runs them
-STAGE_KINDS: tuple[str, ...] = ("generate", "score", "shape", "advantages", "credit", "reference", "update", "record")
-#: kinds where every selected stage runs (in priority order) instead of exactly one
-MULTI_KINDS: frozenset[str] = frozenset({"shape"})
+STAGE_KINDS: tuple[str, ...] = ("generate", "score", "shape", "advantages", "reference", "credit", "update", "record")
+#: kinds where every selected stage runs (in priority order) instead of exactly one: shaping transforms compose,
+#: and the reference kind computes the log-probs of every other policy the update needs (pi_old recomputed by
+#: the training model, pi_ref for the KL term) — before credit, which reads pi_old
+MULTI_KINDS: frozenset[str] = frozenset({"shape", "reference"})
 
 
 class Stage:
@@ -120,6 +122,7 @@ class Pipeline:
 
     def __init__(self, rt: "Runtime", names: dict[str, list[str]] | None = None) -> None:
         self.rt = rt
+        rt.pipeline = self  # a stage may run earlier kinds again (dynamic sampling's refill rounds)
         self.names = names if names is not None else select_stages(rt.cfg)
         self.stages: list[tuple[str, list[Stage]]] = [
             (kind, [STAGES[kind].get(n)(rt) for n in self.names.get(kind, [])]) for kind in STAGE_KINDS
@@ -132,16 +135,20 @@ class Pipeline:
                 return stages[0]
         return None
 
-    def run(self, step: int, upto: str | None = None) -> "StepBatch":
-        """Run the stages of one step (through kind ``upto`` when given) and return the batch."""
+    def run(self, step: int, upto: str | None = None, *, round: int = 0,
+            stop_before: Stage | None = None) -> "StepBatch":
+        """Run the stages of one step (through kind ``upto`` when given, or up to the stage ``stop_before``)
+        and return the batch. ``round`` > 0 is a refill round: the sampler draws other prompts."""
         import time
 
         from mmrlvr.train.batch import StepBatch
 
-        batch = StepBatch(step=step)
+        batch = StepBatch(step=step, round=round)
         for kind, stages in self.stages:
             t0 = time.perf_counter()
             for stage in stages:
+                if stage is stop_before:
+                    return batch
                 stage(batch)
             batch.timings[kind] = time.perf_counter() - t0
             if kind == upto:

@@ -111,4 +111,6 @@ class SeparateCredit(_CreditStage):
         b.advantages = adv * (credit.adv_scale if adv.dim() == 1 else credit.adv_scale[:, None])
         if credit.extra_loss is not None:
             b.aux_losses.append(credit.extra_loss)
+        if getattr(credit, "norm_weights", None) is not None:  # e.g. VPPO: divide by all response tokens
+            b.norm_weights = credit.norm_weights
         b.credit_stats = dict(credit.stats)

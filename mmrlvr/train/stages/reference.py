@@ -1,7 +1,14 @@
-"""Reference: log-probs of the responses under the reference policy, for the KL penalty (``algo.kl_coef``).
+"""Reference: log-probs of the sampled responses under the other policies the update needs.
 
-The reference is the adapter-disabled policy for LoRA runs (exactly the base model, no second copy) or a
-frozen copy of the initial weights for full fine-tuning. ``none`` when there is no KL term.
+- ``old_policy`` (``algo.recompute_old_logprobs``; on by default when ``algo.epochs > 1`` or the engine is vLLM):
+  pi_old recomputed by the *training* model, teacher-forced, before any update — the sampler's log-probs
+  (vLLM kernels, another precision, KV-cache decoding) are not the training model's, and PPO's ratio must
+  start at exactly 1. It logs the rollout/training mismatch every step and, with ``algo.rollout_correction``,
+  weights the policy loss by the truncated (TIS) or masked (MIS) importance ratio pi_old / pi_rollout, as TRL's
+  ``vllm_importance_sampling_correction`` (``token_truncate`` / ``token_mask`` / ``sequence_*``) and verl's
+  rollout IS do. Cap ``algo.rollout_correction_cap`` (TRL's default 3.0; verl's 2.0).
+- ``frozen`` (``algo.kl_coef > 0``): the reference for the KL penalty — the adapter-disabled policy for LoRA runs
+  (exactly the base model, no second copy) or a frozen copy of the initial weights for full fine-tuning.
 """
 
 from __future__ import annotations
@@ -17,14 +24,83 @@ from mmrlvr.train.forward import token_logprobs
 from mmrlvr.train.stages.base import Stage, register_stage
 
 
-@register_stage("reference", "none")
-class NoReference(Stage):
+def recompute_enabled(cfg) -> bool:
+    """``algo.recompute_old_logprobs`` with its default resolved: on for several epochs or the vLLM engine."""
+    flag = cfg.algo.recompute_old_logprobs
+    if flag is None:
+        return cfg.algo.epochs > 1 or cfg.rollout.engine == "vllm"
+    return bool(flag)
+
+
+def rollout_correction_weights(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
+                               mode: str, cap: float, level: str = "token") -> torch.Tensor:
+    """Importance weights w = pi_train_old / pi_rollout for the policy loss, [N, L] (0 outside ``mask``).
+
+    train_logp, rollout_logp, mask: [N, L]. ``level``: ``token`` (per-token ratio) or ``sequence`` (the product
+    over the response, broadcast to its tokens). ``mode``: ``tis`` truncates at ``cap`` (min(w, cap)),
+    ``mis`` masks: w = 0 where w > cap (TRL ``*_truncate`` / ``*_mask``; verl rollout IS truncate / mask).
+    """
+    diff = (train_logp - rollout_logp) * mask  # [N, L]
+    if level == "sequence":
+        diff = diff.sum(dim=1, keepdim=True).expand_as(mask)
+    w = diff.clamp(-20, 20).exp()
+    if mode == "tis":
+        w = w.clamp(max=cap)
+    elif mode == "mis":
+        w = torch.where(w > cap, torch.zeros_like(w), w)
+    else:
+        raise ValueError(f"rollout correction mode must be tis or mis, got {mode!r}")
+    return w * mask
+
+
+@register_stage("reference", "old_policy", priority=20)
+class OldPolicy(Stage):
     @classmethod
     def when(cls, cfg) -> bool:
-        return cfg.algo.kl_coef <= 0
+        return recompute_enabled(cfg)
+
+    @classmethod
+    def validate(cls, cfg) -> list[str]:
+        a, out = cfg.algo, []
+        if a.rollout_correction not in ("none", "tis", "mis"):
+            out.append(f"algo.rollout_correction: none | tis | mis (got {a.rollout_correction!r})")
+        if a.rollout_correction_level not in ("token", "sequence"):
+            out.append(f"algo.rollout_correction_level: token | sequence (got {a.rollout_correction_level!r})")
+        if a.rollout_correction_cap <= 0:
+            out.append(f"algo.rollout_correction_cap: must be > 0 (got {a.rollout_correction_cap})")
+        return out
 
     def __call__(self, b: StepBatch) -> None:
-        pass
+        rt, a, rollouts = self.rt, self.cfg.algo, b.rollouts
+        mask = rollouts.response_mask
+        out = []
+        rt.model.eval()
+        with torch.no_grad():
+            for rows in rt.micro_slices(rollouts.num_rows):
+                lp, _ = token_logprobs(rt.policy, rt.inputs(rollouts, b.vision, b.images_per_row, rows),
+                                       rollouts.response_ids[rows], self.cfg.rollout.temperature)
+                out.append(lp)
+        train = zero_masked(torch.cat(out), mask > 0)
+        sampler = rollouts.old_logprobs
+        valid = mask > 0
+        diff = (train - sampler)[valid]
+        ratio = diff.clamp(-20, 20).exp()
+        if diff.numel():
+            q = torch.quantile(ratio.double(), torch.tensor([0.01, 0.5, 0.99], dtype=torch.float64)).tolist()
+            b.diagnostics.update({"rollout/logprob_abs_diff": float(diff.abs().mean()),
+                                  "rollout/is_ratio_p01": q[0], "rollout/is_ratio_p50": q[1],
+                                  "rollout/is_ratio_p99": q[2], "rollout/is_ratio_max": float(ratio.max())})
+        if a.rollout_correction != "none":
+            w = rollout_correction_weights(train, sampler, mask, a.rollout_correction, a.rollout_correction_cap,
+                                           a.rollout_correction_level)
+            b.is_weights = w
+            log_r = (train - sampler) * mask
+            if a.rollout_correction_level == "sequence":
+                log_r = log_r.sum(dim=1, keepdim=True).expand_as(mask)
+            changed = w[valid] != log_r.clamp(-20, 20).exp()[valid]  # truncated or masked by the cap
+            b.diagnostics["rollout/corrected_fraction"] = float(changed.float().mean()) if diff.numel() else 0.0
+        b.rollout_logprobs = sampler
+        rollouts.old_logprobs = train
 
 
 @register_stage("reference", "frozen", priority=10)

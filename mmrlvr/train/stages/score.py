@@ -27,3 +27,6 @@ class Rewards(Stage):
             if hasattr(fn, "metrics"):
                 b.reward_metrics.update(fn.metrics())
         b.rewards = torch.tensor([r.score for r in b.results], dtype=torch.float32)
+        for report in rt.data_reports:  # rows the loader dropped (e.g. prompts too long), once per step
+            if hasattr(report, "metrics"):
+                b.diagnostics.update(report.metrics())

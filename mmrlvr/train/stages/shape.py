@@ -19,6 +19,22 @@ from mmrlvr.train.batch import StepBatch
 from mmrlvr.train.stages.base import Stage, register_stage
 
 
+@register_stage("shape", "drop_unscored", priority=40)
+class DropUnscored(Stage):
+    """Rows a reward could not score (``RewardResult.dropped``: e.g. a gold answer that does not parse, with
+    ``on_unparsed_gold: drop``) leave the batch: no loss, no normaliser, no part in their group's baseline — as TRL
+    does with a reward of None. Counted in ``reward/dropped_rows``."""
+
+    def __call__(self, b: StepBatch) -> None:
+        dropped = torch.tensor([bool(getattr(r, "dropped", False)) for r in b.results])
+        b.diagnostics["reward/dropped_rows"] = float(dropped.sum())
+        if not bool(dropped.any()):
+            return
+        keep = ~dropped if b.row_mask is None else b.row_mask & ~dropped
+        b.row_mask = keep
+        b.token_weights[~keep] = 0.0
+
+
 @register_stage("shape", "overlong", priority=30)
 class Overlong(Stage):
     @classmethod
@@ -50,12 +66,122 @@ class MaskTruncated(Stage):
         b.token_weights[trunc] = 0.0
 
 
+def _accuracy(b: StepBatch) -> torch.Tensor | None:
+    """[N] 1.0 where the verifier judges the answer right (the ``accuracy`` metric), or None when the rows have
+    no gold answer to judge (e.g. grounding: boxes only) — then the filter reads the total reward."""
+    from mmrlvr.rewards.combine import answer_judge
+
+    rollouts = b.rollouts
+    if all(getattr(s, "answer", None) in (None, "") for s in rollouts.samples):
+        return None
+    return torch.tensor([float(answer_judge(c, s)[0]) for c, s in zip(rollouts.completions, rollouts.samples)])
+
+
 @register_stage("shape", "dynamic_sampling", priority=10)
 class DynamicSampling(Stage):
+    """DAPO dynamic sampling (arXiv:2503.14476 §3.2): drop the groups whose accuracy is all 0 or all 1 and draw
+    more prompts until the step has as many groups with signal as it asked for.
+
+    - ``algo.dynamic_sampling_metric``: ``accuracy`` (DAPO, verl's ``filter_groups.metric: acc``) or ``reward``
+      (the total reward: also keeps groups whose only spread is a shaping term). Rows without a gold answer
+      (grounding) fall back to the reward.
+    - ``algo.dynamic_sampling_max_rounds``: generation rounds per step, the first included (DAPO: "until the
+      batch is full"; verl bounds it with ``max_num_gen_batches``). A refill round runs the earlier stages
+      (generate, score, the shaping before this one) on fresh prompts and keeps their groups with signal; surplus
+      groups are discarded (DAPO). If the rounds run out, dropped groups fill the batch to its size with zero
+      weight and leave every normaliser, so shapes stay the same on every process.
+    Metrics: ``dynamic_sampling/rounds``, ``/kept_groups``, ``/fill_groups``.
+    """
+
     @classmethod
     def when(cls, cfg) -> bool:
         return cfg.algo.dynamic_sampling
 
+    @classmethod
+    def validate(cls, cfg) -> list[str]:
+        a, out = cfg.algo, []
+        if a.dynamic_sampling_metric not in ("accuracy", "reward"):
+            out.append(f"algo.dynamic_sampling_metric: accuracy | reward (got {a.dynamic_sampling_metric!r})")
+        if a.dynamic_sampling_max_rounds < 1:
+            out.append(f"algo.dynamic_sampling_max_rounds: must be >= 1 (got {a.dynamic_sampling_max_rounds})")
+        return out
+
+    def keep_groups(self, b: StepBatch) -> torch.Tensor:
+        """[groups] bool: the groups whose metric varies."""
+        metric = self.cfg.algo.dynamic_sampling_metric
+        acc = _accuracy(b) if metric == "accuracy" else None
+        if acc is None:
+            metric = "reward"
+        return dynamic_sampling_filter(b.rewards, b.rollouts.group_index, accuracy=acc, metric=metric)
+
     def __call__(self, b: StepBatch) -> None:
-        keep = dynamic_sampling_filter(b.rewards, b.rollouts.group_index)[b.rollouts.group_index]  # [N] bool
-        b.token_weights[~keep] = 0.0
+        if b.round > 0:  # inside a refill round only the earlier stages run (Pipeline.run stops before us)
+            return
+        G = self.cfg.rollout.group_size
+        target = b.rollouts.num_rows // G
+        keep = self.keep_groups(b)
+        parts = [(b, [g for g in range(target) if keep[g]])]
+        dropped = [(b, [g for g in range(target) if not keep[g]])]
+        kept, rounds = len(parts[0][1]), 1
+        while kept < target and rounds < self.cfg.algo.dynamic_sampling_max_rounds:
+            extra = self.rt.pipeline.run(b.step, round=rounds, stop_before=self)
+            rounds += 1
+            k = self.keep_groups(extra)
+            n_extra = extra.rollouts.num_rows // G
+            take = [g for g in range(n_extra) if k[g]][:target - kept]
+            parts.append((extra, take))
+            dropped.append((extra, [g for g in range(n_extra) if not k[g]]))
+            kept += len(take)
+            for key, v in extra.reward_metrics.items():  # counters of the latest round
+                b.reward_metrics[key] = v
+        fill = []
+        for src, groups in dropped:
+            for g in groups:
+                if kept + len(fill) < target:
+                    fill.append((src, g))
+        b.diagnostics.update({"dynamic_sampling/rounds": float(rounds), "dynamic_sampling/kept_groups": float(kept),
+                              "dynamic_sampling/fill_groups": float(len(fill))})
+        if rounds == 1:
+            b.row_mask = keep[b.rollouts.group_index]  # [N] bool
+            b.token_weights[~b.row_mask] = 0.0
+            return
+        selected = [(src, g, True) for src, groups in parts for g in groups] + [(src, g, False) for src, g in fill]
+        self._assemble(b, selected)
+
+    def _assemble(self, b: StepBatch, selected: list) -> None:
+        """Rebuild ``b`` from whole groups of several rounds' batches (kept groups first, then fill)."""
+        from mmrlvr.rollout.merge import concat_rollouts, select_rows
+        from mmrlvr.train.forward import VisionFeatureCache
+
+        rt, G = self.rt, self.cfg.rollout.group_size
+        pieces, results, rewards, weights, keep_rows = [], [], [], [], []
+        # consecutive groups from the same source batch are selected together
+        by_src: list[tuple[StepBatch, list[int], list[bool]]] = []
+        for src, g, kept in selected:
+            if by_src and by_src[-1][0] is src:
+                by_src[-1][1].append(g)
+                by_src[-1][2].append(kept)
+            else:
+                by_src.append((src, [g], [kept]))
+        length = max(src.rollouts.response_ids.shape[1] for src, _, _ in by_src)
+        for src, groups, kept in by_src:
+            rows = [g * G + j for g in groups for j in range(G)]
+            pieces.append(select_rows(src.rollouts, rows, rt.vision_start_id))
+            results.extend(src.results[r] for r in rows)
+            rewards.append(src.rewards[rows])
+            w = src.token_weights[rows]
+            weights.append(torch.nn.functional.pad(w, (0, length - w.shape[1])))
+            keep_rows.extend(k for k in kept for _ in range(G))
+        tok = getattr(rt.processor, "tokenizer", rt.processor)
+        rollouts = concat_rollouts(pieces, pad_id=tok.pad_token_id if tok.pad_token_id is not None else 0)
+        rollouts.timings = dict(b.rollouts.timings)
+        b.rollouts, b.results, b.rewards = rollouts, results, torch.cat(rewards)
+        b.samples = [rollouts.samples[i] for i in range(0, rollouts.num_rows, G)]
+        b.row_mask = torch.tensor(keep_rows)
+        b.token_weights = torch.cat(weights)
+        b.token_weights[~b.row_mask] = 0.0
+        b.images_per_row = (rollouts.input_ids[:, :rollouts.prompt_length] == rt.vision_start_id).sum(dim=1).tolist()
+        if b.vision is not None:
+            vision = VisionFeatureCache(rt.policy, rollouts.vision, b.images_per_row, G,
+                                        features=rollouts.image_features)
+            b.vision = vision if vision.ok else None

@@ -20,7 +20,13 @@ from typing import Any
 
 import torch
 
-from mmrlvr.algos import KL_ESTIMATORS, POLICY_LOSSES, agg_loss, call_policy_loss, logprobs_from_logits
+from mmrlvr.algos import (
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    agg_loss,
+    call_policy_loss,
+    logprobs_from_logits,
+)
 from mmrlvr.train.batch import StepBatch
 from mmrlvr.train.forward import LOGPROB_CHUNK, response_logits, token_logprobs
 from mmrlvr.train.stages.base import Stage, register_stage
@@ -30,28 +36,27 @@ class NonFiniteLoss(RuntimeError):
     pass
 
 
-def agg_denominator(weights: torch.Tensor, mode: str) -> float:
-    """What ``agg_loss(mode)`` divides by for these [n, L] weights: tokens, live rows, or rows."""
+def agg_denominator(weights: torch.Tensor, mode: str, row_mask: torch.Tensor | None = None) -> float:
+    """What ``agg_loss(mode)`` divides by for these [n, L] weights: tokens, live rows, or rows.
+
+    ``row_mask`` [n] bool: rows that belong to the batch (dynamic sampling drops whole groups: they leave the
+    seq-mean-token-sum(-norm) row count too, as DAPO removes them from the batch)."""
     if mode == "token-mean":
         return float(weights.sum())
     if mode == "seq-mean-token-mean":
         return float((weights.sum(dim=1) > 0).sum())
-    return float(weights.shape[0])
-
-
-#: loss keyword -> the ``algo`` config field that sets it (a loss receives the ones its signature takes)
-LOSS_PARAM_FIELDS: dict[str, str] = {"eps_low": "eps_low", "eps_high": "eps_high", "dual_clip": "dual_clip",
-                                     "noise": "nsr_noise"}
+    return float(weights.shape[0] if row_mask is None else row_mask.sum())
 
 
 def policy_loss_params(algo: Any) -> dict[str, Any]:
-    """The keyword arguments of ``algo.loss`` taken from the ``algo`` config section, by the loss's signature."""
-    from mmrlvr.algos.presets import clip_kwargs
+    """The keyword arguments of ``algo.loss`` from the ``algo`` config section: the loss-owned values (the loss's
+    own defaults were filled in at config load, ``mmrlvr.algos.presets.resolve_loss_params``) that its signature
+    takes, and the clip rule (``algo.clip``: fixed | acpo) for losses that take one."""
+    from mmrlvr.algos.presets import clip_kwargs, loss_kwargs
 
     accepted = inspect.signature(POLICY_LOSSES.get(algo.loss)).parameters
-    params = {kw: getattr(algo, f) for kw, f in LOSS_PARAM_FIELDS.items() if kw in accepted}
-    # algo.clip (fixed | acpo) for the losses that take a clip rule; another rule on a loss without one raises
-    params.update(clip_kwargs(algo.loss, vars(algo)))
+    params = {k: v for k, v in loss_kwargs(algo.loss, vars(algo)).items() if k in accepted}
+    params.update(clip_kwargs(algo.loss, vars(algo)))  # another rule on a loss without one raises
     return params
 
 
@@ -94,7 +99,10 @@ class PolicyGradient(Stage):
         rt, a = self.rt, self.cfg.algo
         rollouts = b.rollouts
         deferred = b.deferred if b.deferred is not None and not b.deferred.done else None
-        global_den = None if deferred is not None else rt.global_sum(agg_denominator(b.token_weights, a.agg))
+        norm_w = b.norm_weights if b.norm_weights is not None else b.token_weights
+        global_den = None if deferred is not None else rt.global_sum(agg_denominator(norm_w, a.agg, b.row_mask))
+        if global_den == 0:  # no token carries signal on any process: no forward, no optimizer step
+            return self.zero_signal(b)
         norm_constant = float(self.cfg.rollout.max_new_tokens)
         rt.model.train()
         # NSR's random rescue is seeded per step so a resumed run draws the same noise
@@ -117,6 +125,9 @@ class PolicyGradient(Stage):
                     totals[k] = max(totals.get(k, v), v) if k == "ratio_max" else totals.get(k, 0.0) + v
             if global_den is None:  # the deferred-credit pass: now the normaliser is known
                 global_den = rt.global_sum(den_sum)
+                if global_den == 0:
+                    b.signals, b.credit_stats = deferred.finish(rollouts.old_logprobs)
+                    return self.zero_signal(b)
                 inv = 1.0 / max(global_den, 1e-8)
                 for p in rt.model.parameters():
                     if p.grad is not None:
@@ -129,6 +140,13 @@ class PolicyGradient(Stage):
         b.diagnostics.update(self.offpolicy.metrics())
         passes = a.epochs
         return {k: (v / passes if k in ("grad_norm", "loss", "kl", "policy_loss") else v) for k, v in totals.items()}
+
+    def zero_signal(self, b: StepBatch) -> dict[str, float]:
+        """A step whose every token weight is zero (e.g. every group dropped by dynamic sampling): parameters,
+        optimizer moments and the schedule stay exactly as they are (AdamW would move them with no signal)."""
+        self.rt.optimizer.zero_grad(set_to_none=True)
+        b.diagnostics["update/zero_signal"] = 1.0
+        return {}
 
     def micro_step(self, b: StepBatch, rows: slice, global_den: float | None, norm_constant: float) -> dict[str, float]:
         rt, cfg, a, rollouts = self.rt, self.cfg, self.cfg.algo, b.rollouts
@@ -160,18 +178,29 @@ class PolicyGradient(Stage):
         loss_tok, lstats = call_policy_loss(self.loss_name, logp, rollouts.old_logprobs[rows], b.advantages[rows], w,
                                             generator=self.generator, **self.loss_params)
         self.record_offpolicy(logp, rollouts.old_logprobs[rows], w)
+        if b.is_weights is not None:  # rollout correction (TIS / MIS): pi_old / pi_rollout on the policy term
+            loss_tok = loss_tok * b.is_weights[rows]
         kl_val = 0.0
         if self.kl_fn is not None:
             kl_tok = self.kl_fn(logp, b.ref_logprobs[rows], mask=mask)
             loss_tok = loss_tok + a.kl_coef * kl_tok
             kl_val = float((kl_tok.detach() * mask).sum())
+        # the normaliser's tokens: a credit scheme's norm_weights (VPPO: all response tokens), else the weights
+        nw = b.norm_weights[rows] if b.norm_weights is not None else None
+        aux_tok = None
         if b.aux_losses:
             # an auxiliary term is defined over the whole batch: place this micro-batch's log-probs
             # (with gradient) into a full-size tensor, then keep its rows
             full = rollouts.old_logprobs.index_copy(0, torch.arange(rows.start, rows.stop), logp)
-            loss_tok = loss_tok + b.extra_loss(full)[rows]
-        local_den = agg_denominator(w, a.agg)
-        loss = agg_loss(loss_tok, w, a.agg, norm_constant=norm_constant)
+            aux_tok = b.extra_loss(full)[rows]
+            if nw is None:
+                loss_tok, aux_tok = loss_tok + aux_tok, None
+        local_den = agg_denominator(nw if nw is not None else w, a.agg)  # what agg_loss divides this slice by
+        row_mask = b.row_mask[rows] if b.row_mask is not None else None
+        local_norm = agg_denominator(nw if nw is not None else w, a.agg, row_mask)  # its share of the batch's
+        loss = agg_loss(loss_tok, w, a.agg, norm_constant=norm_constant, norm_mask=nw)
+        if aux_tok is not None:  # the auxiliary term counts the normaliser's tokens (VPPO's entropy term: all)
+            loss = loss + agg_loss(aux_tok, nw, a.agg, norm_constant=norm_constant, norm_mask=nw)
         # agg_loss normalises by this micro-batch; rescale to the global normaliser (times world size,
         # because DDP averages gradients over processes). global_den None: leave the sum (update divides)
         scale = local_den if global_den is None else local_den / max(global_den, 1e-8)
@@ -182,7 +211,7 @@ class PolicyGradient(Stage):
         rt.accel.backward(loss)
         n_tok = float(mask.sum())
         return {
-            "loss": float(loss.detach()) / rt.accel.num_processes, "den": local_den,
+            "loss": float(loss.detach()) / rt.accel.num_processes, "den": local_norm,
             "kl_sum": kl_val, "tokens": n_tok,
             "entropy_sum": float((ent * mask).sum()) if ent is not None else 0.0,
             "clip_sum": float(getattr(lstats, "clip_fraction", 0.0)) * n_tok,
@@ -205,23 +234,12 @@ class PolicyGradient(Stage):
         rt = self.rt
         clip = self.cfg.optim.grad_clip
         params = [p for p in rt.model.parameters() if p.requires_grad]
-        from mmrlvr.train.distributed import is_sharded
+        from mmrlvr.train.optim import NonFiniteGradient, clip_grad_norm_and_check
 
-        if is_sharded(rt.model):  # FSDP2: DTensor gradients; one norm reduced over the ranks decides on every rank
-            from mmrlvr.train.optim import NonFiniteGradient, clip_grad_norm_and_check
-
-            try:
-                norm = clip_grad_norm_and_check(params, clip)
-            except NonFiniteGradient as exc:
-                raise NonFiniteLoss(str(exc)) from None
-        else:
-            for p in params:
-                if p.grad is not None and not torch.isfinite(p.grad).all():
-                    raise NonFiniteLoss("non-finite gradient")
-            if clip > 0:
-                norm = rt.accel.clip_grad_norm_(params, clip)
-            else:
-                norm = torch.sqrt(sum((p.grad.detach() ** 2).sum() for p in params if p.grad is not None))
+        try:  # one pass: the global norm (reduced over FSDP2 shards) also detects NaN/inf before anything is scaled
+            norm = clip_grad_norm_and_check(params, clip)
+        except NonFiniteGradient as exc:
+            raise NonFiniteLoss(str(exc)) from None
         rt.optimizer.step()
         rt.scheduler.step()
         rt.optimizer.zero_grad(set_to_none=True)
