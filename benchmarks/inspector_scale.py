@@ -1,6 +1,6 @@
 """How fast does the inspector open and filter a big run? (100,000 rollouts by default)
 
-Writes a synthetic run (``mmrlvr.store.fake.make_fake_run``: images, boxes, ~150-token responses with six
+Writes a synthetic run (``mmrlvr.testing.fake_run.make_fake_run``: images, boxes, ~150-token responses with six
 per-token signals, rubric results; through the real ``RolloutWriter``), then measures:
 
 * open_s   — ``RolloutReader(run_dir)``: list the shards and build the scalar index (bar: < 1 s)
@@ -28,7 +28,7 @@ from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-from mmrlvr.store.fake import make_fake_run  # noqa: E402
+from mmrlvr.testing.fake_run import make_fake_run  # noqa: E402
 from mmrlvr.store.reader import RolloutReader  # noqa: E402
 
 

@@ -126,13 +126,14 @@ def build_model(shape: str, out: Path, layers: int, vocab: int) -> Path:
 
         return build_tiny("qwen2_5_vl", out)
     from mmrlvr.models.standin import standin_model
-    from mmrlvr.models.tiny import build_tokenizer
+    from mmrlvr.models.tiny import _finish_processor_files, build_tokenizer, make_processor
 
     tok = build_tokenizer()
     model = standin_model(shape, tok, layers=layers, vision_depth=1, vocab_size=max(vocab, len(tok)))
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    tok.save_pretrained(out)
+    make_processor("qwen2_5_vl", tok, model.config, image_size=448).save_pretrained(out)  # as build_standin
+    _finish_processor_files(out, "qwen2_5_vl", model.config)
     return out
 
 

@@ -118,7 +118,7 @@ def score(data: Path, record: dict[str, Any], out: Path) -> dict[str, float]:
     banner("3. score: honest and hacked responses, programs + the test server's gullible `rule` judge")
     from mmrlvr.data.loading import load_samples
     from mmrlvr.rubric import OpenAIJudge, RubricReward
-    from mmrlvr.rubric.testing_server import JudgeServer
+    from mmrlvr.testing.judge_server import JudgeServer
 
     (sample,), _ = load_samples(str(data))
     names, texts = list(RESPONSES), list(RESPONSES.values())

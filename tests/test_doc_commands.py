@@ -888,7 +888,7 @@ def _transcripts() -> list[tuple[str, list[str]]]:
 def test_rubric_transcripts_reproduce(tmp_path, capsys, monkeypatch):
     """docs/rubrics.md's validate / preview / score / agreement sessions, rerun on the demo's files against
     the test judge server: every output line the page shows (bar elisions) comes out, in order."""
-    from mmrlvr.rubric.testing_server import JudgeServer
+    from mmrlvr.testing.judge_server import JudgeServer
 
     spec = importlib.util.spec_from_file_location("rubric_demo", ROOT / "demos" / "rubric_authoring.py")
     demo = importlib.util.module_from_spec(spec)

@@ -40,7 +40,7 @@ def test_browser_navigates_to_a_sample_with_boxes_and_heatmap(tmp_path: Path) ->
     playwright = pytest.importorskip("playwright.sync_api")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     from mmrlvr.inspector.app import build_app, launch
-    from mmrlvr.store.fake import make_fake_run
+    from mmrlvr.testing.fake_run import make_fake_run
 
     run = make_fake_run(tmp_path / "run", steps=3, groups=4, group_size=4, include_hostile=True)
     app = build_app(run, refresh_s=3600)

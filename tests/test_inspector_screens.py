@@ -75,7 +75,7 @@ def open_app(browser: Any, run: Path, refresh_s: float = 3600) -> tuple[Any, Any
 
 @pytest.fixture(scope="module")
 def fake_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from mmrlvr.store.fake import make_fake_run
+    from mmrlvr.testing.fake_run import make_fake_run
 
     run = make_fake_run(tmp_path_factory.mktemp("screens") / "run", steps=3, groups=4, group_size=4,
                         filler_sentences=(8, 20), include_hostile=True)
@@ -182,7 +182,7 @@ def test_filter_and_metrics_views_fit(browser: Any, fake_run: Path, tmp_path: Pa
 def test_empty_run_then_live_refresh(browser: Any, tmp_path: Path) -> None:
     """A run with no rollouts yet shows one explanation; its first step appears without a restart."""
     from mmrlvr.store import RolloutReader, RolloutWriter
-    from mmrlvr.store.fake import make_fake_run
+    from mmrlvr.testing.fake_run import make_fake_run
 
     source = make_fake_run(tmp_path / "source", steps=1, groups=2, group_size=2)
     run = tmp_path / "live"

@@ -11,7 +11,7 @@ from PIL import Image
 
 from mmrlvr.inspector import views
 from mmrlvr.store import RolloutReader, RolloutRecord, UnsafePathError
-from mmrlvr.store.fake import HOSTILE_TEXT, make_fake_run, tokenize
+from mmrlvr.testing.fake_run import HOSTILE_TEXT, make_fake_run, tokenize
 
 
 def rec_with(**kw) -> RolloutRecord:

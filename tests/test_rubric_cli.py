@@ -11,7 +11,7 @@ from PIL import Image
 
 from mmrlvr.cli import main as mmrlvr_main
 from mmrlvr.rubric.agreement import agreement, cohen_kappa, vote_agreement
-from mmrlvr.rubric.testing_server import JudgeServer
+from mmrlvr.testing.judge_server import JudgeServer
 
 RUBRIC = """\
 # test rubric

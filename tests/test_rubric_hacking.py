@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from mmrlvr.rubric import OpenAIJudge, RubricReward
-from mmrlvr.rubric.testing_server import JudgeServer
+from mmrlvr.testing.judge_server import JudgeServer
 from mmrlvr.types import Sample
 
 RUBRIC = [

@@ -1,4 +1,4 @@
-"""Judges against a REAL local OpenAI-compatible server (mmrlvr.rubric.testing_server) and a real tiny VLM.
+"""Judges against a REAL local OpenAI-compatible server (mmrlvr.testing.judge_server) and a real tiny VLM.
 
 Each failure kind a judge meets in practice - timeouts, HTTP 500, garbage, a non-JSON body, refusals,
 a model that never writes a verdict - must end as an *unknown* verdict that is counted, never as a pass,
@@ -15,7 +15,7 @@ from PIL import Image
 
 from mmrlvr.rubric import LocalJudge, OpenAIJudge, RubricReward, load_rubric_text
 from mmrlvr.rubric.routing import evaluate
-from mmrlvr.rubric.testing_server import JudgeServer
+from mmrlvr.testing.judge_server import JudgeServer
 from mmrlvr.types import Sample
 
 RUBRIC = load_rubric_text("""

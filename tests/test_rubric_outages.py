@@ -1,6 +1,6 @@
 """Judges with deadlines, size caps, unforgeable verdicts, loud outages and keys kept out of configs.
 
-All against the REAL local OpenAI-compatible server (``mmrlvr.rubric.testing_server``) on 127.0.0.1:
+All against the REAL local OpenAI-compatible server (``mmrlvr.testing.judge_server``) on 127.0.0.1:
 
 * a server that drips its reply one byte at a time (body only, or status line and headers too) cannot hold
   a call past ``timeout`` (before: ``timeout=3`` took ~125 s per call);
@@ -26,7 +26,7 @@ from mmrlvr.cli import main as mmrlvr_main
 from mmrlvr.errors import UserError
 from mmrlvr.rubric import JudgeUnavailableError, OpenAIJudge, RubricReward, load_rubric_text
 from mmrlvr.rubric.routing import evaluate
-from mmrlvr.rubric.testing_server import JudgeServer
+from mmrlvr.testing.judge_server import JudgeServer
 from mmrlvr.types import Sample
 
 RUBRIC = load_rubric_text("""

@@ -10,7 +10,7 @@ from mmrlvr.errors import DataError, UserError
 from mmrlvr.rewards.base import REWARDS, build_reward, score_batch
 from mmrlvr.rubric import RubricReward
 from mmrlvr.rubric.synth import count_rubric, reference_response, rubric_rows, rubric_samples
-from mmrlvr.rubric.testing_server import JudgeServer
+from mmrlvr.testing.judge_server import JudgeServer
 from mmrlvr.types import Completion, Sample
 
 REPO = Path(__file__).resolve().parents[1]

@@ -5,8 +5,8 @@ Importing this package registers the ``rubric`` reward in ``mmrlvr.rewards.base.
 (YAML files with line numbers, dataset columns), ``verifiers`` (extract from the response alone, then
 verify), ``routing`` (program vs judge, minimal exposure), ``prompts`` (fenced judge prompts),
 ``verdicts`` (strict parsing, voting), ``judges`` + ``cache``, ``aggregate`` (rar, hierarchical,
-saturation, POW3R), ``reward`` (``RubricReward``), ``agreement`` (kappa), ``cli``, ``synth``,
-``testing_server`` (a real local OpenAI-compatible server for tests).
+saturation, POW3R), ``reward`` (``RubricReward``), ``agreement`` (kappa), ``cli``, ``synth``
+(the local OpenAI-compatible test server lives in ``mmrlvr.testing.judge_server``).
 """
 
 from mmrlvr.rubric.aggregate import (

@@ -117,7 +117,7 @@ def make_fake_run(run_dir: str | os.PathLike[str], steps: int = 3, groups: int =
                             image=images.put(img), answer=str(true_count) if task == "count" else json.dumps(gt_boxes[0]),
                             gt_boxes=gt_boxes))
     atomic_write_text(run_dir / "config.yaml",
-                      f"# synthetic run written by mmrlvr.store.fake.make_fake_run (seed {seed})\n"
+                      f"# synthetic run written by mmrlvr.testing.fake_run.make_fake_run (seed {seed})\n"
                       f"seed: {seed}\nrollout:\n  group_size: {group_size}\nsynthetic: true\n")
     metrics_lines = []
     with RolloutWriter(run_dir, run_id) as writer:
