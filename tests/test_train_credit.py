@@ -39,7 +39,7 @@ def _one_step(tiny_dir, out, scheme: str, in_update: bool, agg: str, epochs: int
         return step()
 
     upd.optimizer_step = keep_grads
-    data = trainer.pipeline.run(0, upto="reference")  # generate .. reference, then the update on its own
+    data = trainer.pipeline.run(0, upto="credit")  # generate .. credit, then the update on its own
     stats = upd.update(data)
     return trainer, data, stats
 

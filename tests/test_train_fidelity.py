@@ -108,7 +108,7 @@ def test_dropped_groups_leave_the_seq_mean_token_sum_normaliser(tiny_dir, tmp_pa
 
     t = _trainer(tiny_dir, tmp_path / "run", rewards=HALF, algo__dynamic_sampling_max_rounds=1,
                  algo__agg="seq-mean-token-sum", rollout__prompts_per_step=8, algo__micro_batch_size=12, **DYN)
-    b = t.pipeline.run(0, upto="reference")
+    b = t.pipeline.run(0, upto="credit")
     assert 0 < int(b.row_mask.sum()) < b.rollouts.num_rows  # some groups dropped, some kept
     upd = t.pipeline.stage("update")
     grads = []
