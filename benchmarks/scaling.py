@@ -182,7 +182,8 @@ def child(arm: str, model_dir: str, a: argparse.Namespace) -> None:
         opt.zero_grad(set_to_none=True)
         del logits, nll
         times.append(time.perf_counter() - t0)
-    state = D.state_bytes(plain, opt)
+    state = D.state_bytes(plain, opt)  # before decoding: afterwards FSDP2 may hold the root gathered
+    local_params = D.local_numel(plain)
     plain.eval()
     prompt = ids[rank:rank + 1, :16]
 
@@ -202,7 +203,7 @@ def child(arm: str, model_dir: str, a: argparse.Namespace) -> None:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     mine_res = {"rank": rank, "step_s": times, "state_bytes": state, "peak_rss_mib": peak,
                 "decode_tok_s": decode_plain, "decode_pertoken_tok_s": decode_pertoken,
-                "local_params": D.local_numel(plain)}
+                "local_params": local_params}
     every = [mine_res]
     if world > 1:
         every = [None] * world
