@@ -48,6 +48,9 @@ from mmrlvr.credit.schemes import (
     vepo_score,
     vppo_advantage_scale,
 )
+# schemes in their own modules register on import (DelTA reads hidden states); importing any module of this
+# package runs this first, so every scheme name is known (the scheme modules never import each other back)
+from mmrlvr.credit import delta as _delta  # noqa: E402,F401
 from mmrlvr.credit.signals import (
     Hidden,
     TokenSignals,

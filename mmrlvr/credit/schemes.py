@@ -468,5 +468,3 @@ def build_scheme(name: str, **params: Any) -> CreditScheme:
     return CREDIT_SCHEMES.get(name).with_params(**params)
 
 
-# schemes in their own modules register on import (DelTA reads hidden states: mmrlvr.credit.delta)
-from mmrlvr.credit import delta as _delta  # noqa: E402,F401
