@@ -170,6 +170,10 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         ("the option trains 20 steps (tiny run, same keys)",
          ("tests/test_seed_methods_train.py::test_poise_trains_20_steps_with_group_size_two_and_logs_probe_quality",
           T_DRY)),
+    "python benchmarks/seed_study.py --seeds 0 --steps 15 --eval-size 40 --k 4 --arms grpo acpo delta popo poise "
+    "lora_default lora_rlpo lora_rlmo":
+        ("run by hand (docs/methods.md table); options checked, every arm's option trains in tests",
+         (T_OPTS, "tests/test_seed_methods_train.py::test_acpo_trains_20_steps_and_logs_offpolicy_diagnostics")),
     "python benchmarks/acpo_offpolicy.py --steps 8":
         ("run by hand (docs/methods.md figures); options checked, the diagnostics tested",
          (T_OPTS, "tests/test_acpo.py::test_offpolicy_diagnostics_per_old_probability_bin_hand_worked")),
