@@ -74,6 +74,8 @@ class Trainer:
             atomic_write_text(self.run_dir / "config.yaml", cfg.to_yaml())
         if self.resume:
             self._resume()
+        if self.start_step == 0 and self.rt.topology is not None:  # the run's topology, once (dist/*)
+            self.metrics.log(0, self.rt.topology.metrics())
         summary: dict[str, Any] = {}
         if cfg.eval.at_start and self.eval_samples and self.start_step == 0:
             summary["before"] = self.evaluate(step=0)
@@ -119,16 +121,17 @@ class Trainer:
         return result
 
     def save(self, step: int) -> None:
-        from mmrlvr.train.checkpoint import save_checkpoint
+        """A checkpoint from every process: sharded (FSDP2) models write each rank's shards, others rank 0 alone."""
+        from mmrlvr.train.checkpoint import save_distributed
 
         self.rt.accel.wait_for_everyone()
-        if self.is_main:
-            if self.writer is not None:
-                self.writer.flush()
-            save_checkpoint(self.run_dir, step, self.policy, self.optimizer, self.scheduler,
-                            {"config_hash": self.cfg.hash(), "lora": self.rt.lora_info(),
-                             "reward_state": self.rt.reward_state()},
-                            keep=self.cfg.keep_checkpoints)
+        if self.is_main and self.writer is not None:
+            self.writer.flush()
+        save_distributed(self.run_dir, step, self.policy, self.optimizer, self.scheduler,
+                         {"config_hash": self.cfg.hash(), "lora": self.rt.lora_info(),
+                          "reward_state": self.rt.reward_state()},
+                         keep=self.cfg.keep_checkpoints, processor=self.processor,
+                         strategy=self.cfg.distributed.strategy)
         self.rt.accel.wait_for_everyone()
 
     def _resume(self) -> None:
