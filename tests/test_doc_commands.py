@@ -133,6 +133,8 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         (SYNOPSIS, (T_OPTS, T_HELP, T_CLI + "test_eval_writes_json_and_applies_a_lora_checkpoint")),
     "mmrlvr rubric {validate,preview,score,agreement} ...": (SYNOPSIS, (T_OPTS, T_HELP, T_TRANSCRIPTS)),
     "mmrlvr inspect RUN_DIR [--host 127.0.0.1] [--port 7860]": (SYNOPSIS, (T_OPTS, T_HELP, *T_INSPECT)),
+    "mmrlvr inspect RUN_DIR [--host 127.0.0.1] [--port 7860] [--auth USER:PASS | --insecure]":
+        (SYNOPSIS, (T_OPTS, T_HELP, *T_INSPECT)),
     # ---- docs/data.md
     "mmrlvr data inspect PATH [--format FORMAT] [--rows N] [--max-prompt-length N]":
         (SYNOPSIS, (T_OPTS, T_HELP, "tests/test_data_inspect.py::test_inspect_shows_layout_rendered_rows_and_tokens",
@@ -464,7 +466,7 @@ def test_extraction_finds_commands_in_every_kind_of_place():
     # one of each: a bash block, a console transcript, a synopsis, an inline span, a config header, a docstring
     assert ("docs/credit.md", "mmrlvr train configs/credit-vepo-tiny.yaml credit.scheme=vppo") in found
     assert any(f == "docs/rubrics.md" and c.startswith("mmrlvr rubric score - --data scene.jsonl") for f, c in found)
-    assert ("README.md", "mmrlvr inspect RUN_DIR [--host 127.0.0.1] [--port 7860]") in found
+    assert ("README.md", "mmrlvr inspect RUN_DIR [--host 127.0.0.1] [--port 7860] [--auth USER:PASS | --insecure]") in found
     assert ("README.md", "mmrlvr train --help-config") in found
     assert ("configs/demo-tiny.yaml", "mmrlvr demo") in found
     assert ("demos/rubric_authoring.py", "python demos/rubric_authoring.py [--out DIR]") in found
