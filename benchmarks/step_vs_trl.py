@@ -82,31 +82,10 @@ class PhaseTimer:
 
 
 def _wire_optimizer(trainer, cfg) -> str:
-    """Until the run builds its optimiser with ``mmrlvr.train.optim`` (issue 17), do it here: fused AdamW
-    and the one-pass clip + non-finite check, the calls the runtime / update stage are to make."""
-    import torch
-
-    rt, update = trainer.rt, trainer.pipeline.stage("update")
-    if getattr(rt.optimizer, "defaults", {}).get("fused"):
-        return "the run's own optimiser (fused)"
-    from mmrlvr.train.optim import build_optimizer, clip_grad_norm_and_check
-    from mmrlvr.train.runtime import lr_lambda
-
-    params = [p for p in rt.model.parameters() if p.requires_grad]
-    rt.optimizer = build_optimizer(params, cfg.optim)
-    rt.scheduler = torch.optim.lr_scheduler.LambdaLR(rt.optimizer, lr_lambda(cfg))
-
-    def optimizer_step() -> float:
-        norm = clip_grad_norm_and_check(params, cfg.optim.grad_clip)
-        rt.optimizer.step()
-        rt.scheduler.step()
-        rt.optimizer.zero_grad(set_to_none=True)
-        rt.counters["optimizer_steps"] += 1
-        for hook in update.after_step_hooks:
-            hook(rt.policy, rt.counters["optimizer_steps"])
-        return norm
-    update.optimizer_step = optimizer_step
-    return "optimiser wired by the benchmark: build_optimizer (fused) + clip_grad_norm_and_check"
+    """Which optimiser our arm runs: the runtime builds it with ``mmrlvr.train.optim.build_optimizer`` (fused
+    AdamW where the device has it) and the update stage clips with the one-pass norm + non-finite check."""
+    fused = bool(getattr(trainer.rt.optimizer, "defaults", {}).get("fused"))
+    return f"the run's own optimiser ({'fused' if fused else 'foreach/for-loop'} AdamW)"
 
 
 def run_ours(model_dir: str, a, out: str, rollout_log: bool) -> dict:

@@ -27,7 +27,11 @@ def load_plugins(plugins: list[str]) -> None:
             mod_spec = importlib.util.spec_from_file_location(name, path)
             module = importlib.util.module_from_spec(mod_spec)
             sys.modules[name] = module
-            mod_spec.loader.exec_module(module)
+            try:
+                mod_spec.loader.exec_module(module)
+            except BaseException:
+                sys.modules.pop(name, None)  # a failed plug-in is not half-registered under its name
+                raise
         else:
             try:
                 importlib.import_module(spec)

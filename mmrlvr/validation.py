@@ -123,28 +123,13 @@ def _lines(exc: BaseException) -> list[str]:
 # ---------------------------------------------------------------------------------------------- checks
 def load_plugins_checked(plugins: list[str], where: str) -> list[str]:
     """Import plugin files/modules (as the trainer will; same module names, so it does not re-run them)."""
+    from mmrlvr.plugins import load_plugins
+
     problems: list[str] = []
     for i, spec in enumerate(plugins):
         key = f"{where}: plugins[{i}]"
         try:
-            if spec.endswith(".py"):
-                path = Path(spec)
-                if not path.is_file():
-                    problems.append(f"{key}: {spec}: no such file")
-                    continue
-                name = f"mmrlvr_plugin_{path.stem}"
-                if name in sys.modules:
-                    continue
-                mod_spec = importlib.util.spec_from_file_location(name, path)
-                module = importlib.util.module_from_spec(mod_spec)
-                sys.modules[name] = module
-                try:
-                    mod_spec.loader.exec_module(module)
-                except BaseException:
-                    sys.modules.pop(name, None)
-                    raise
-            else:
-                importlib.import_module(spec)
+            load_plugins([spec])  # the trainer's own loader: same module names, so nothing runs twice
         except UserError as exc:
             problems += [f"{key}: {spec}: {ln}" for ln in _lines(exc)]
         except ImportError as exc:
