@@ -251,7 +251,7 @@ class RunConfig:
     consistency: ConsistencyConfig = field(default_factory=ConsistencyConfig, metadata={"help": "consistency training"})
     rubric: RubricConfig = field(default_factory=RubricConfig, metadata={"help": "rubric judging"})
     eval: EvalConfig = field(default_factory=EvalConfig, metadata={"help": "evaluation"})
-    stages: StagesConfig = field(default_factory=StagesConfig, metadata={"help": "step pipeline: stage per kind (null = auto)"})
+    stages: StagesConfig = field(default_factory=StagesConfig, metadata={"help": "step pipeline: the stage for each kind (null: auto)"})
     distributed: DistributedConfig = field(default_factory=DistributedConfig,
                                            metadata={"help": "multi-process strategy"})
 

@@ -84,7 +84,7 @@ def test_topology_of_one_process_is_written_and_logged(tmp_path, capsys):
     metrics = D.announce(topo, tmp_path, is_main=True)
     assert metrics == {"dist/world_size": 1.0, "dist/nodes": 1.0, "dist/procs_per_node": 1.0,
                        "dist/prompts_per_rank": 4.0, "dist/fsdp2": 0.0}
-    assert "world size 1 (1 node(s) x 1 process(es)), strategy ddp" in capsys.readouterr().out
+    assert "world size 1 (1 node(s) x 1 process(es)), strategy ddp" in capsys.readouterr().err  # a log line, on stderr
     saved = D.read_topology(tmp_path)
     assert saved["world_size"] == 1 and saved["hosts"] == [socket.gethostname()]
     D.announce(topo, tmp_path / "other", is_main=False)

@@ -153,7 +153,7 @@ def test_two_processes_match_one_process(tiny_dir, tmp_path, lora):
     assert res.returncode == 0, res.stderr[-4000:]
     topo = topology(tmp_path / "two")
     assert topo["world_size"] == 2 and topo["prompts_per_rank"] == [2, 2], topo  # fails with 1 process
-    assert "world size 2 (1 node(s) x 2 process(es)), strategy ddp" in res.stdout
+    assert "world size 2 (1 node(s) x 2 process(es)), strategy ddp" in res.stderr  # the log line
     assert topology(tmp_path / "one")["world_size"] == 1
     assert_same_params(final_params(tmp_path / "one", tiny_dir), final_params(tmp_path / "two", tiny_dir))
     m1 = [r for r in read_metrics(tmp_path / "one" / "metrics.jsonl") if "loss" in r]

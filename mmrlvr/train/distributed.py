@@ -240,7 +240,7 @@ def gather_topology(num_processes: int, process_index: int, strategy: str, promp
 def announce(topo: Topology, run_dir: str | Path | None, is_main: bool) -> dict[str, float]:
     """Print the topology on rank 0 and write ``topology.json`` in the run folder; the ``dist/*`` metrics."""
     if is_main:
-        print(topo.line(), flush=True)
+        print(topo.line(), file=sys.stderr, flush=True)  # a log line: stdout stays the command's result
         if run_dir is not None:
             from mmrlvr.store.atomic import atomic_write_text
 
@@ -336,7 +336,8 @@ def shard(accel: Any, cfg: Any, model: torch.nn.Module, ref_model: torch.nn.Modu
         return model, ref_model
     if accel.num_processes == 1:
         if accel.is_main_process:
-            print("distributed: strategy fsdp2 in one process: nothing to shard, training unsharded", flush=True)
+            print("distributed: strategy fsdp2 in one process: nothing to shard, training unsharded", file=sys.stderr,
+                  flush=True)
         return model, ref_model
     shard_model(model)
     if ref_model is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,7 @@ class Runtime:
     metrics_writer: Any = None  # MetricsWriter (metrics.jsonl + trackers); writes on the main process only
     rollout_writer: Any = None  # RolloutWriter (Parquet per step) on the main process, or None
     data_reports: list = field(default_factory=list)  # data load / length reports (their metrics() are logged)
+    extra_metrics: dict[str, float] = field(default_factory=dict)  # logged with the next step's row, then cleared
     pipeline: Any = None  # the step's stages (set by Pipeline), for stages that run earlier kinds again
     topology: Any = None  # mmrlvr.train.distributed.Topology: world size, nodes, strategy, prompts per rank
     counters: dict[str, int] = field(default_factory=lambda: {"bad_steps": 0, "skipped_steps": 0,
@@ -190,7 +192,7 @@ def build_runtime(cfg: RunConfig) -> Runtime:
     topology = distributed.setup(accel, cfg, cfg.output_dir)  # a lone copy of an N-process launch stops here
     if accel.is_main_process:
         for note in getattr(cfg, "notes", []):
-            print(f"note: {note}")
+            print(f"note: {note}", file=sys.stderr)
     torch.manual_seed(cfg.seed)
     model, processor, ref_model = _load_model(cfg, accel)
     model, ref_model = distributed.shard(accel, cfg, model, ref_model)  # fsdp2: before the optimizer sees params

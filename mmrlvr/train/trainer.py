@@ -74,8 +74,8 @@ class Trainer:
             atomic_write_text(self.run_dir / "config.yaml", cfg.to_yaml())
         if self.resume:
             self._resume()
-        if self.start_step == 0 and self.rt.topology is not None:  # the run's topology, once (dist/*)
-            self.metrics.log(0, self.rt.topology.metrics())
+        if self.start_step == 0 and self.rt.topology is not None:  # the run's topology, once (dist/*, step 1)
+            self.rt.extra_metrics.update(self.rt.topology.metrics())
         summary: dict[str, Any] = {}
         if cfg.eval.at_start and self.eval_samples and self.start_step == 0:
             summary["before"] = self.evaluate(step=0)

@@ -58,6 +58,8 @@ class Record(Stage):
         metrics.update({"time/step_s": sum(b.timings.values()), "time/generate_s": b.rollouts.timings.get("generate_s", 0.0),
                         "time/train_s": b.timings.get("update", 0.0), "lr": self.rt.scheduler.get_last_lr()[0]})
         metrics = self.reduce(metrics)
+        metrics.update(self.rt.extra_metrics)  # once-per-run values (the topology), identical on every rank
+        self.rt.extra_metrics = {}
         rt = self.rt
         if rt.metrics_writer is not None:
             rt.metrics_writer.log(b.step + 1, metrics)
