@@ -24,7 +24,7 @@ from mmrlvr.testing.fake_run import HOSTILE_TEXT, make_fake_run  # noqa: E402
 
 # outputs of every Browse event, in order (see app.build_app: browse_out)
 (STEP, GROUP, SAMPLE_RADIO, SAMPLE, CARDS, PROMPT, ANNOTATED, GALLERY, COMPARE, SLIDER, TA, REWARD, HEAT, HEAT_HTML,
- SIGNAL) = range(15)
+ SIGNAL, FRAMES) = range(16)
 
 
 def free_port() -> int:
@@ -228,6 +228,24 @@ def test_render_falls_back_to_a_recorded_signal(tmp_path: Path) -> None:
     assert "not recorded" in heat.label and "not recorded" in hover
     # no images in this run: the image panel is empty rather than an error
     assert out[ANNOTATED].value is None and out[SLIDER] is None
+    assert out[FRAMES]["visible"] is False  # and no video: no frame strip
+
+
+def test_render_shows_a_video_prompts_frames_and_image_rows_as_before(tmp_path: Path) -> None:
+    from mmrlvr.inspector.app import BROWSE_OUTPUTS, Inspector
+
+    run = make_fake_run(tmp_path / "run", steps=2, groups=2, group_size=2, video_groups=1, video_frames=6)
+    ins = Inspector(run)
+    out = ins.render(1, "v00000", None, "entropy")
+    assert len(out) == BROWSE_OUTPUTS
+    assert out[FRAMES]["visible"] is True and "video: 6 frames" in out[FRAMES]["value"]
+    assert out[FRAMES]["value"].count("<img ") == 6
+    assert out[ANNOTATED].visible is False  # no prompt image: the strip stands in its place
+    left, right = out[SLIDER]  # the compare slider shows the frames as one sheet per step
+    assert left.size == right.size == (4 * 96, 2 * 96 + 14)
+    out = ins.render(1, "p00001", None, "entropy")
+    assert out[FRAMES]["visible"] is False and out[FRAMES]["value"] == ""
+    assert out[ANNOTATED].visible is True and out[ANNOTATED].value is not None
 
 
 # -- exposure: a non-loopback host needs a login or an explicit --insecure; only images/rollouts served ------

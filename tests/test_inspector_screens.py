@@ -4,7 +4,8 @@ Each view is opened as a user opens it and checked for what made it read poorly 
 scrolling, the token heatmap's height bounded (it used to run ~2,300 px down the page), a colour legend
 beside it, a token's values shown on click, the reason the opened group was chosen, a reward table with
 weights, proper empty states (no rollouts yet; a filter with no match), and a prompt that never recurs
-saying so. Screenshots go to tmp_path (and to $MMRLVR_SCREENSHOT_DIR when set, to look at them).
+saying so, and a video prompt's frame strip (every frame shown, wrapped inside a box of bounded height).
+Screenshots go to tmp_path (and to $MMRLVR_SCREENSHOT_DIR when set, to look at them).
 
 Needs Debian's /usr/bin/chromium (skipped without it; never `playwright install`).
 """
@@ -28,6 +29,7 @@ WIDTH, HEIGHT = 1440, 900
 HEATMAP_MAX_PX = 330  # the heatmap box is capped at 260 px + legend; far below the old ~2,300 px
 NO_OVERFLOW_JS = "() => document.documentElement.scrollWidth - window.innerWidth"
 CARDS = "#mm-group-cards .mm-card"
+VIDEO_FRAMES = 16  # more than fit in one row of the left column: the strip must wrap, then scroll inside itself
 
 
 def free_port() -> int:
@@ -145,6 +147,59 @@ def test_browse_view_fits_and_reads_at_a_glance(browser: Any, fake_run: Path, tm
         page.wait_for_function("() => document.body.innerText.includes('occurs only at step 3')", timeout=60_000)
         assert_no_horizontal_overflow(page)
         shot(page, tmp_path, "history_once.png")
+    finally:
+        page.close()
+        app.close()
+
+
+def open_group(page: Any, prompt_id: str) -> None:
+    page.locator("#mm-group input").fill(prompt_id)
+    page.locator("#mm-group input").press("Enter")
+    page.wait_for_function(
+        f"() => document.querySelector('#mm-group-cards code')?.textContent === '{prompt_id}'", timeout=60_000)
+
+
+def test_video_frame_strip_fits_beside_the_rollout(browser: Any, tmp_path: Path) -> None:
+    from mmrlvr.inspector.views import FRAME_STRIP_MAX_PX
+    from mmrlvr.testing.fake_run import make_fake_run
+
+    run = make_fake_run(tmp_path / "video", steps=2, groups=2, group_size=2, video_groups=1,
+                        video_frames=VIDEO_FRAMES)
+    app, page = open_app(browser, run)
+    try:
+        page.wait_for_selector(CARDS, timeout=60_000)
+        open_group(page, "v00000")
+        page.wait_for_selector("#mm-frames .mm-frame img", timeout=60_000)
+        strip = page.locator("#mm-frames .mm-frames")
+        assert f"video: {VIDEO_FRAMES} frames" in page.locator("#mm-frames .mm-frames-label").inner_text()
+        imgs = page.locator("#mm-frames .mm-frame img")
+        assert imgs.count() == VIDEO_FRAMES
+        assert page.evaluate("() => [...document.querySelectorAll('#mm-frames .mm-frame img')]"
+                             ".every(i => i.complete && i.naturalWidth > 0)"), "a frame thumbnail did not load"
+        captions = page.locator("#mm-frames figcaption").all_inner_texts()
+        assert captions[:3] == ["#0 · 0.0 s", "#1 · 0.5 s", "#2 · 1.0 s"] and len(captions) == VIDEO_FRAMES
+        # beside the rollout: left of the thinking pane, in the viewport's width, of bounded height
+        box, ta = strip.bounding_box(), page.locator("#mm-thinking-answer").bounding_box()
+        assert box is not None and ta is not None
+        assert box["x"] + box["width"] <= ta["x"] and box["height"] <= FRAME_STRIP_MAX_PX + 2
+        sizes = strip.evaluate("el => [el.scrollWidth, el.clientWidth, el.scrollHeight, el.clientHeight]")
+        assert sizes[0] <= sizes[1], "the strip scrolls sideways"
+        assert sizes[2] > sizes[3], f"{VIDEO_FRAMES} frames should wrap past the box's height and scroll inside it"
+        # the thumbnails wrap into rows rather than one long line
+        tops = {round(b["y"]) for b in (imgs.nth(i).bounding_box() for i in range(VIDEO_FRAMES)) if b}
+        assert len(tops) >= 3
+        assert not page.locator("#mm-annotated").is_visible()  # no prompt image: the strip stands in its place
+        page.wait_for_selector("#mm-slider img", timeout=60_000)  # the compare slider shows the frame sheet
+        assert_no_horizontal_overflow(page)
+        shot(page, tmp_path, "browse_video.png")
+
+        # an image row looks as before: no strip, the annotated image is back
+        open_group(page, "p00001")
+        page.wait_for_selector("#mm-annotated img", timeout=60_000)
+        assert not page.locator("#mm-frames").is_visible()
+        assert page.locator("#mm-frames .mm-frame").count() == 0
+        assert_no_horizontal_overflow(page)
+        shot(page, tmp_path, "browse_after_video.png")
     finally:
         page.close()
         app.close()

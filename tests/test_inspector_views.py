@@ -318,3 +318,74 @@ def test_filter_table_shows_response_text_and_keeps_headers_when_empty(tmp_path:
     empty = views.filter_table(reader.filter(reward_range=(99, None)), reader.components(), texts=[])
     assert len(empty) == 0 and list(empty.columns[:3]) == ["step", "prompt", "sample"]
     assert views.text_preview("a\nb", 10) == "a ⏎ b" and views.text_preview("x" * 20, 5) == "xxxx…"
+
+
+# -- video frames --------------------------------------------------------------------------------------
+def test_frame_strip_shows_every_frame_in_order_with_its_time(tmp_path: Path) -> None:
+    run = make_fake_run(tmp_path / "run", steps=1, groups=1, group_size=2, video_groups=1, video_frames=8)
+    rec = next(r for r in RolloutReader(run).read_step(0) if r.prompt_id == "v00000")
+    videos = views.load_video_frames(run, rec)
+    assert [(v.total, v.fps, len(v.frames)) for v in videos] == [(8, 2.0, 8)]
+    assert [f.index for f in videos[0].frames] == list(range(8))
+    # 2 fps: frame i is at i / 2 s
+    assert [f.seconds for f in videos[0].frames] == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5]
+    html_out = views.frame_strip_html(videos)
+    assert "video: 8 frames · 2 fps sampled · 4 s" in html_out
+    assert html_out.count('<img src="data:image/png;base64,') == 8
+    captions = [c.split("</figcaption>")[0] for c in html_out.split("<figcaption>")[1:]]
+    assert captions == [f"#{i} · {i / 2:.1f} s" for i in range(8)]
+    assert "overflow-x:hidden" in html_out and "flex-wrap:wrap" in html_out  # wraps, never widens the page
+    capped = views.frame_strip_html(views.load_video_frames(run, rec, limit=3))  # a long clip: all counted
+    assert "video: 8 frames · 2 fps sampled · 4 s · first 3 shown" in capped and capped.count("<img ") == 3
+
+
+def test_frame_strip_absent_for_image_rows_and_without_fps(tmp_path: Path) -> None:
+    run = make_fake_run(tmp_path / "run", steps=1, groups=1, group_size=2, video_groups=1, video_frames=3,
+                        video_fps=None)
+    recs = RolloutReader(run).read_step(0)
+    image_row = next(r for r in recs if r.prompt_id == "p00000")
+    assert views.load_video_frames(run, image_row) == [] and views.frame_strip_html([]) == ""
+    video_row = next(r for r in recs if r.prompt_id == "v00000")
+    html_out = views.frame_strip_html(views.load_video_frames(run, video_row))
+    assert "video: 3 frames</b>" in html_out and "fps" not in html_out  # no fps recorded: positions only
+    assert "<figcaption>#2</figcaption>" in html_out and " s</figcaption>" not in html_out
+
+
+def test_frame_refs_are_data_bad_ones_become_labelled_tiles(tmp_path: Path) -> None:
+    run = make_fake_run(tmp_path / "run", steps=1, groups=1, group_size=2)
+    good = RolloutReader(run).read_step(0)[0].image_refs[0]
+    rec = rec_with(extra={"video_frames": [[good, "../../etc/passwd", "/etc/passwd", "images/00/missing.png"],
+                                           ["<script>alert(1)</script>"]],
+                          "video_fps": [4, "<b>"]})
+    videos = views.load_video_frames(run, rec)
+    assert [v.fps for v in videos] == [4.0, None]
+    assert [f.problem for f in videos[0].frames] == [None, "path outside the run folder",
+                                                     "path outside the run folder", "missing file"]
+    assert videos[0].frames[0].image is not None and videos[0].frames[3].seconds == 0.75
+    out = views.frame_strip_html(videos)
+    assert "video 1 of 2: 4 frames" in out and "video 2 of 2: 1 frame</b>" in out
+    assert "<script" not in out and "etc/passwd" not in out  # refs never reach the page
+    # malformed values from a file: a flat list is one video; anything else is no video
+    assert views.video_frame_refs(rec_with(extra={"video_frames": ["a.png", "b.png"]})) == [["a.png", "b.png"]]
+    for bad in ("a.png", 3, None, [], [1, 2], {"x": 1}):
+        assert views.video_frame_refs(rec_with(extra={"video_frames": bad})) == []
+    assert views.video_fps(rec_with(extra={"video_fps": 2}), 2) == [2.0, 2.0]
+    for bad in (0, -1, float("nan"), float("inf"), True, "2"):
+        assert views.video_fps(rec_with(extra={"video_fps": bad}), 1) == [None]
+
+
+def test_thumbnails_shrink_large_frames_and_the_sheet_tiles_frames() -> None:
+    import base64
+    import io
+
+    big = Image.new("RGB", (640, 360), (10, 200, 30))
+    uri = views.thumbnail_uri(big)
+    assert uri.startswith("data:image/jpeg;base64,")
+    with Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))) as thumb:
+        assert thumb.size == (128, 72)  # longest side FRAME_THUMB_PX, aspect kept
+    assert views.thumbnail_uri(Image.new("RGB", (56, 56))).startswith("data:image/png;base64,")  # never enlarged
+    frames = [views.VideoFrame(0, i, None, Image.new("RGB", (56, 56), (0, 0, 255))) for i in range(5)]
+    frames.append(views.VideoFrame(0, 5, None, None, "missing file"))
+    sheet = views.frame_sheet(frames, columns=4, cell=96)
+    assert sheet.size == (4 * 96, 2 * 96 + 14)  # 2 rows of 4 cells + the caption band
+    assert sheet.getpixel((48, 30)) == (0, 0, 255) and sheet.getpixel((96 + 48, 96 + 30)) == (210, 210, 210)

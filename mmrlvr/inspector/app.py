@@ -10,12 +10,18 @@ between groups. A step opens on its most informative group (largest reward sprea
 with a line saying why. A timer (and the Refresh button) picks up new steps while the run is still
 training; while "follow run" is on and the newest step is shown, a new step is opened as it arrives.
 
+Video prompts: their sampled frames (``extra["video_frames"]``) show as a strip of captioned thumbnails in
+the Browse tab's left column, beside the rollout (a box of bounded height that wraps, never widens the
+page); the prompt-image box is hidden when the row has no image. The two-step compare slider shows the frames
+tiled into one sheet. Rows without video look exactly as before.
+
 Layout budget: everything fits a 1440×900 screen without horizontal scrolling (tables wrap, the token
 heatmap is wrapped text in a box of bounded height), checked by ``tests/test_inspector_screens.py``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -148,14 +154,15 @@ class Inspector:
         sample = sample if sample in by_index else order[0]
         rec = by_index[sample]
         images = views.load_images(self.run_dir, rec)
-        annotated = self._annotated(rec, images, step)
+        videos = views.load_video_frames(self.run_dir, rec)
+        annotated = self._annotated(rec, images, step, video=bool(videos))
         gallery = gr.update(value=images[1:], visible=len(images) > 1)
         compare_steps = [int(s) for s in self.reader.prompt_history(prompt_id)["step"].tolist() if s != step]
         compare_step = _as_int(compare_step)
         if compare_step not in compare_steps:
             earlier = [s for s in compare_steps if s < step]
             compare_step = earlier[-1] if earlier else (compare_steps[0] if compare_steps else None)
-        slider = self.compare(step, prompt_id, sample, compare_step, rec=rec, images=images)
+        slider = self.compare(step, prompt_id, sample, compare_step, rec=rec, images=images, videos=videos)
         recorded = views.recorded_signals(rec)
         if signal not in recorded and recorded:  # e.g. no vision sensitivity in this run: show what exists
             signal = recorded[0]
@@ -179,6 +186,7 @@ class Inspector:
             heat,
             heat_html,
             gr.update(value=signal or DEFAULT_SIGNAL),
+            gr.update(value=views.frame_strip_html(videos), visible=bool(videos)),
         )
 
     def _empty_render(self) -> tuple:
@@ -192,7 +200,7 @@ class Inspector:
         return (gr.update(choices=[], value=None), gr.update(choices=[], value=None),
                 gr.update(choices=[], value=None), None, empty, "", gr.AnnotatedImage(value=None),
                 gr.update(value=None, visible=False), gr.update(choices=[], value=None), None, "", "",
-                gr.HighlightedText(value=[]), "", gr.skip())
+                gr.HighlightedText(value=[]), "", gr.skip(), gr.update(value="", visible=False))
 
     @staticmethod
     def _compare_label(step: int, compare_steps: list[int]) -> str:
@@ -200,11 +208,12 @@ class Inspector:
             return f"Compare with step (this prompt occurs only at step {step})"
         return f"Compare step {step} with step ({len(compare_steps)} other step(s) of this prompt)"
 
-    def _annotated(self, rec: RolloutRecord, images: list, step: int | None = None) -> Any:
-        """The first image with GT (cyan) and predicted (magenta, with IoU) boxes as labelled outlines."""
+    def _annotated(self, rec: RolloutRecord, images: list, step: int | None = None, video: bool = False) -> Any:
+        """The first image with GT (cyan) and predicted (magenta, with IoU) boxes as labelled outlines;
+        hidden for a video prompt without image (the frame strip stands in its place)."""
         where = f"step {step} · {rec.prompt_id} #{rec.sample_index}" if step is not None else "Image"
         if not images:
-            return gr.AnnotatedImage(value=None, label=f"{where} · no image")
+            return gr.AnnotatedImage(value=None, label=f"{where} · no image", visible=not video)
         (big, annotations), colours = views.annotated_value(images[0], rec)
         base = views.draw_boxes(images[0], rec)  # same display scale as annotated_value
         if not annotations:
@@ -212,7 +221,7 @@ class Inspector:
         else:
             what = "predicted (magenta, with IoU) vs ground truth (cyan), outlines only"
         return gr.AnnotatedImage(value=(base, views.outline_masks(annotations, base.size)), color_map=colours,
-                                 label=f"{where} · {what}")
+                                 label=f"{where} · {what}", visible=True)
 
     def navigate(self, step: int | None, prompt_id: str | None, sample: int | None, delta: int, level: str,
                  signal: str | None = DEFAULT_SIGNAL) -> tuple:
@@ -250,29 +259,45 @@ class Inspector:
                 note + views.heatmap_html(tokens, signal, views.signal_peak(rec, signal)))
 
     def compare(self, step: int, prompt_id: str, sample: int, other_step: int | None,
-                rec: RolloutRecord | None = None, images: list | None = None) -> Any:
+                rec: RolloutRecord | None = None, images: list | None = None,
+                videos: list[views.Video] | None = None) -> Any:
         """ImageSlider value: this sample's boxes at ``step`` (left) vs the same prompt at ``other_step``
         (right), each captioned with its step; both images are redrawn on every call, so the slider never
-        keeps a previous image."""
+        keeps a previous image. A video prompt without image compares its frames tiled into one sheet."""
         if step is None or prompt_id is None or sample is None:
             return None
         if rec is None:
             rec = self.reader.record(int(step), prompt_id, int(sample))
             images = views.load_images(self.run_dir, rec)
-        if not images:
+        image, drawn = self._compare_image(rec, images, videos)
+        if image is None:
             return None
-        left = views.draw_boxes(images[0], rec, caption=f"left: step {step} #{sample} r={views.fmt(rec.reward, 2)}")
+        left = views.draw_boxes(image, drawn, caption=f"left: step {step} #{sample} r={views.fmt(rec.reward, 2)}")
         if other_step is None:
-            only = views.draw_boxes(images[0], rec, caption=f"right: only step {step} has this prompt",
+            only = views.draw_boxes(image, drawn, caption=f"right: only step {step} has this prompt",
                                     caption_right=True)
             return (left, only)
         others = self.reader.group(int(other_step), prompt_id)
         other = next((r for r in others if r.sample_index == int(sample)), others[0])
-        other_images = views.load_images(self.run_dir, other) or images
-        right = views.draw_boxes(other_images[0], other,
+        other_image, other_drawn = self._compare_image(other, views.load_images(self.run_dir, other))
+        if other_image is None:
+            other_image, other_drawn = image, other
+        right = views.draw_boxes(other_image, other_drawn,
                                  caption=f"right: step {other_step} #{other.sample_index} r={views.fmt(other.reward, 2)}",
                                  caption_right=True)
         return (left, right)
+
+    def _compare_image(self, rec: RolloutRecord, images: list | None,
+                       videos: list[views.Video] | None = None) -> tuple[Any, RolloutRecord]:
+        """(image to compare, record whose boxes are drawn on it): the first prompt image; for a video prompt
+        without image its first video's frames as one sheet, drawn without boxes (a sheet has no single
+        frame's coordinates); (None, rec) when there is neither."""
+        if images:
+            return images[0], rec
+        videos = views.load_video_frames(self.run_dir, rec) if videos is None else videos
+        if not videos or not videos[0].frames:
+            return None, rec
+        return views.frame_sheet(videos[0].frames), dataclasses.replace(rec, parsed_boxes=[], gt_boxes=[])
 
     # -- filter -----------------------------------------------------------------------------------------
     def run_filter(self, step_lo: str | float | None, step_hi: str | float | None, reward_lo: str | float | None,
@@ -348,7 +373,7 @@ class Inspector:
         return views.nearest_step(self.reader.steps(), float(x))
 
 
-BROWSE_OUTPUTS = 15  # len(Inspector.render(...)): the Browse components every navigation event updates
+BROWSE_OUTPUTS = 16  # len(Inspector.render(...)): the Browse components every navigation event updates
 
 
 def _as_int(x: Any) -> int | None:
@@ -406,6 +431,8 @@ def build_app(run_dir: str | os.PathLike[str], *, refresh_s: float = 5.0) -> gr.
                 prompt_html = gr.HTML(elem_id="mm-prompt")
                 with gr.Row():
                     with gr.Column(scale=2):
+                        # a video prompt's frames, in order (hidden for rows without video)
+                        frames_html = gr.HTML(elem_id="mm-frames", visible=False)
                         annotated = gr.AnnotatedImage(label="Image · predicted boxes (magenta, with IoU) vs ground "
                                                       "truth (cyan), outlines", format="png",
                                                       elem_id="mm-annotated")  # no fixed height: a letterboxed
@@ -476,7 +503,7 @@ def build_app(run_dir: str | os.PathLike[str], *, refresh_s: float = 5.0) -> gr.
                     goto_btn = gr.Button("Show samples of this step", scale=0, min_width=200)
 
         browse_out = [step_dd, group_dd, sample_radio, sample_num, group_html, prompt_html, annotated, gallery,
-                      compare_dd, slider, ta_html, reward_html, heat, heat_html, signal_radio]
+                      compare_dd, slider, ta_html, reward_html, heat, heat_html, signal_radio, frames_html]
         sel = [step_dd, group_dd, sample_num]
 
         # --- browse

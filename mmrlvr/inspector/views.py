@@ -7,12 +7,15 @@ Safety rule: every piece of rollout text (prompt, response, tokens, rubric text,
 answer, ground truth) goes through ``esc`` before it is put into HTML. ``esc`` escapes HTML *and* the
 characters Gradio's ``gr.HTML`` templates treat as syntax (``${…}``, ``{{…}}``, backticks), so text from a
 model is always shown as text and never executed or interpreted. Image paths from records go through
-``mmrlvr.store.images.resolve_in_run`` (refuses anything outside the run folder).
+``mmrlvr.store.images.resolve_in_run`` (refuses anything outside the run folder); so do video frames
+(``extra["video_frames"]``), which reach the page as small inline thumbnails, never as file links.
 """
 
 from __future__ import annotations
 
+import base64
 import html
+import io
 import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
@@ -21,7 +24,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image, ImageDraw
 
-from mmrlvr.store.images import resolve_in_run
+from mmrlvr.store.images import VIDEO_FRAMES_KEY, UnsafePathError, resolve_in_run
 from mmrlvr.store.record import RolloutRecord
 
 #: heatmap name -> record field (the toggle shows them in this order)
@@ -679,6 +682,177 @@ def load_images(run_dir: Any, rec: RolloutRecord) -> list[Image.Image]:
         else:
             out.append(Image.new("RGB", (64, 64), (200, 200, 200)))
     return out
+
+
+# -- video frames -------------------------------------------------------------------------------------
+#: optional ``RolloutRecord.extra`` key: sampled frames per second of each video (a list, or one number for
+#: all); with it the strip shows each frame's time, without it only the frame's position in the clip
+VIDEO_FPS_KEY = "video_fps"
+FRAME_THUMB_PX = 128  # longest side of a thumbnail as sent to the browser (bigger frames are shrunk)
+FRAME_SHOW_PX = 84  # displayed thumbnail height: 5 frames to a row in the Browse tab's left column at 1440 px
+FRAME_STRIP_MAX_PX = 300  # the strip box scrolls inside itself past this height (a 64-frame clip stays short)
+MAX_STRIP_FRAMES = 64  # per video; more are counted in the label but not sent (page weight)
+
+
+@dataclass(frozen=True)
+class VideoFrame:
+    """One sampled frame of a video prompt, ready for the strip.
+
+    ``image`` is None when the frame cannot be shown; ``problem`` then says why ("missing file", "path outside
+    the run folder"). ``seconds`` is the frame's time in the clip when the record gives the sampling fps.
+    """
+
+    video: int
+    index: int
+    seconds: float | None
+    image: Image.Image | None
+    problem: str | None = None
+
+
+def video_frame_refs(rec: RolloutRecord) -> list[list[str]]:
+    """The record's stored frame refs per video (``extra["video_frames"]``); [] for image-only rows.
+
+    Records come from files, so a malformed value (not a list, a flat list of refs, non-string items) is
+    read leniently: a flat list is one video, anything that is not a string ref is skipped.
+    """
+    raw = (rec.extra or {}).get(VIDEO_FRAMES_KEY)
+    if not isinstance(raw, list) or not raw:
+        return []
+    videos = [raw] if all(isinstance(v, str) for v in raw) else [v for v in raw if isinstance(v, list)]
+    return [[r for r in v if isinstance(r, str)] for v in videos]
+
+
+def video_fps(rec: RolloutRecord, n_videos: int) -> list[float | None]:
+    """Sampling fps of each video from ``extra["video_fps"]`` (None where absent or not a positive number)."""
+    raw = (rec.extra or {}).get(VIDEO_FPS_KEY)
+    values = raw if isinstance(raw, list) else [raw] * n_videos
+    out: list[float | None] = []
+    for i in range(n_videos):
+        v = values[i] if i < len(values) else None
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+        out.append(float(v) if ok else None)
+    return out
+
+
+@dataclass(frozen=True)
+class Video:
+    """One video of a record: its frame count, sampling fps (None when not recorded) and the frames to show."""
+
+    total: int
+    fps: float | None
+    frames: list[VideoFrame]
+
+
+def load_video_frames(run_dir: Any, rec: RolloutRecord, limit: int = MAX_STRIP_FRAMES) -> list[Video]:
+    """The record's videos with their first ``limit`` frames loaded.
+
+    A frame whose file is missing, or whose ref leads out of the run folder (refs are data), becomes a frame
+    without image and with the reason: one bad ref must not hide the rest of the rollout.
+    """
+    refs = video_frame_refs(rec)
+    out = []
+    for v, (video, fps) in enumerate(zip(refs, video_fps(rec, len(refs)))):
+        frames = []
+        for i, ref in enumerate(video[:limit]):
+            seconds = i / fps if fps else None
+            try:
+                path = resolve_in_run(run_dir, ref)
+            except UnsafePathError:
+                frames.append(VideoFrame(v, i, seconds, None, "path outside the run folder"))
+                continue
+            if not path.is_file():
+                frames.append(VideoFrame(v, i, seconds, None, "missing file"))
+                continue
+            with Image.open(path) as img:
+                img.load()
+                frames.append(VideoFrame(v, i, seconds, img.convert("RGB")))
+        out.append(Video(len(video), fps, frames))
+    return out
+
+
+def thumbnail_uri(image: Image.Image, max_px: int = FRAME_THUMB_PX) -> str:
+    """A ``data:`` URI of ``image`` shrunk to ``max_px`` on its longest side (never enlarged).
+
+    Inline thumbnails keep the page independent of the file server (and of its login) and keep its weight
+    bounded: small frames go as PNG (exact pixels), larger ones as JPEG.
+    """
+    img = image.convert("RGB")
+    if max(img.size) > max_px:
+        img = img.copy()
+        img.thumbnail((max_px, max_px), Image.LANCZOS)
+    buf = io.BytesIO()
+    small = max(image.size) <= max_px
+    img.save(buf, format="PNG" if small else "JPEG", quality=85)
+    return f"data:image/{'png' if small else 'jpeg'};base64,{base64.b64encode(buf.getvalue()).decode('ascii')}"
+
+
+def _frame_caption(frame: VideoFrame) -> str:
+    return f"#{frame.index}" + (f" · {frame.seconds:.1f} s" if frame.seconds is not None else "")
+
+
+def frame_strip_html(videos: Sequence[Video]) -> str:
+    """The frame strip: per video a label ("video: N frames", with fps and length when known) and its frames
+    in order as small captioned thumbnails ("#3 · 1.5 s") that wrap to the box's width; the box scrolls
+    vertically past ``FRAME_STRIP_MAX_PX``. '' without videos (the component is then hidden)."""
+    if not videos:
+        return ""
+    parts = []
+    for v, video in enumerate(videos):
+        total, frames = video.total, video.frames
+        name = "video" if len(videos) == 1 else f"video {v + 1} of {len(videos)}"
+        facts = [f"{fmt(video.fps)} fps sampled · {fmt(total / video.fps)} s"] if video.fps else []
+        if total > len(frames):
+            facts.append(f"first {len(frames)} shown")
+        label = f"{name}: {total} frame{'s' if total != 1 else ''}" + (" · " + " · ".join(facts) if facts else "")
+        tiles = []
+        for f in frames:
+            caption = esc(_frame_caption(f))
+            if f.image is None:
+                tiles.append(
+                    f'<figure class="mm-frame mm-frame-missing" style="margin:0;text-align:center;font-size:11px">'
+                    f'<div title="{esc(f.problem)}" style="height:{FRAME_SHOW_PX}px;width:{FRAME_SHOW_PX}px;'
+                    'background:#ddd;color:#555;display:flex;align-items:center;justify-content:center;'
+                    f'font-size:10px;border:1px solid #ccc">{esc(f.problem)}</div>'
+                    f'<figcaption>{caption}</figcaption></figure>')
+                continue
+            # small frames are enlarged by the browser: keep their pixels sharp instead of blurred
+            render = "pixelated" if f.image.height < FRAME_SHOW_PX else "auto"
+            tiles.append(
+                f'<figure class="mm-frame" style="margin:0;text-align:center;font-size:11px;color:#333">'
+                f'<img src="{thumbnail_uri(f.image)}" alt="frame {f.index}" title="{caption}" '
+                f'style="display:block;height:{FRAME_SHOW_PX}px;width:auto;max-width:100%;'
+                f'image-rendering:{render};border:1px solid #ccc;border-radius:3px">'
+                f'<figcaption>{caption}</figcaption></figure>')
+        parts.append(f'<div class="mm-video" data-frames="{total}" style="margin-bottom:4px">'
+                     f'<div class="mm-frames-label" style="font-size:13px;margin-bottom:4px"><b>{esc(label)}</b></div>'
+                     '<div class="mm-strip" style="display:flex;flex-wrap:wrap;gap:6px">' + "".join(tiles)
+                     + "</div></div>")
+    return (f'<div class="mm-frames" style="border:1px solid #e0e0e0;border-radius:6px;padding:6px;'
+            f'max-height:{FRAME_STRIP_MAX_PX}px;overflow-y:auto;overflow-x:hidden;max-width:100%;'
+            'box-sizing:border-box">' + "".join(parts) + "</div>")
+
+
+def frame_sheet(frames: Sequence[VideoFrame], columns: int = 4, cell: int = 96) -> Image.Image:
+    """The frames tiled into one image (``columns`` per row, each ``cell`` px, index label in the cell's
+    bottom-left corner): what the two-step compare slider shows for a video prompt, which has no single
+    prompt image. A white band under the tiles leaves room for the slider's step caption (``draw_boxes``),
+    and no label sits at the top, where Gradio's component label covers the image."""
+    rows = max(1, math.ceil(len(frames) / columns))
+    cols = min(columns, max(1, len(frames)))
+    band = 14
+    sheet = Image.new("RGB", (cols * cell, rows * cell + band), (255, 255, 255))
+    draw = ImageDraw.Draw(sheet)
+    for k, f in enumerate(frames):
+        x, y = (k % columns) * cell, (k // columns) * cell
+        if f.image is not None:
+            tile = f.image.resize((cell - 2, cell - 2), Image.NEAREST if max(f.image.size) < cell else Image.LANCZOS)
+            sheet.paste(tile, (x + 1, y + 1))
+        else:
+            draw.rectangle([x + 1, y + 1, x + cell - 2, y + cell - 2], fill=(210, 210, 210))
+        text = _frame_caption(f)
+        draw.rectangle([x + 1, y + cell - 13, x + 3 + draw.textlength(text), y + cell - 2], fill=(255, 255, 255))
+        draw.text((x + 2, y + cell - 13), text, fill=(0, 0, 0))
+    return sheet
 
 
 # -- tables and plots ---------------------------------------------------------------------------------

@@ -4,7 +4,8 @@
 shards, content-addressed images) through the real ``RolloutWriter`` and ``ImageStore``, with made-up but
 realistically shaped content: images of coloured shapes, counting and grounding prompts, responses in
 ``<think>…</think><answer>…</answer>`` form (some inconsistent, some truncated), reward components,
-rubric criteria, group advantages and per-token signals. Nothing here comes from a model; the numbers are
+rubric criteria, group advantages and per-token signals. With ``video_groups`` it adds video prompts
+whose sampled frames are stored like a training run stores them (``extra["video_frames"]``). Nothing here comes from a model; the numbers are
 random draws shaped like the real ones, so the inspector and the store can be exercised without
 training anything.
 """
@@ -20,7 +21,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from mmrlvr.store.atomic import atomic_write_text
-from mmrlvr.store.images import ImageStore
+from mmrlvr.store.images import VIDEO_FRAMES_KEY, ImageStore
 from mmrlvr.store.reader import METRICS_FILE
 from mmrlvr.store.record import RolloutRecord
 from mmrlvr.store.writer import RolloutWriter
@@ -92,12 +93,18 @@ def _response(rng: np.random.Generator, task: str, target: str, shapes: list[tup
 
 def make_fake_run(run_dir: str | os.PathLike[str], steps: int = 3, groups: int = 4, group_size: int = 4,
                   seed: int = 0, *, image_size: int = 112, filler_sentences: tuple[int, int] = (0, 3),
-                  include_hostile: bool = False, run_id: str | None = None) -> Path:
+                  include_hostile: bool = False, run_id: str | None = None, video_groups: int = 0,
+                  video_frames: int = 8, video_fps: float | None = 2.0) -> Path:
     """Write a synthetic run (see module docstring) to ``run_dir`` and return its path.
 
     Prompt ``p{g:05d}`` is the same question and image at every step (so the across-step view has
     something to show); its responses change from step to step. With ``include_hostile`` the response of
     step 0, group 0, sample 1 is ``HOSTILE_TEXT`` (script tags, markdown) for escaping tests.
+
+    ``video_groups`` adds that many video prompts ``v{g:05d}`` after the image prompts of every step ("How
+    many frames show a red shape?"), each a clip of ``video_frames`` frames and no image, with the
+    sampling fps in ``extra["video_fps"]`` (left out when ``video_fps`` is None). They draw from their own
+    random stream, so the image prompts' records are the same with or without them.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -116,6 +123,8 @@ def make_fake_run(run_dir: str | os.PathLike[str], steps: int = 3, groups: int =
         prompts.append(dict(id=f"p{g:05d}", task=task, target=target, shapes=shapes, question=question,
                             image=images.put(img), answer=str(true_count) if task == "count" else json.dumps(gt_boxes[0]),
                             gt_boxes=gt_boxes))
+    vrng = np.random.default_rng([seed, 1])  # video prompts: a stream of their own (see docstring)
+    prompts_v = [_video_prompt(vrng, g, images, image_size // 2, video_frames, video_fps) for g in range(video_groups)]
     atomic_write_text(run_dir / "config.yaml",
                       f"# synthetic run written by mmrlvr.testing.fake_run.make_fake_run (seed {seed})\n"
                       f"seed: {seed}\nrollout:\n  group_size: {group_size}\nsynthetic: true\n")
@@ -129,6 +138,11 @@ def make_fake_run(run_dir: str | os.PathLike[str], steps: int = 3, groups: int =
                          for i in range(group_size)]
                 if include_hostile and step == 0 and g == 0 and group_size > 1:
                     _make_hostile(group[1])
+                _set_advantages(group)
+                records.extend(group)
+            for p in prompts_v:
+                group = [_fake_record(vrng, run_id, step, p, i, group_size, skill, filler_sentences)
+                         for i in range(group_size)]
                 _set_advantages(group)
                 records.extend(group)
             writer.write_step(step, records)
@@ -183,7 +197,7 @@ def _fake_record(rng: np.random.Generator, run_id: str, step: int, p: dict, i: i
         ]
     return RolloutRecord(
         run_id=run_id, step=step, prompt_id=p["id"], sample_index=i, group_size=group_size,
-        prompt_text=p["question"], image_refs=[p["image"]], response_text=text,
+        prompt_text=p["question"], image_refs=[p["image"]] if p.get("image") else [], response_text=text,
         response_token_ids=[int(v) for v in rng.integers(10, 50_000, n)], response_tokens=tokens,
         token_logprob=logprob.tolist(), token_entropy=entropy.tolist(),
         token_vision_sensitivity=vision.tolist(), token_credit_weight=credit.tolist(),
@@ -196,8 +210,31 @@ def _fake_record(rng: np.random.Generator, run_id: str, step: int, p: dict, i: i
                      "conclusion_span": [span_at, span_at + len(conclusion)] if span_at >= 0 else None,
                      "thinking_correct": thinking_ok, "answer_correct": answer_correct},
         config_hash="synthetic", git_commit="synthetic",
-        extra={"synthetic": True, "task": p["task"]},
+        extra={"synthetic": True, "task": p["task"], **p.get("extra", {})},
     )
+
+
+def _video_prompt(rng: np.random.Generator, g: int, images: ImageStore, size: int, n_frames: int,
+                  fps: float | None) -> dict:
+    """A counting prompt over a clip: one shape per frame; the answer is how many frames show ``target``."""
+    frame_shapes = []
+    refs = []
+    for _ in range(n_frames):  # one shape per frame: easy to count by eye
+        colour = str(rng.choice(list(COLOURS)))
+        d = int(rng.integers(size // 3, size // 2))
+        x, y = (int(v) for v in rng.integers(0, size - d, size=2))
+        box = [float(x), float(y), float(x + d), float(y + d)]
+        img = Image.new("RGB", (size, size), (245, 245, 240))
+        ImageDraw.Draw(img).ellipse(box, fill=COLOURS[colour])
+        refs.append(images.put(img))
+        frame_shapes.append((colour, box))
+    target = "red"
+    extra: dict = {VIDEO_FRAMES_KEY: [refs]}
+    if fps is not None:
+        extra["video_fps"] = [float(fps)]
+    return dict(id=f"v{g:05d}", task="count", target=target, shapes=frame_shapes, image=None,
+                question=f"How many frames show a {target} shape?",
+                answer=str(sum(c == target for c, _ in frame_shapes)), gt_boxes=[], extra=extra)
 
 
 def _make_hostile(rec: RolloutRecord) -> None:
