@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image, ImageDraw
 
-from mmrlvr.store.images import VIDEO_FRAMES_KEY, UnsafePathError, resolve_in_run
+from mmrlvr.store.images import VIDEO_FPS_KEY, VIDEO_FRAMES_KEY, UnsafePathError, resolve_in_run
 from mmrlvr.store.record import RolloutRecord
 
 #: heatmap name -> record field (the toggle shows them in this order)
@@ -685,9 +685,6 @@ def load_images(run_dir: Any, rec: RolloutRecord) -> list[Image.Image]:
 
 
 # -- video frames -------------------------------------------------------------------------------------
-#: optional ``RolloutRecord.extra`` key: sampled frames per second of each video (a list, or one number for
-#: all); with it the strip shows each frame's time, without it only the frame's position in the clip
-VIDEO_FPS_KEY = "video_fps"
 FRAME_THUMB_PX = 128  # longest side of a thumbnail as sent to the browser (bigger frames are shrunk)
 FRAME_SHOW_PX = 84  # displayed thumbnail height: 5 frames to a row in the Browse tab's left column at 1440 px
 FRAME_STRIP_MAX_PX = 300  # the strip box scrolls inside itself past this height (a 64-frame clip stays short)

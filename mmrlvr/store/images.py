@@ -97,6 +97,9 @@ class ImageStore:
 
 #: ``RolloutRecord.extra`` key holding a video prompt's frames: one list of stored refs per video
 VIDEO_FRAMES_KEY = "video_frames"
+#: ``RolloutRecord.extra`` key: sampled frames per second of each video (a list, None where unknown); the
+#: inspector times each frame with it
+VIDEO_FPS_KEY = "video_fps"
 
 
 def video_frame_refs(sample: Any, ref: Any) -> list[list[str]]:

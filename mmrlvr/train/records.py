@@ -72,7 +72,7 @@ class _ImageRefs:
 _REFS: dict[str, _ImageRefs] = {}
 
 
-from mmrlvr.store.images import VIDEO_FRAMES_KEY, video_frame_refs  # noqa: E402  (frames of video prompts)
+from mmrlvr.store.images import VIDEO_FPS_KEY, VIDEO_FRAMES_KEY, video_frame_refs  # noqa: E402  (frames of video prompts)
 
 
 def build_records(step: int, data, processor, writer, cfg) -> list[RolloutRecord]:
@@ -117,9 +117,16 @@ def build_records(step: int, data, processor, writer, cfg) -> list[RolloutRecord
             consistency=_consistency(cons),
             config_hash=chash, git_commit=commit,
             extra={"task": sample.meta.get("task", ""), "answer_type": sample.answer_type,
-                   **({VIDEO_FRAMES_KEY: video_frame_refs(sample, refs.ref)} if sample.meta.get("videos") else {})},
+                   **(_video_extra(sample, refs.ref) if sample.meta.get("videos") else {})},
         ))
     return records
+
+
+def _video_extra(sample: Any, ref: Any) -> dict[str, Any]:
+    """The stored frames of each video of ``sample`` and their sampling fps (the inspector's frame strip
+    times each frame with it; None where the loader recorded no fps)."""
+    fps = [v.get("fps") if isinstance(v, dict) else None for v in sample.meta.get("videos") or []]
+    return {VIDEO_FRAMES_KEY: video_frame_refs(sample, ref), VIDEO_FPS_KEY: [float(f) if f else None for f in fps]}
 
 
 def _vision_sensitivity(sig, i: int, n: int) -> list[float]:
