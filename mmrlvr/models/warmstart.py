@@ -3,7 +3,8 @@
 Why: RL from verifiable rewards needs a policy that already emits the response format and is right some of
 the time but far from always — a random tiny model never earns a reward, a converged one has nothing left
 to learn. STACK.md measured the recipe: AdamW 1e-3, batch 32, loss on the response only; greedy ~43%
-after ~300 steps on ``count`` (chance 25%), ~75% later. We evaluate a small validation split every
+after ~300 steps on ``count`` (chance 25%), ~75% later. The video task has its own step budget and split
+sizes (``TASK_DEFAULTS``). We evaluate a small validation split every
 ``eval_every`` steps and stop once greedy accuracy reaches ``stop_at`` (default 0.45), so the held-out
 accuracy lands in the 30-60% window instead of depending on the machine's speed.
 
@@ -65,6 +66,30 @@ def build_determinants() -> dict[str, Any]:
     return {"threads": BUILD_THREADS, "torch": torch.__version__.split("+")[0]}
 RESULT_FILE = "warmstart.json"
 IN_PROGRESS = ".warmstart-in-progress"
+
+# Per-task recipe for the options a caller leaves unset (``UNSET``); every other task takes the signature's
+# defaults, so the image tasks' options, hashes and cached warm starts are unchanged. ``synth:video_count``
+# sits at chance for ~600 SFT steps before it takes off (measured: val greedy 0.49 at step 700 on Qwen2.5-VL,
+# 0.46 at 900 on Qwen3-VL), so it gets room for 1200 steps; 128 validation clips keep a chance-level spike
+# (constant answers score 0.19-0.34) from tripping the 0.45 stop (SE ~0.04 at chance); 2048 training clips
+# keep the build's encoding small (docs/data.md has the figures).
+TASK_DEFAULTS: dict[str, dict[str, Any]] = {
+    "video_count": {"steps": 1200, "stop_at": 0.45, "eval_every": 50, "n_train": 2048, "n_val": 128, "n_test": 200},
+}
+UNSET: Any = type("Unset", (), {"__repr__": lambda self: "UNSET"})()  # "not given": the task's default applies
+_SIGNATURE_DEFAULTS: dict[str, Any] = {"steps": 600, "stop_at": 0.45, "eval_every": 50, "n_train": 4096,
+                                       "n_val": 200, "n_test": 200}
+
+
+def task_options(task: str, **given: Any) -> dict[str, Any]:
+    """``given`` with each ``UNSET`` value replaced by ``task``'s recipe default (``TASK_DEFAULTS``), else the
+    common one.
+
+    >>> task_options("count", steps=UNSET, stop_at=None)["steps"], task_options("video_count", steps=UNSET)["steps"]
+    (600, 1200)
+    """
+    defaults = {**_SIGNATURE_DEFAULTS, **TASK_DEFAULTS.get(task, {})}
+    return {key: defaults[key] if value is UNSET else value for key, value in given.items()}
 
 
 def answer_space(task: str, rng: random.Random) -> str:
@@ -186,15 +211,17 @@ def cached_result(out_dir: str | Path, options_hash: str) -> dict[str, Any] | No
     return data if data.get("options_hash") == options_hash else None
 
 
-def warm_start(out_dir: str | Path, *, family: str = "qwen2_5_vl", task: str = "count", steps: int = 600,
-               answer_noise: float = 0.0, seed: int = 0, force: bool = False, stop_at: float | None = 0.45,
-               eval_every: int = 50, batch_size: int = 32, lr: float = 1e-3, n_train: int = 4096,
-               n_val: int = 200, n_test: int = 200, k: int = 8, template: str = "r1",
+def warm_start(out_dir: str | Path, *, family: str = "qwen2_5_vl", task: str = "count", steps: int = UNSET,
+               answer_noise: float = 0.0, seed: int = 0, force: bool = False, stop_at: float | None = UNSET,
+               eval_every: int = UNSET, batch_size: int = 32, lr: float = 1e-3, n_train: int = UNSET,
+               n_val: int = UNSET, n_test: int = UNSET, k: int = 8, template: str = "r1",
                progress: bool = True) -> dict[str, Any]:
     """Build a tiny ``family`` model in ``out_dir``, SFT it on ``task``, evaluate on held-out test rows.
 
     steps: the most optimizer steps; training stops earlier once greedy accuracy on ``n_val`` validation
-    rows reaches ``stop_at`` (None: always run ``steps``). Returns (and writes to ``out_dir/warmstart.json``)
+    rows reaches ``stop_at`` (None: always run ``steps``). ``steps``, ``stop_at``, ``eval_every``, ``n_train``,
+    ``n_val`` and ``n_test`` left unset take the task's recipe (``TASK_DEFAULTS``; 600 / 0.45 / 50 / 4096 /
+    200 / 200 for the image tasks). Returns (and writes to ``out_dir/warmstart.json``)
     the held-out metrics: ``greedy_accuracy``, ``avg@k``, ``pass@k``, ``format_rate``, plus ``steps_run``,
     ``train_s``, ``total_s``, the validation history and ``cached`` (True when read back from disk).
     """
@@ -204,10 +231,18 @@ def warm_start(out_dir: str | Path, *, family: str = "qwen2_5_vl", task: str = "
 
     if task not in synth.TASKS and task not in VIDEO_TASKS:
         raise UserError(f"unknown synthetic task {task!r}; known tasks: {', '.join(synth.TASKS + VIDEO_TASKS)}")
+    resolved = task_options(task, steps=steps, stop_at=stop_at, eval_every=eval_every, n_train=n_train, n_val=n_val,
+                            n_test=n_test)
+    steps, stop_at, eval_every = resolved["steps"], resolved["stop_at"], resolved["eval_every"]
+    n_train, n_val, n_test = resolved["n_train"], resolved["n_val"], resolved["n_test"]
     options = {"version": WARMSTART_VERSION, "family": family, "task": task, "steps": steps,
                "answer_noise": answer_noise, "seed": seed, "stop_at": stop_at, "eval_every": eval_every,
                "batch_size": batch_size, "lr": lr, "n_train": n_train, "n_val": n_val, "n_test": n_test, "k": k,
                "template": template, **build_determinants()}
+    if task in VIDEO_TASKS:  # the clips' drawing is part of the recipe (image tasks: unchanged keys and hash)
+        from mmrlvr.data.synth_video import VIDEO_DATA_VERSION
+
+        options["video_data"] = VIDEO_DATA_VERSION
     digest = _options_hash(options)
     out = Path(out_dir)
     if not force and (hit := cached_result(out, digest)) is not None:
