@@ -7,7 +7,6 @@ import random
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -51,9 +50,9 @@ def test_short_warm_start_runs_and_is_cached(tmp_path):
     for key in ("greedy_accuracy", "avg@2", "pass@2", "format_rate"):
         assert 0.0 <= first[key] <= 1.0
     assert json.loads((out / RESULT_FILE).read_text())["options_hash"] == first["options_hash"]
-    t0 = time.perf_counter()
+    weights = (out / "model.safetensors").stat().st_mtime_ns
     second = warm_start(out, **opts)
-    assert second["cached"] and time.perf_counter() - t0 < 1.0
+    assert second["cached"] and (out / "model.safetensors").stat().st_mtime_ns == weights  # nothing retrained
     assert {k: v for k, v in second.items() if k != "cached"} == {k: v for k, v in first.items() if k != "cached"}
     model, _ = load_policy(out)  # the saved folder is the trained model
     assert torch.isfinite(next(model.parameters())).all()
@@ -81,9 +80,7 @@ def test_cli_warm_start_beats_chance_and_second_call_is_cached(tmp_path):
     # (the first call may find a build made earlier in this checkout; a fresh clone builds it here)
     assert 0.30 <= metrics["greedy_accuracy"] <= 0.65, first.stdout
     assert metrics["format_rate"] > 0.9
-    t0 = time.perf_counter()
     second = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    assert time.perf_counter() - t0 < 20  # interpreter + imports; no training
     second_metrics = json.loads(re.search(r"^metrics: (.*)$", second.stdout, re.M).group(1))
     assert second_metrics["cached"] is True
     assert {k: v for k, v in second_metrics.items() if k != "cached"} == {k: v for k, v in metrics.items() if k != "cached"}

@@ -29,7 +29,8 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--task", default="count", help="synthetic task for --warm-start (default: count)")
     build.add_argument("--answer-noise", type=float, default=0.0,
                        help="fraction of SFT targets whose answer is randomised, thinking kept (default 0)")
-    build.add_argument("--steps", type=int, default=600, help="most SFT steps for --warm-start (default 600)")
+    build.add_argument("--steps", type=int, default=None,
+                       help="most SFT steps for --warm-start (default: the task's recipe, 600; 1200 for video_count)")
     build.add_argument("--seed", type=int, default=0, help="random seed (weights, data, sampling)")
     build.add_argument("--force", action="store_true", help="rebuild even if the folder holds a model / cache")
     build.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -56,7 +57,10 @@ def _build_warm(args: argparse.Namespace) -> int:
     from mmrlvr.models.warmstart import warm_start
 
     t0 = time.perf_counter()
-    result = warm_start(args.out, family=args.family, task=args.task, steps=args.steps,
+    from mmrlvr.models.warmstart import UNSET
+
+    result = warm_start(args.out, family=args.family, task=args.task,
+                        steps=UNSET if args.steps is None else args.steps,
                         answer_noise=args.answer_noise, seed=args.seed, force=args.force, progress=not args.quiet)
     took = time.perf_counter() - t0
     k = result["k"]
