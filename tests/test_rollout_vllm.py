@@ -115,3 +115,43 @@ def test_merged_state_dict_uses_base_names_and_merges_lora(tmp_path):
     delta = (layer.lora_B["default"].weight @ layer.lora_A["default"].weight) * (4 / 2)  # scale alpha / r
     torch.testing.assert_close(state[name], w + delta)
     assert torch.equal(layer.base_layer.weight, w)  # unmerged again afterwards
+
+
+def test_video_requests_carry_the_sampled_frames(policy):
+    """A video prompt reaches vLLM as the same frames the HF processor sees: [T, H, W, 3] uint8 per clip,
+    with (frames, metadata) and vLLM's frame sampling off for models that time frames (Qwen3-VL)."""
+    import numpy as np
+
+    from mmrlvr.data.loading import rows_to_samples
+    from mmrlvr.data.synth_video import make_video_rows
+
+    _, processor = policy
+    from mmrlvr.data.video_processing import ensure_video_processor
+
+    ensure_video_processor(processor)
+    sample = rows_to_samples(make_video_rows("video_count", "train", 1))[0]
+    video = sample.meta["videos"][0]
+    reqs = build_requests(processor, [sample], 2, SamplingParams(max_new_tokens=8), seed=0, step=0)
+    assert len(reqs) == 2 and all(r.videos == [video] for r in reqs) and not reqs[0].images
+    assert reqs[0].prompt.count("<|video_pad|>") == 1
+    plain = to_vllm_prompt(reqs[0])
+    clip = plain["multi_modal_data"]["video"]
+    assert set(plain) == {"prompt", "multi_modal_data"} and "image" not in plain["multi_modal_data"]
+    assert clip.dtype == np.uint8 and clip.shape == (len(video["frames"]), *np.asarray(video["frames"][0]).shape)
+    assert np.array_equal(clip[2], np.asarray(video["frames"][2]))
+    timed = to_vllm_prompt(reqs[0], video_metadata=True)
+    frames, meta = timed["multi_modal_data"]["video"]
+    assert np.array_equal(frames, clip) and timed["mm_processor_kwargs"] == {"do_sample_frames": False}
+    assert meta["fps"] == video["source_fps"] and meta["frames_indices"] == list(video["indices"])
+    assert meta["total_num_frames"] == video["n_source_frames"]
+
+
+def test_video_count_mismatch_names_the_sample(policy):
+    from mmrlvr.data.loading import rows_to_samples
+    from mmrlvr.data.synth_video import make_video_rows
+
+    _, processor = policy
+    sample = rows_to_samples(make_video_rows("video_count", "train", 1))[0]
+    sample.meta["videos"] = sample.meta["videos"] * 2
+    with pytest.raises(UserError, match=f"{sample.id}.*1 video parts in the messages but 2 videos"):
+        build_requests(processor, [sample], 1, SamplingParams(), seed=0, step=0)

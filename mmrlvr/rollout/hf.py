@@ -113,6 +113,32 @@ def vision_token_ids(tokenizer: Any) -> list[int]:
     return sorted(vocab[t] for t in VISION_TOKENS if t in vocab)
 
 
+def encode_prompt_batch(processor: Any, samples: list[Sample]) -> dict[str, Any]:
+    """Processor outputs for B distinct prompts: input_ids [B, P] (left-padded) + image and video inputs.
+
+    The one place prompts become tensors for any engine (the HF sampler, and the vLLM engine's teacher-forcing
+    tensors), so both see the same images and the same sampled video frames (``sample.meta["videos"]``).
+    """
+    from mmrlvr.data.video_processing import ensure_video_processor, video_processor_kwargs
+
+    video = video_processor_kwargs(samples)  # sampled frames of meta["videos"] (mmrlvr.data.video)
+    if video:
+        ensure_video_processor(processor)
+    texts = prompt_texts(processor, samples)
+    images = [list(s.images) for s in samples]
+    kwargs: dict[str, Any] = {"text": texts, "return_tensors": "pt", "padding": True}
+    if any(images):
+        if not all(images):
+            raise UserError("a batch mixes samples with and without images; "
+                            f"sample {next(s.id for s in samples if not s.images)!r} has none")
+        kwargs["images"] = images
+    kwargs.update(video)
+    tokenizer = getattr(processor, "tokenizer", processor)
+    if getattr(tokenizer, "padding_side", "left") != "left":
+        tokenizer.padding_side = "left"  # generation needs the prompt's end aligned
+    return dict(processor(**kwargs))
+
+
 class HFEngine:
     """``RolloutEngine`` over a transformers model + processor (see the module docstring).
 
@@ -139,23 +165,7 @@ class HFEngine:
     # -- prompts ---------------------------------------------------------------------------------------
     def encode_prompts(self, samples: list[Sample]) -> dict[str, Any]:
         """Processor outputs for B distinct prompts: input_ids [B, P] (left-padded) + vision inputs."""
-        from mmrlvr.data.video_processing import ensure_video_processor, video_processor_kwargs
-
-        video = video_processor_kwargs(samples)  # sampled frames of meta["videos"] (mmrlvr.data.video)
-        if video:
-            ensure_video_processor(self.processor)
-        texts = prompt_texts(self.processor, samples)
-        images = [list(s.images) for s in samples]
-        kwargs: dict[str, Any] = {"text": texts, "return_tensors": "pt", "padding": True}
-        if any(images):
-            if not all(images):
-                raise UserError("a batch mixes samples with and without images; "
-                                f"sample {next(s.id for s in samples if not s.images)!r} has none")
-            kwargs["images"] = images
-        kwargs.update(video)
-        if getattr(self.tokenizer, "padding_side", "left") != "left":
-            self.tokenizer.padding_side = "left"  # generation needs the prompt's end aligned
-        inputs = dict(self.processor(**kwargs))
+        inputs = encode_prompt_batch(self.processor, samples)
         lengths = inputs["attention_mask"].sum(dim=-1)
         if self.max_prompt_tokens is not None:
             for s, n in zip(samples, lengths.tolist()):

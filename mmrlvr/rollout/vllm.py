@@ -5,6 +5,9 @@ Split in two on purpose:
   the processor's chat template (one ``<|image_pad|>`` per image; vLLM expands it), the images as
   ``multi_modal_data``, our ``SamplingParams`` mapped to vLLM's, and one request per response row with its
   own seed ``row_seed(seed, step, prompt id, sample index)``. Tested on CPU without vLLM installed.
+  Videos (``sample.meta["videos"]``, the frames ``mmrlvr.data.video`` sampled) go as ``multi_modal_data["video"]``:
+  a [T, H, W, 3] uint8 array per clip, with ``(array, metadata)`` and ``do_sample_frames=False`` where the model
+  times frames from metadata (Qwen3-VL), so vLLM sees exactly the frames the HF processor and trainer see.
 - ``VLLMEngine``: runs the requests through an offline ``vllm.LLM`` and assembles the batch with the HF
   processor's prompt tensors (so the trainer teacher-forces exactly as with ``HFEngine``).
 
@@ -23,6 +26,7 @@ These paths need a GPU box with vLLM: ``benchmarks/gpu_check.sh`` exercises them
 from __future__ import annotations
 
 import importlib
+import json
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -34,7 +38,7 @@ import torch
 from mmrlvr.errors import UserError
 from mmrlvr.rollout.base import RolloutBatch, SamplingParams
 from mmrlvr.rollout.batch import assemble_batch, pad_rows
-from mmrlvr.rollout.hf import expand_vision, prompt_texts
+from mmrlvr.rollout.hf import encode_prompt_batch, expand_vision, prompt_texts
 from mmrlvr.rollout.sampling import row_seed
 from mmrlvr.types import Sample
 
@@ -50,6 +54,12 @@ class VLLMRequest:
     index: int
     sample_id: str
     meta: dict[str, Any] = field(default_factory=dict)
+    videos: list[dict[str, Any]] = field(default_factory=list)  # mmrlvr.data.video dicts (frames + timing)
+
+
+def _count_parts(sample: Sample, kind: str) -> int:
+    return sum(1 for m in sample.messages if isinstance(m.get("content"), list)
+               for part in m["content"] if isinstance(part, dict) and part.get("type") == kind)
 
 
 def vllm_sampling_kwargs(params: SamplingParams, seed: int, stop_token_ids: list[int] | None = None) -> dict[str, Any]:
@@ -81,24 +91,63 @@ def build_requests(processor: Any, samples: list[Sample], group_size: int, param
     texts = prompt_texts(processor, samples)
     requests = []
     for g, (sample, text) in enumerate(zip(samples, texts)):
-        n_parts = sum(1 for m in sample.messages if isinstance(m.get("content"), list)
-                      for part in m["content"] if part.get("type") == "image")
+        n_parts = _count_parts(sample, "image")
         if n_parts != len(sample.images):
             raise UserError(f"sample {sample.id!r}: {n_parts} image parts in the messages but "
                             f"{len(sample.images)} images")
+        videos = list(sample.meta.get("videos") or [])
+        n_video_parts = _count_parts(sample, "video")
+        if n_video_parts != len(videos):
+            raise UserError(f"sample {sample.id!r}: {n_video_parts} video parts in the messages but "
+                            f"{len(videos)} videos")
         for i in range(group_size):
             requests.append(VLLMRequest(
                 prompt=text, images=list(sample.images),
                 sampling=vllm_sampling_kwargs(params, row_seed(seed, step, sample.id, i), stop_token_ids),
-                group=g, index=i, sample_id=sample.id))
+                group=g, index=i, sample_id=sample.id, videos=videos))
     return requests
 
 
-def to_vllm_prompt(request: VLLMRequest) -> dict[str, Any]:
-    """The prompt dict ``LLM.generate`` takes: text + ``multi_modal_data`` (one image or a list)."""
+#: model types whose vLLM processor times frames from per-video metadata (source fps, frame indices)
+VIDEO_METADATA_MODELS: frozenset[str] = frozenset({"qwen3_vl", "qwen3_vl_moe"})
+
+
+def video_array(video: dict[str, Any]) -> Any:
+    """The sampled frames of one video as vLLM takes them: a [T, H, W, 3] uint8 numpy array."""
+    import numpy as np
+
+    return np.stack([np.asarray(frame.convert("RGB") if hasattr(frame, "convert") else frame, dtype=np.uint8)
+                     for frame in video["frames"]])
+
+
+def video_metadata_dict(video: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's per-video metadata (the fields of transformers' ``VideoMetadata``): where the frames came from."""
+    n = len(video["frames"])
+    fps = float(video.get("source_fps") or video.get("fps") or 0.0)
+    total = int(video.get("n_source_frames", n))
+    return {"fps": fps, "total_num_frames": total, "frames_indices": list(video.get("indices", range(n))),
+            "duration": total / fps if fps else None, "video_backend": "mmrlvr"}
+
+
+def to_vllm_prompt(request: VLLMRequest, *, video_metadata: bool = False) -> dict[str, Any]:
+    """The prompt dict ``LLM.generate`` takes: text + ``multi_modal_data`` (one item or a list per modality).
+
+    video_metadata: send each clip as ``(frames, metadata)`` and turn vLLM's own frame sampling off
+    (``mm_processor_kwargs.do_sample_frames = False``): for models that time frames from the source fps
+    (Qwen3-VL); Qwen2-VL / Qwen2.5-VL take the bare frame array.
+    """
     prompt: dict[str, Any] = {"prompt": request.prompt}
+    data: dict[str, Any] = {}
     if request.images:
-        prompt["multi_modal_data"] = {"image": request.images[0] if len(request.images) == 1 else request.images}
+        data["image"] = request.images[0] if len(request.images) == 1 else request.images
+    if request.videos:
+        clips = [(video_array(v), video_metadata_dict(v)) if video_metadata else video_array(v)
+                 for v in request.videos]
+        data["video"] = clips[0] if len(clips) == 1 else clips
+        if video_metadata:
+            prompt["mm_processor_kwargs"] = {"do_sample_frames": False}
+    if data:
+        prompt["multi_modal_data"] = data
     return prompt
 
 
@@ -193,6 +242,10 @@ class VLLMEngine:
         if sync == "lora":
             kwargs.setdefault("enable_lora", True)
         self.llm = vllm.LLM(**kwargs)
+        try:
+            self.model_type = str(json.loads((Path(model_path) / "config.json").read_text()).get("model_type", ""))
+        except (OSError, ValueError):
+            self.model_type = ""
         self._lora_request = None
         self._lora_version = 0
         self._lora_dir = Path(tempfile.mkdtemp(prefix="mmrlvr-lora-"))
@@ -206,7 +259,7 @@ class VLLMEngine:
         t_sync = time.perf_counter()
         requests = build_requests(self.processor, samples, group_size, params, seed=seed, step=step,
                                   stop_token_ids=self.eos_ids)
-        prompts = [to_vllm_prompt(r) for r in requests]
+        prompts = [to_vllm_prompt(r, video_metadata=self.model_type in VIDEO_METADATA_MODELS) for r in requests]
         sampling = [self._vllm.SamplingParams(**r.sampling) for r in requests]
         kwargs = {"lora_request": self._lora_request} if self._lora_request is not None else {}
         outputs = self.llm.generate(prompts, sampling, use_tqdm=False, **kwargs)
@@ -218,14 +271,11 @@ class VLLMEngine:
             rows.append(ids)
             lps.append(sampled_logprobs(ids, o.logprobs))
             finish.append("stop" if o.finish_reason == "stop" else "length")
-        # prompt tensors for the trainer's teacher-forced pass come from the HF processor
+        # prompt tensors for the trainer's teacher-forced pass come from the HF processor, as HFEngine's
         tokenizer = self.tokenizer
-        tokenizer.padding_side = "left"
-        texts = prompt_texts(self.processor, samples)
-        images = [list(s.images) for s in samples]
-        inputs = dict(self.processor(text=texts, images=images if any(images) else None, return_tensors="pt",
-                                     padding=True))
-        vision = expand_vision(inputs, [len(s.images) for s in samples], group_size)
+        inputs = encode_prompt_batch(self.processor, samples)
+        vision = expand_vision(inputs, [len(s.images) for s in samples], group_size,
+                               [len(s.meta.get("videos") or []) for s in samples])
         return assemble_batch(samples, group_size, inputs, vision, pad_rows(rows, self.pad_id, torch.long),
                               pad_rows(lps, 0.0, torch.float), eos_ids=self.eos_ids, pad_id=self.pad_id,
                               tokenizer=tokenizer, finish_reasons=finish,
