@@ -67,9 +67,10 @@ def test_text_only_guess_is_near_chance(task):
     assert max(overall.values()) / len(fit) < CHANCE[task] + 0.04  # no answer dominates overall
 
 
-def test_grounding_boxes_are_spread_over_the_image():
+@pytest.mark.parametrize("task", ["grounding", "grounding_single"])
+def test_grounding_boxes_are_spread_over_the_image(task):
     # a text-only model could at best output one fixed box; the mean box must overlap few targets well
-    rows = make_rows("grounding", "train", 500)
+    rows = make_rows(task, "train", 500)
     boxes = np.array([json.loads(r["answer"]) for r in rows], dtype=float)
     mean = boxes.mean(axis=0)
 
@@ -143,15 +144,24 @@ def test_count_chatter_opens_with_fillers_the_tokenizer_reads_as_single_tokens()
     assert len({r["solution"].split(".")[0] for r in make_rows("count_chatter", "train", 200)}) > 100
 
 
-def test_grounding_box_scales_with_image_size():
-    small = make_rows("grounding", "train", 5, image_size=112)
-    big = make_rows("grounding", "train", 5, image_size=224)
+@pytest.mark.parametrize("task", ["grounding", "grounding_single"])
+def test_grounding_box_scales_with_image_size(task):
+    small = make_rows(task, "train", 5, image_size=112)
+    big = make_rows(task, "train", 5, image_size=224)
     for s, b in zip(small, big):
         # the same layout drawn at twice the size: every coordinate doubles (112 -> 224)
         assert json.loads(b["answer"]) == [2 * v for v in json.loads(s["answer"])]
         x1, y1, x2, y2 = json.loads(b["answer"])
         img = np.asarray(b["images"][0])
         assert tuple(img[(y1 + y2) // 2 + (y2 - y1) // 4, (x1 + x2) // 2]) == RGB[b["meta"]["target"]["colour"]]
+
+
+def test_grounding_single_draws_the_described_shape_alone():
+    for row in make_rows("grounding_single", "train", 50):
+        (shape,) = row["meta"]["shapes"]
+        assert [shape["colour"], shape["shape"]] == [row["meta"]["target"]["colour"], row["meta"]["target"]["shape"]]
+        assert json.loads(row["answer"]) == shape["box"] and row["answer_type"] == "box"
+        assert f"Give the box of the {shape['colour']} {shape['shape']}." in row["problem"]
 
 
 def test_left_right_answer_matches_positions():

@@ -16,6 +16,10 @@ Tasks (``TASKS``):
 - ``left_right``: "Is the {c1} {s1} left or right of the {c2} {s2}?"; "left"/"right" 50/50.
 - ``grounding``: "Give the box of the {colour} {shape}."; answer ``[x1, y1, x2, y2]`` in pixels of the
   image as given (x2/y2 exclusive: the shape covers columns x1..x2-1).
+- ``grounding_single``: ``grounding`` with the described shape alone in the scene (26-44 px): localisation
+  without distractors, which the tiny VLM learns well enough by SFT to place boxes with some overlap — the
+  grounding demo's task (on ``grounding`` its warm start places boxes at random, IoU ~0.07, and RL has no
+  signal to climb).
 - ``geometry``: read a drawn angle, 20-160 degrees in steps of 10 (chance 1/15); ``meta["tolerance"]``
   is the accepted absolute error in degrees.
 
@@ -43,7 +47,9 @@ from typing import Any, Callable
 
 from PIL import Image, ImageDraw
 
-TASKS: tuple[str, ...] = ("count", "count_chatter", "largest_colour", "left_right", "grounding", "geometry")
+TASKS: tuple[str, ...] = ("count", "count_chatter", "largest_colour", "left_right", "grounding", "geometry",
+                         "grounding_single")
+GROUNDING_TASKS: tuple[str, ...] = ("grounding", "grounding_single")  # answer: a pixel box
 SPLITS: tuple[str, ...] = ("train", "test")
 COLOURS: tuple[str, ...] = ("red", "green", "blue", "yellow")
 SHAPES: tuple[str, ...] = ("circle", "square", "triangle")
@@ -207,6 +213,14 @@ def _grounding(rng: random.Random) -> tuple[Scene, str, str, str, dict]:
             {"target": {"colour": t.colour, "shape": t.kind}, "_target_box": t.box})
 
 
+def _grounding_single(rng: random.Random) -> tuple[Scene, str, str, str, dict]:
+    (spec,) = _distinct_specs(rng, 1)
+    (t,) = _shapes(rng, [spec], [rng.randint(26, 44)])
+    thinking = f"The {t.colour} {t.kind} is at the {_region(t)}."
+    return ({"shapes": [t]}, f"Give the box of the {t.colour} {t.kind}.", "", thinking,
+            {"target": {"colour": t.colour, "shape": t.kind}, "_target_box": t.box})
+
+
 def _geometry(rng: random.Random) -> tuple[Scene, str, str, str, dict]:
     angle = rng.choice(ANGLES)
     start = rng.uniform(0, 360)
@@ -234,9 +248,11 @@ _TASK_FNS: dict[str, Callable[[random.Random], tuple[Scene, str, str, str, dict]
     "left_right": _left_right,
     "grounding": _grounding,
     "geometry": _geometry,
+    "grounding_single": _grounding_single,
 }
 ANSWER_TYPES: dict[str, str] = {
     "count": "number", "count_chatter": "number", "largest_colour": "text", "left_right": "text", "grounding": "box", "geometry": "number",
+    "grounding_single": "box",
 }
 
 
@@ -311,7 +327,7 @@ def make_row(task: str, split: str, index: int, seed: int = 0, image_size: int =
     else:  # pragma: no cover - the acceptance rate is >= 1/5 for every task
         raise RuntimeError(f"could not draw a {task}/{split} scene")
     scale = image_size / BASE
-    if task == "grounding":
+    if task in GROUNDING_TASKS:
         answer = json.dumps(_scaled_box(meta.pop("_target_box"), scale))  # "[x1, y1, x2, y2]"
     meta = {
         "task": task, "split": split, "seed": seed, "index": index, "image_size": [image_size, image_size],

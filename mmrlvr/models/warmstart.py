@@ -102,7 +102,7 @@ def answer_space(task: str, rng: random.Random) -> str:
         return rng.choice(("left", "right"))
     if task == "geometry":
         return str(rng.choice(synth.ANGLES))
-    if task == "grounding":
+    if task in synth.GROUNDING_TASKS:
         x1, y1 = rng.randint(0, 80), rng.randint(0, 80)
         return json.dumps([x1, y1, x1 + rng.randint(20, 40), y1 + rng.randint(20, 40)])
     raise UserError(f"no answer space for task {task!r}")
