@@ -8,6 +8,9 @@ the paper's recipe), against a GRPO+LoRA default-init arm, at ``--lr`` and at 3x
 instability claim). Writes ``<out>/results.md`` and ``results.json``; rows are written as arms finish.
 
     python benchmarks/seed_study.py --steps 60 --seeds 0 1 2 --out runs/seed_study
+
+Interrupted? Run the same command again: arms already in ``<out>/results.json`` (same task, steps, seed) are
+kept, not rerun. ``<out>/results.png`` plots held-out avg@k per arm (mean and each seed).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: arm -> overrides on top of the base config
 ARMS: dict[str, list[str]] = {
+    "lr0": ["optim.lr=0"],  # the control: the warm start as it is, through the same steps (where every arm starts)
     "grpo": [],
     "acpo": ["algo.clip=acpo", "algo.epochs=2"],
     "grpo_epochs2": ["algo.epochs=2"],
@@ -83,6 +87,41 @@ def table(results: list[dict[str, Any]], k: int) -> str:
     return "\n".join(lines)
 
 
+def plot(results: list[dict[str, Any]], k: int, path: Path, title: str) -> None:
+    """Held-out avg@k and greedy per arm: a bar at the seeds' mean, a dot per seed (matplotlib, if present)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover - matplotlib is optional for the benchmark
+        print("matplotlib not installed: no plot")
+        return
+    arms: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        arms.setdefault(r["arm"], []).append(r)
+    names = list(arms)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(names) + 2), 4.2))
+    for offset, key, colour in ((-0.2, f"avg@{k}", "tab:blue"), (0.2, "greedy", "tab:orange")):
+        for i, name in enumerate(names):
+            vals = [r[key] for r in arms[name] if r.get(key) is not None]
+            if not vals:
+                continue
+            ax.bar(i + offset, statistics.mean(vals), width=0.38, color=colour, alpha=0.45,
+                   label=key if i == 0 else None)
+            ax.scatter([i + offset] * len(vals), vals, color=colour, s=14, zorder=3)
+    base = [r[f"avg@{k}"] for r in arms.get("grpo", []) if r.get(f"avg@{k}") is not None]
+    if base:
+        ax.axhline(statistics.mean(base), color="tab:blue", lw=0.8, ls="--", label=f"GRPO avg@{k} (mean)")
+    ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("held-out accuracy")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=60)
@@ -106,8 +145,18 @@ def main(argv: list[str] | None = None) -> int:
         else:
             raise SystemExit(f"unknown arm {arm!r}; known: {', '.join([*ARMS, *LORA_ARMS])}")
     results: list[dict[str, Any]] = []
+    done_file = out / "results.json"
+    if done_file.exists():  # resume: keep finished (arm, seed) rows of the same study
+        old = json.loads(done_file.read_text())
+        same = {key: old.get("args", {}).get(key) for key in ("task", "steps", "lr", "k", "eval_size")}
+        if same == {key: getattr(args, key) for key in same}:
+            results = [r for r in old.get("results", [])]
+            print(f"resuming: {len(results)} finished runs kept from {done_file}")
+    finished = {(r["arm"], r["seed"]) for r in results}
     for seed in args.seeds:
         for name, overrides in plan:
+            if (name, seed) in finished:
+                continue
             res = run_arm(name, overrides, seed, args.steps, out / f"{name}-seed{seed}", args.task, args.k,
                           args.eval_size)
             results.append(res)
@@ -115,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"({res['wall_s']:.0f} s)", flush=True)
             (out / "results.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
             (out / "results.md").write_text(table(results, args.k) + "\n")
+    (out / "results.md").write_text(table(results, args.k) + "\n")
+    plot(results, args.k, out / "results.png", title=f"synth:{args.task}, {args.steps} steps, "
+         f"{len(args.seeds)} seed(s), held-out avg@{args.k} and greedy")
     print(table(results, args.k))
     return 0
 

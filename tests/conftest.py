@@ -14,6 +14,24 @@ os.environ.setdefault("MMRLVR_CACHE", os.path.join(os.path.dirname(os.path.dirna
 
 import pytest  # noqa: E402
 
+MAX_WORKERS = 4  # parallel test processes: each holds a few tiny models; more than 4 buys little here
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per core, at most MAX_WORKERS."""
+    return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
+
+
+def pytest_configure(config):
+    """Under xdist, split the cores between workers: each worker's torch gets cores // workers threads."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers > 1:
+        import torch
+
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(threads)
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # for the commands tests start (CLI, torchrun)
+
 
 def pytest_collection_modifyitems(config, items):
     try:

@@ -18,6 +18,8 @@ import os
 import re
 from pathlib import Path
 
+from filelock import FileLock
+
 from mmrlvr.errors import UserError
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
@@ -87,12 +89,16 @@ def resolve_model_path(spec: str, *, task: str = "count", answer_noise: float = 
         return spec
     family, warm, answer_noise, out = tiny_spec(spec, task=task, answer_noise=answer_noise)
     task = spec_task(spec, task)
-    if warm:
-        from mmrlvr.models.warmstart import warm_start
+    # One builder per cache folder across processes (parallel test workers, several runs started at once): the
+    # others wait for it and then reuse its result instead of building the same model again beside it.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out.parent / f".{out.name}.lock")):
+        if warm:
+            from mmrlvr.models.warmstart import warm_start
 
-        warm_start(out, family=family, task=task, answer_noise=answer_noise)
-    elif not (out / "config.json").exists():
-        from mmrlvr.models.tiny import build_tiny
+            warm_start(out, family=family, task=task, answer_noise=answer_noise)
+        elif not (out / "config.json").exists():
+            from mmrlvr.models.tiny import build_tiny
 
-        build_tiny(family, out)
+            build_tiny(family, out)
     return str(out)
