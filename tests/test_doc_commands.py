@@ -77,6 +77,7 @@ T_TRANSCRIPTS = T_DOC + "test_rubric_transcripts_reproduce"
 T_INSPECT = ("tests/test_inspector_app.py::test_launch_binds_loopback_only",
              "tests/test_inspector_app.py::test_cli_validates_arguments")
 T_GROUNDING = "tests/test_demos_grounding.py::test_grounding_demo_trains_and_stores_boxes"
+T_SEED_STUDY = "tests/test_seed_methods_train.py::test_seed_study_runs_two_arms_resumes_and_plots"
 T_SCREENS = "tests/test_inspector_screens.py::test_browse_view_fits_and_reads_at_a_glance"
 T_EXPOSED = ("tests/test_inspector_app.py::test_cli_refuses_an_exposed_host_without_auth",
              "tests/test_inspector_app.py::test_cli_exposed_host_warns_and_passes_the_login",
@@ -172,10 +173,13 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         ("the option trains 20 steps (tiny run, same keys)",
          ("tests/test_seed_methods_train.py::test_poise_trains_20_steps_with_group_size_two_and_logs_probe_quality",
           T_DRY)),
-    "python benchmarks/seed_study.py --seeds 0 --steps 15 --eval-size 40 --k 4 --arms grpo acpo delta popo poise "
-    "lora_default lora_rlpo lora_rlmo":
-        ("run by hand (docs/methods.md table); options checked, every arm's option trains in tests",
-         (T_OPTS, "tests/test_seed_methods_train.py::test_acpo_trains_20_steps_and_logs_offpolicy_diagnostics")),
+    "OMP_NUM_THREADS=1 python benchmarks/seed_study.py --task count --steps 20 --seeds 0 1 2 --eval-size 100 --k 4 "
+    "--arms lr0 grpo acpo grpo_epochs2 delta popo poise lora_default lora_rlpo lora_rlmo lora_milora":
+        ("run by hand (docs/methods.md table); the script runs two arms, resumes and plots in a test; options "
+         "checked; every arm's option trains in tests", (T_SEED_STUDY, T_OPTS)),
+    "OMP_NUM_THREADS=1 python benchmarks/seed_study.py --task count_chatter --steps 20 --seeds 0 1 2 --eval-size 100 "
+    "--k 4 --arms lr0 grpo delta popo poise":
+        ("run by hand (docs/methods.md table); the script is tested on count", (T_SEED_STUDY, T_OPTS)),
     "python benchmarks/acpo_offpolicy.py --steps 8":
         ("run by hand (docs/methods.md figures); options checked, the diagnostics tested",
          (T_OPTS, "tests/test_acpo.py::test_offpolicy_diagnostics_per_old_probability_bin_hand_worked")),
@@ -319,8 +323,11 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     # ---- demos/*.py docstrings
     "python demos/credit_study.py [--steps 20] [--out runs/demo-credit] [any credit_study.py option]":
         (RUN + " (--steps 2 ...)", (T_DOC + "test_credit_study_demo_runs", T_OPTS)),
-    "python demos/grounding_inspector.py [--steps 40] [--out runs/demo-grounding] [--no-control] [--no-inspect]":
+    "python demos/grounding_inspector.py [--steps 60] [--out runs/demo-grounding] [--no-control] [--no-inspect]":
         (DEMO + " (--steps 2 --no-control --no-inspect)", (T_GROUNDING, T_OPTS)),
+    "python demos/grounding_inspector.py --steps 60 --no-inspect":
+        ("run by hand (the figures in the demo's docstring); " + DEMO + " (--steps 2 --no-control --no-inspect)",
+         (T_GROUNDING, T_OPTS)),
     # ---- docs/inspector.md
     "mmrlvr demo --steps 40": (RUN + " (mmrlvr demo, 3 steps)", (T_DEMO,)),
     "mmrlvr inspect runs/demo": ("the inspector's CLI, server and its screens in a browser are tested",

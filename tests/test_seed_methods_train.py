@@ -103,3 +103,29 @@ def test_poise_trains_20_steps_with_group_size_two_and_logs_probe_quality(tiny_d
     _check(rows, before, after)
     assert all("poise/probe_mse" in r for r in rows)
     assert any("poise/probe_auc" in r for r in rows)
+
+
+def test_seed_study_runs_two_arms_resumes_and_plots(tmp_path, capsys):
+    """benchmarks/seed_study.py end to end at a toy budget: one row per (arm, seed), the table and plot written,
+    and a rerun keeps the finished rows instead of training them again."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("seed_study", ROOT / "benchmarks" / "seed_study.py")
+    study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study)
+    out = tmp_path / "study"
+    argv = ["--task", "count", "--steps", "1", "--seeds", "0", "--eval-size", "4", "--k", "2", "--arms", "lr0", "grpo",
+            "--out", str(out)]
+    assert study.main(argv) == 0
+    rows = json.loads((out / "results.json").read_text())["results"]
+    assert [(r["arm"], r["seed"]) for r in rows] == [("lr0", 0), ("grpo", 0)]
+    assert all(0.0 <= r["greedy"] <= 1.0 and 0.0 <= r["avg@2"] <= 1.0 for r in rows)
+    assert rows[0]["kl_max"] == 0.0  # the lr-0 control never leaves the reference
+    table = (out / "results.md").read_text()
+    assert "| lr0 | 1 |" in table and "| grpo | 1 |" in table
+    assert (out / "results.png").stat().st_size > 1000
+    capsys.readouterr()
+    assert study.main(argv) == 0  # resumed: nothing retrained
+    assert "resuming: 2 finished runs" in capsys.readouterr().out
+    assert json.loads((out / "results.json").read_text())["results"] == rows
