@@ -293,6 +293,17 @@ def test_delta_logprob_signal_is_log_ratio() -> None:
     assert "max-height:260px" in html
 
 
+def test_legend_of_a_signal_with_no_negative_value_runs_from_zero() -> None:
+    """Entropy is never negative: its legend is 0 ... peak (white -> red), not a -peak purple end no token takes."""
+    rec = rec_with(response_tokens=["a", "b"], response_token_ids=[1, 2], token_entropy=[0.5, 2.0])
+    html = views.heatmap_html(views.heatmap_tokens(rec, "entropy"), "entropy", views.signal_peak(rec, "entropy"))
+    assert "white = 0, red = high" in html and "purple = negative" not in html and "mm-legend-pos" in html
+    assert "<span>0</span>" in html and "<span>-2</span>" not in html
+    signed = rec_with(response_tokens=["a", "b"], response_token_ids=[1, 2], token_logprob=[-1.0, 0.5])
+    html = views.heatmap_html(views.heatmap_tokens(signed, "logprob"), "logprob", 1.0)
+    assert "purple = negative, red = positive" in html and "<span>-1</span>" in html
+
+
 def test_outline_masks_leave_the_inside_clear() -> None:
     (mask, label), = views.outline_masks([((2, 3, 9, 8), "gt 1")], (12, 10), width=2)
     assert label == "gt 1" and mask.shape == (10, 12)

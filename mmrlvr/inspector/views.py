@@ -498,6 +498,7 @@ HEATMAP_CSS = """
   white-space: pre; pointer-events: none; }
 .mm-legend-bar { display: inline-block; width: 120px; height: 10px; vertical-align: middle; border: 1px solid #ccc;
   background: linear-gradient(to right, rgb(128,90,213), #fff, rgb(239,68,60)); }
+.mm-legend-pos { background: linear-gradient(to right, #fff, rgb(239,68,60)); }
 """
 
 
@@ -515,14 +516,16 @@ def _peak(values: Sequence[float], signal: str) -> float | None:
     return float(np.max(np.abs(arr))) if arr.size else None
 
 
-def heatmap_legend_html(signal: str, peak: float | None = None) -> str:
-    """The compact legend: colour bar −peak … 0 … +peak, what the signal means, how to read a value."""
-    scale = (f"<span>{esc(fmt(-peak))}</span> <span class='mm-legend-bar'></span> <span>{esc(fmt(peak))}</span>"
-             if peak else "<span class='mm-legend-bar'></span>")
+def heatmap_legend_html(signal: str, peak: float | None = None, signed: bool = True) -> str:
+    """The compact legend: colour bar −peak … 0 … +peak (``signed``), or 0 … peak when every value of the
+    response is ≥ 0 (entropy, most credit weights) — a purple end that no token can take would mislead."""
+    bar = "<span class='mm-legend-bar'></span>" if signed else "<span class='mm-legend-bar mm-legend-pos'></span>"
+    scale = f"<span>{esc(fmt(-peak if signed else 0.0))}</span> {bar} <span>{esc(fmt(peak))}</span>" if peak else bar
     unit = " (log ratio)" if signal == "ratio" else ""
+    colours = "purple = negative, red = positive" if signed else "white = 0, red = high"
     return (f'<div class="mm-legend" style="font-size:12px;color:#444;margin-bottom:4px;display:flex;gap:8px;'
             f'flex-wrap:wrap;align-items:center"><b>{esc(signal)}</b>{scale}<span>{esc(unit)}</span>'
-            f'<span style="color:#666">{esc(SIGNAL_HELP.get(signal, ""))}; purple = negative, red = positive, '
+            f'<span style="color:#666">{esc(SIGNAL_HELP.get(signal, ""))}; {colours}, '
             "scaled by the largest |value| in this response · click a token for its values</span></div>")
 
 
@@ -541,7 +544,8 @@ def heatmap_html(tokens: Sequence[HeatToken], signal: str, peak: float | None = 
         raw = esc(t.raw)
         spans.append(f'<span class="mm-tok" tabindex="0" title="{raw}" data-v="{raw}" '
                      f'style="background:{bg}{extra}">{esc(t.text)}</span>')
-    return (heatmap_legend_html(signal, peak) + '<div class="mm-heatmap" style="white-space:pre-wrap;'
+    signed = any(t.score is not None and t.score < 0 for t in tokens)
+    return (heatmap_legend_html(signal, peak, signed) + '<div class="mm-heatmap" style="white-space:pre-wrap;'
             'word-break:break-word;font-family:ui-monospace,monospace;font-size:13px;line-height:1.6;'
             'max-height:260px;overflow-y:auto;overflow-x:hidden;border:1px solid #e0e0e0;border-radius:6px;'
             'padding:6px">' + "".join(spans) + "</div>")
