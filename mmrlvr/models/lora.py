@@ -203,10 +203,15 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> torch.nn.Module:
     ``apply_lora``; returns ``model``. Raises UserError for a model without transformers' support.
     """
     core = model.get_base_model() if isinstance(model, PeftModel) else model
-    enable = getattr(core, "gradient_checkpointing_enable", None)
-    if enable is None or not getattr(core, "supports_gradient_checkpointing", False):
+    if not getattr(core, "supports_gradient_checkpointing", False):
         raise UserError(f"model.gradient_checkpointing: {type(core).__name__} does not support gradient checkpointing")
-    enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    new_api = getattr(core, "activation_checkpointing_enable", None)  # transformers >= 5.2x; the old name warns
+    if new_api is not None:
+        new_api(activation_checkpointing_kwargs={"use_reentrant": False})
+    elif getattr(core, "gradient_checkpointing_enable", None) is not None:
+        core.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        raise UserError(f"model.gradient_checkpointing: {type(core).__name__} does not support gradient checkpointing")
     if getattr(core, "config", None) is not None:
         core.config.use_cache = False
     if isinstance(model, PeftModel) or any(p.requires_grad is False for p in core.get_input_embeddings().parameters()):
