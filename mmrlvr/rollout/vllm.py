@@ -121,12 +121,13 @@ def video_array(video: dict[str, Any]) -> Any:
 
 
 def video_metadata_dict(video: dict[str, Any]) -> dict[str, Any]:
-    """vLLM's per-video metadata (the fields of transformers' ``VideoMetadata``): where the frames came from."""
-    n = len(video["frames"])
-    fps = float(video.get("source_fps") or video.get("fps") or 0.0)
-    total = int(video.get("n_source_frames", n))
-    return {"fps": fps, "total_num_frames": total, "frames_indices": list(video.get("indices", range(n))),
-            "duration": total / fps if fps else None, "video_backend": "mmrlvr"}
+    """vLLM's per-video metadata: the fields of the ``VideoMetadata`` the HF processor gets for the same clip
+    (``mmrlvr.data.video_processing.video_metadata``), so both time the frames alike."""
+    from mmrlvr.data.video_processing import video_metadata
+
+    meta = video_metadata(video)
+    return {"fps": meta.fps, "total_num_frames": meta.total_num_frames, "frames_indices": list(meta.frames_indices),
+            "duration": meta.total_num_frames / meta.fps if meta.fps else None, "video_backend": "mmrlvr"}
 
 
 def to_vllm_prompt(request: VLLMRequest, *, video_metadata: bool = False) -> dict[str, Any]:
