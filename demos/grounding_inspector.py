@@ -62,7 +62,8 @@ def box_shape(run_dir: str | Path, steps: range) -> tuple[float, float]:
         return max(0.0, b[2] - b[0]) * max(0.0, b[3] - b[1])
 
     reader = RolloutReader(run_dir)
-    recs = [r for s in steps if s in set(reader.steps()) for r in reader.read_step(s) if r.gt_boxes]
+    have = set(reader.steps())  # once: steps() rescans the run folder
+    recs = [r for s in steps if s in have for r in reader.read_step(s) if r.gt_boxes]
     ratios = [area(r.parsed_boxes[0]) / max(area(r.gt_boxes[0]), 1.0) for r in recs if r.parsed_boxes]
     hits = [bool(r.parsed_boxes) and iou(r.parsed_boxes[0], r.gt_boxes[0]) >= 0.5 for r in recs]
     return (sum(ratios) / len(ratios) if ratios else float("nan"), sum(hits) / len(hits) if hits else float("nan"))
