@@ -25,10 +25,24 @@ import contextlib
 import warnings
 from typing import Any, Iterator
 
+import sys
+from typing import TYPE_CHECKING
+
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
 
 from mmrlvr.errors import UserError
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+
+# peft is imported where an adapter is built or loaded, not with this module: a full fine-tuning run never
+# needs it, and importing it costs ~100 MiB of resident memory (measured, torch + transformers + peft).
+
+
+def is_peft_model(model: object) -> bool:
+    """True for a peft ``PeftModel``; never imports peft (a model can only be one if peft is loaded)."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
 
 # peft's PeftModel (get_peft_model, PeftModel.from_pretrained) asks the model `is_gradient_checkpointing`,
 # which transformers 5 deprecates for `is_activation_checkpointing`: a FutureWarning on every LoRA run that
@@ -85,7 +99,7 @@ def _language_targets(model: torch.nn.Module, target_modules: tuple[str, ...]) -
 
 def apply_lora(model: torch.nn.Module, *, r: int = 16, alpha: int = 32, dropout: float = 0.0,
                target_modules: tuple[str, ...] | list[str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
-               language_only: bool = True, init: str = "default", progress: bool = True) -> PeftModel:
+               language_only: bool = True, init: str = "default", progress: bool = True) -> "PeftModel":
     """Wrap ``model`` with a LoRA adapter (trainable) and freeze everything else.
 
     language_only: adapters only on language-model modules (vision tower untouched, and frozen).
@@ -98,6 +112,8 @@ def apply_lora(model: torch.nn.Module, *, r: int = 16, alpha: int = 32, dropout:
     targets = tuple(target_modules)
     if language_only:
         targets = _language_targets(model, targets)  # type: ignore[assignment]
+    from peft import LoraConfig, get_peft_model
+
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets),
                         init_lora_weights=INITS[init], bias="none")
     peft_model = get_peft_model(model, config)
@@ -184,7 +200,7 @@ def reference_logits_context(model: torch.nn.Module) -> Iterator[None]:
 
     For a model without an adapter this is a no-op (the caller must then keep its own reference copy).
     """
-    if isinstance(model, PeftModel):
+    if is_peft_model(model):
         with model.disable_adapter():
             yield
     else:
@@ -202,7 +218,7 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> torch.nn.Module:
     for training passes (generation passes ``use_cache=True`` explicitly). Call it before or after
     ``apply_lora``; returns ``model``. Raises UserError for a model without transformers' support.
     """
-    core = model.get_base_model() if isinstance(model, PeftModel) else model
+    core = model.get_base_model() if is_peft_model(model) else model
     if not getattr(core, "supports_gradient_checkpointing", False):
         raise UserError(f"model.gradient_checkpointing: {type(core).__name__} does not support gradient checkpointing")
     new_api = getattr(core, "activation_checkpointing_enable", None)  # transformers >= 5.2x; the old name warns
@@ -214,6 +230,6 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> torch.nn.Module:
         raise UserError(f"model.gradient_checkpointing: {type(core).__name__} does not support gradient checkpointing")
     if getattr(core, "config", None) is not None:
         core.config.use_cache = False
-    if isinstance(model, PeftModel) or any(p.requires_grad is False for p in core.get_input_embeddings().parameters()):
+    if is_peft_model(model) or any(p.requires_grad is False for p in core.get_input_embeddings().parameters()):
         model.enable_input_require_grads()
     return model

@@ -6,11 +6,24 @@ keeps images content-addressed under ``images/``; ``atomic_write_*`` are the tem
 the trainer uses for metrics and checkpoints.
 """
 
-from mmrlvr.store.atomic import atomic_path, atomic_write_bytes, atomic_write_json, atomic_write_text
-from mmrlvr.store.images import ImageStore, UnsafePathError, resolve_in_run
-from mmrlvr.store.reader import RolloutReader
-from mmrlvr.store.record import ROLLOUT_SCHEMA, RolloutRecord, records_to_table
-from mmrlvr.store.writer import RolloutWriter, RolloutWriterError, step_filename
+import importlib
+
+# Names resolve on first use (PEP 562), so that ``from mmrlvr.store.atomic import ...`` in the trainer does
+# not load the reader, and with it pandas (~65 MiB resident), into every training process.
+_WHERE = {
+    "atomic_path": "atomic", "atomic_write_bytes": "atomic", "atomic_write_json": "atomic",
+    "atomic_write_text": "atomic", "ImageStore": "images", "UnsafePathError": "images",
+    "resolve_in_run": "images", "RolloutReader": "reader", "ROLLOUT_SCHEMA": "record",
+    "RolloutRecord": "record", "records_to_table": "record", "RolloutWriter": "writer",
+    "RolloutWriterError": "writer", "step_filename": "writer",
+}
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"mmrlvr.store.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'mmrlvr.store' has no attribute {name!r}")
+
 
 __all__ = [
     "RolloutRecord", "ROLLOUT_SCHEMA", "records_to_table", "RolloutWriter", "RolloutWriterError",

@@ -98,11 +98,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _is_peft(model: torch.nn.Module) -> bool:
-    try:
-        from peft import PeftModel
-    except ImportError:  # pragma: no cover - peft is a core dependency
-        return False
-    return isinstance(model, PeftModel)
+    from mmrlvr.models.lora import is_peft_model
+
+    return is_peft_model(model)
 
 
 def _is_pretrained(model: torch.nn.Module) -> bool:
