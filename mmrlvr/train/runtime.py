@@ -136,6 +136,30 @@ def lr_lambda(cfg: RunConfig):
     return fn
 
 
+def _strategy(cfg: RunConfig) -> str:
+    from mmrlvr.train.distributed import strategy_of
+
+    return strategy_of(cfg)
+
+
+def reference_copy(model: torch.nn.Module, *, share_frozen: bool = True) -> torch.nn.Module:
+    """A frozen copy of ``model`` for the KL reference (full fine-tuning; LoRA disables the adapter instead).
+
+    With ``share_frozen`` the copy holds the policy's *frozen* parameters themselves, not copies: they
+    never change, so the reference computes the same thing while the process holds them once (the frozen
+    vision tower of Qwen2.5-VL-3B is ~670 M parameters, 2.7 GB in float32). Not with FSDP2, which replaces
+    the policy's parameters by sharded ones and must shard the reference on its own.
+    """
+    memo: dict[int, Any] = {}
+    if share_frozen:
+        memo = {id(p): p for p in model.parameters() if not p.requires_grad}  # buffers stay copies (a
+        # training-mode forward may update one in place, e.g. a norm's running statistics)
+    ref = copy.deepcopy(model, memo).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
 def _load_model(cfg: RunConfig, accel: Any):
     from mmrlvr.models import load_policy
     from mmrlvr.train.model_path import resolve_model_path
@@ -159,9 +183,7 @@ def _load_model(cfg: RunConfig, accel: Any):
         model = apply_lora(model, r=lc.r, alpha=lc.alpha, dropout=lc.dropout,
                            target_modules=tuple(lc.target_modules), init=lc.init)
     elif cfg.algo.kl_coef > 0:
-        ref_model = copy.deepcopy(model).eval()
-        for p in ref_model.parameters():
-            p.requires_grad_(False)
+        ref_model = reference_copy(model, share_frozen=_strategy(cfg) != "fsdp2")
     if cfg.model.gradient_checkpointing:  # after the reference copy: the frozen reference never backpropagates
         from mmrlvr.models.lora import enable_gradient_checkpointing
 
@@ -187,6 +209,10 @@ def build_runtime(cfg: RunConfig) -> Runtime:
 
     load_plugins(cfg.plugins)
     accel = Accelerator(cpu=not torch.cuda.is_available())
+    if accel.device.type == "cpu":
+        from mmrlvr.train.host_memory import tune_malloc
+
+        tune_malloc()  # freed tensors go back to the system (glibc's dynamic mmap threshold; host_memory.py)
     from mmrlvr.train import distributed
 
     topology = distributed.setup(accel, cfg, cfg.output_dir)  # a lone copy of an N-process launch stops here
