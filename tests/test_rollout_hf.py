@@ -240,3 +240,20 @@ def test_every_family_generates_with_reused_vision_features(family, samples, tmp
         plain = model(**batch.model_inputs()).logits
         reused = model(**cache.inputs(batch.input_ids, batch.attention_mask, slice(0, 4))).logits
     torch.testing.assert_close(reused, plain, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("vocab, steps", [(7, 5), (558, 32), (151_936, 4)])
+def test_noise_drawn_ahead_is_the_per_position_stream(vocab, steps):
+    """CPU rows draw several positions' Gumbel noise in one call; the tokens must be exactly those of one
+    ``gumbel_noise`` call per row per position (the stream the goldens and resumed runs rely on)."""
+    from mmrlvr.rollout.sampling import gumbel_noise
+
+    seeds = [row_seed(3, 1, "p", g) for g in range(3)]
+    sampler = RowSampler(seeds, SamplingParams(max_new_tokens=steps, temperature=0.7))
+    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    logits = torch.randn(steps, 3, vocab, generator=torch.Generator().manual_seed(0))
+    for t in range(steps):
+        sampler(torch.zeros(3, 1, dtype=torch.long), logits[t].clone())
+        noise = torch.stack([gumbel_noise(g, vocab) for g in gens])
+        assert torch.equal(sampler.tokens[t], (logits[t] / 0.7 + noise).argmax(-1)), t
+    assert sampler._noise.shape[0] > 1  # the premise: positions were drawn ahead, not one by one
