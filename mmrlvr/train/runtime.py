@@ -231,6 +231,10 @@ def build_runtime(cfg: RunConfig) -> Runtime:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     prepared, optimizer = distributed.prepare(accel, model, optimizer)  # accel.prepare, unless sharded
     policy = accel.unwrap_model(prepared)
+    if accel.num_processes == 1:
+        from mmrlvr.models.tied_embedding import sparse_tied_embedding_grad
+
+        sparse_tied_embedding_grad(policy)  # tied head: no second [V, H] gradient in the backward
     engine = distributed.wrap_engine(build_engine(cfg, policy, processor), policy)  # fsdp2: gather per generate
     reward = build_run_reward(cfg)
     for fn in getattr(reward, "fns", [reward]):
