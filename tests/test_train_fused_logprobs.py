@@ -256,3 +256,28 @@ def test_shape_true_standin_equals_todays_path():
     assert_close(logp, ref_logp, atol=1e-5, rtol=1e-5)
     assert_close(ent, ref_ent, atol=1e-5, rtol=1e-5)
     assert_close(g, rg, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [7, 66, 128])  # 66: a last block of 2 rows joins the one before
+def test_head_gradient_in_vocabulary_blocks_is_bit_identical(monkeypatch, rows):
+    """The LM head's gradient is accumulated a block of vocabulary rows at a time (no [V, H] temporary);
+    each block must be exactly the rows of the whole product, so results do not move by a bit."""
+    import mmrlvr.algos.logits as L
+
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 9, 32, generator=gen)
+    weight = torch.randn(200, 32, generator=gen)
+    ids = torch.randint(0, 200, (3, 9), generator=gen)
+
+    def grads(block: int):
+        monkeypatch.setattr(L, "W_GRAD_ROWS", block)
+        h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+        logp, _ = L.logprobs_from_hidden(h, w, ids, temperature=0.7, chunk_size=8)
+        (logp * torch.linspace(-1, 1, 27).view(3, 9)).sum().backward()
+        return h.grad, w.grad
+
+    whole, blocked = grads(10_000), grads(rows)
+    assert torch.equal(whole[0], blocked[0]) and torch.equal(whole[1], blocked[1])
+    blocks = L._row_blocks(200, rows)
+    assert blocks[0][0] == 0 and blocks[-1][1] == 200 and all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
+    assert blocks[-1][1] - blocks[-1][0] >= min(rows, 64) or len(blocks) == 1 or rows < 64

@@ -148,6 +148,19 @@ def _head(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.linear(h, weight)
 
 
+W_GRAD_ROWS = 8192  # vocabulary rows per block of the LM head's gradient product (see the backward)
+
+
+def _row_blocks(rows: int, block: int | None = None) -> list[tuple[int, int]]:
+    """[start, stop) blocks of ``block`` rows covering ``rows``; a last block under 64 rows joins the one
+    before (a matmul of very few rows may take another kernel and round differently)."""
+    block = block or W_GRAD_ROWS
+    starts = list(range(0, rows, block))
+    if len(starts) > 1 and rows - starts[-1] < 64:
+        starts.pop()
+    return [(a, b) for a, b in zip(starts, starts[1:] + [rows])]
+
+
 class _LinearTokenLogProb(torch.autograd.Function):
     """log softmax((hidden @ W^T) / T)[ids] chunked over positions; logits exist one chunk at a time.
 
@@ -198,7 +211,14 @@ class _LinearTokenLogProb(torch.autograd.Function):
             if grad_h is not None:
                 grad_h[idx] = (g @ weight).to(grad_h.dtype)
             if grad_w is not None:
-                grad_w += (g.reshape(-1, g.shape[-1]).t() @ h.reshape(-1, h.shape[-1])).to(grad_w.dtype)
+                # dW += g^T h a block of W_GRAD_ROWS vocabulary rows at a time: the product's temporary is
+                # [rows, H] (64 MiB at H = 2,048), not [V, H] (1.16 GiB at 3B). Row blocks of a matmul
+                # are the rows of the whole product, bit for bit (tested; a one-row block would take the
+                # matrix-vector path, so a short last block joins the one before), so results do not
+                # change; ``addmm_`` would also avoid the temporary but rounds differently.
+                g2, h2 = g.reshape(-1, g.shape[-1]).t(), h.reshape(-1, h.shape[-1])
+                for v0, v1 in _row_blocks(g2.shape[0]):
+                    grad_w[v0:v1] += (g2[v0:v1] @ h2).to(grad_w.dtype)
         return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None, None, None
 
 
