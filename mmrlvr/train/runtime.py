@@ -209,10 +209,6 @@ def build_runtime(cfg: RunConfig) -> Runtime:
 
     load_plugins(cfg.plugins)
     accel = Accelerator(cpu=not torch.cuda.is_available())
-    if accel.device.type == "cpu":
-        from mmrlvr.train.host_memory import tune_malloc
-
-        tune_malloc()  # freed tensors go back to the system (glibc's dynamic mmap threshold; host_memory.py)
     from mmrlvr.train import distributed
 
     topology = distributed.setup(accel, cfg, cfg.output_dir)  # a lone copy of an N-process launch stops here
