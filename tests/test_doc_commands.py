@@ -215,6 +215,14 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "--layers 2 --rows 2":
         ("run by hand; options checked, checkpointing tested",
          (T_OPTS, "tests/test_models_checkpointing.py::test_checkpointing_recomputes_layers_with_the_same_gradients")),
+    "OMP_WAIT_POLICY=PASSIVE python benchmarks/stage_memory.py --shape qwen2_5_vl_3b --image-tokens 256 "
+    "--new-tokens 128":
+        ("run by hand; options checked, the memory changes it reports tested",
+         (T_OPTS, "tests/test_models_tied_embedding.py::test_the_backward_no_longer_allocates_a_second_vocabulary_sized_gradient",
+          "tests/test_train_fused_logprobs.py::test_head_gradient_in_vocabulary_blocks_is_bit_identical")),
+    "OMP_WAIT_POLICY=PASSIVE python benchmarks/generate_speed.py":
+        ("run by hand; options checked, the sampler's stream tested",
+         (T_OPTS, "tests/test_rollout_hf.py::test_noise_drawn_ahead_is_the_per_position_stream")),
     # ---- docs/inspector.md, docs/training.md
     "mmrlvr train CONFIG.yaml [key=value ...] [--resume]": (SYNOPSIS, (T_OPTS, T_RESUME)),
     "mmrlvr train CONFIG --resume": (RUN, (T_RESUME,)),
