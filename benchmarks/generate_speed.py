@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-DEFAULTS = {"toy": (16, 8, 16, 32), "qwen2_5_vl_3b": (2, 4, 256, 128), "qwen2_5_vl_7b": (2, 4, 256, 128)}
+from mmrlvr.models.standin import BENCH_POINTS as DEFAULTS
 
 
 def main() -> None:

@@ -38,10 +38,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from mmrlvr.models.standin import BENCH_POINTS as DEFAULTS  # per shape: B, G, image tokens, new tokens
+
 BETA, LR = 0.05, 1e-4
 LORA = {"r": 16, "alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
-# per shape: prompts per step, group size, image tokens, new tokens
-DEFAULTS = {"toy": (16, 8, 16, 32), "qwen2_5_vl_3b": (2, 4, 256, 128), "qwen2_5_vl_7b": (2, 4, 256, 128)}
 PHASES = ("generate", "reference", "policy_fwd_bwd", "optimizer")
 
 

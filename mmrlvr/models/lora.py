@@ -22,11 +22,9 @@ base, so the adapter-off model is the residual, not the original (not base-prese
 from __future__ import annotations
 
 import contextlib
-import warnings
-from typing import Any, Iterator
-
 import sys
-from typing import TYPE_CHECKING
+import warnings
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 

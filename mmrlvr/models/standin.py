@@ -33,6 +33,9 @@ SHAPES: dict[str, dict[str, Any] | None] = {
                       "num_key_value_heads": 4, "tie_word_embeddings": False},
 }
 VOCAB = 151_936
+#: the benchmarks' default point per shape: (prompts per step B, group size G, image tokens, new tokens)
+BENCH_POINTS: dict[str, tuple[int, int, int, int]] = {
+    "toy": (16, 8, 16, 32), "qwen2_5_vl_3b": (2, 4, 256, 128), "qwen2_5_vl_7b": (2, 4, 256, 128)}
 VISION = {"hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16, "patch_size": 14,
           "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 112}
 

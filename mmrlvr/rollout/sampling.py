@@ -48,9 +48,11 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
     return out
 
 
-def gumbel_noise(generator: torch.Generator, vocab: int) -> torch.Tensor:
-    """[V] standard Gumbel noise from one row's generator (on the generator's device)."""
-    u = torch.rand(vocab, generator=generator, device=generator.device, dtype=torch.float64)
+def gumbel_noise(generator: torch.Generator, vocab: int, positions: int | None = None) -> torch.Tensor:
+    """Standard Gumbel noise from one row's generator (on the generator's device): [V], or [positions, V]
+    for that many consecutive positions (on a CPU generator the same stream as that many [V] draws)."""
+    shape = (vocab,) if positions is None else (positions, vocab)
+    u = torch.rand(shape, generator=generator, device=generator.device, dtype=torch.float64)
     u = u.clamp_(min=1e-20, max=1.0 - 1e-16)
     return (-torch.log(-torch.log(u))).float()
 
@@ -88,7 +90,7 @@ class RowSampler:
         """[N, V] Gumbel noise for this position, each row from its own generator.
 
         A CPU generator's ``rand(k * V)`` is the same stream as k calls of ``rand(V)`` (checked in
-        tests/test_rollout_sampling.py), so CPU rows draw several positions at once: one call per row
+        tests/test_rollout_hf.py), so CPU rows draw several positions at once: one call per row
         every ``ahead`` positions instead of every position (at the toy's 128 rows x 558 tokens the
         per-position loop was a quarter of generation time). The budget keeps the float64 draw under
         ~32 MB. CUDA's Philox streams do not split that way, so CUDA rows draw one position at a time.
@@ -97,10 +99,7 @@ class RowSampler:
             n = len(self.generators)
             on_cpu = all(g.device.type == "cpu" for g in self.generators)
             ahead = max(1, min(self.params.max_new_tokens, (1 << 22) // max(1, n * vocab))) if on_cpu else 1
-            u = torch.stack([torch.rand(ahead, vocab, generator=g, device=g.device, dtype=torch.float64)
-                             for g in self.generators], dim=1)  # [ahead, N, V]
-            u.clamp_(min=1e-20, max=1.0 - 1e-16)
-            self._noise = u.log_().neg_().log_().neg_().float()  # -log(-log u), as gumbel_noise computes it
+            self._noise = torch.stack([gumbel_noise(g, vocab, ahead) for g in self.generators], dim=1)  # [ahead, N, V]
             self._noise_at = 0
         noise = self._noise[self._noise_at]
         self._noise_at += 1

@@ -136,12 +136,6 @@ def lr_lambda(cfg: RunConfig):
     return fn
 
 
-def _strategy(cfg: RunConfig) -> str:
-    from mmrlvr.train.distributed import strategy_of
-
-    return strategy_of(cfg)
-
-
 def reference_copy(model: torch.nn.Module, *, share_frozen: bool = True) -> torch.nn.Module:
     """A frozen copy of ``model`` for the KL reference (full fine-tuning; LoRA disables the adapter instead).
 
@@ -183,7 +177,9 @@ def _load_model(cfg: RunConfig, accel: Any):
         model = apply_lora(model, r=lc.r, alpha=lc.alpha, dropout=lc.dropout,
                            target_modules=tuple(lc.target_modules), init=lc.init)
     elif cfg.algo.kl_coef > 0:
-        ref_model = reference_copy(model, share_frozen=_strategy(cfg) != "fsdp2")
+        from mmrlvr.train.distributed import strategy_of
+
+        ref_model = reference_copy(model, share_frozen=strategy_of(cfg) != "fsdp2")
     if cfg.model.gradient_checkpointing:  # after the reference copy: the frozen reference never backpropagates
         from mmrlvr.models.lora import enable_gradient_checkpointing
 
