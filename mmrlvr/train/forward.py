@@ -129,8 +129,9 @@ def shared_prefix_logprobs(model: torch.nn.Module, inputs: dict[str, Any], respo
                            chunk_size: int = LOGPROB_CHUNK) -> torch.Tensor | None:
     """No-grad log pi(o_t) [N, L] with each group's prompt encoded once, or None (then ``token_logprobs``).
 
-    For the reference and old-policy passes: the G rows of a group share their prompt (image tokens
-    included), so ``mmrlvr.credit.signals.shared_prefix_states`` runs the prompt once per group with a
+    Meant for the reference and old-policy passes (not wired into those stages yet: it rounds differently
+    from the whole-row pass, and the stage goldens pin the current bits; docs/performance.md, "Prefix
+    sharing"): the G rows of a group share their prompt (image tokens included), so ``mmrlvr.credit.signals.shared_prefix_states`` runs the prompt once per group with a
     KV cache repeated G times and only the responses on top; log-probs come from the fused chunked head.
     Measured (benchmarks/prefix_sharing.py, toy, 16 prompts x 8, P = 51, L = 32): 0.56x the time of
     the full pass, max |difference| 1e-6. ``inputs`` must carry ``pixel_values`` (not cached
