@@ -52,34 +52,6 @@ def pytest_sessionfinish(session, exitstatus):
             proc.terminate()
 
 
-def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadfile`` (pyproject's addopts), but one file at a time, in collection order.
-
-    xdist's own file scheduler sorts the files by test count (a one-test learning check lands last) and
-    queues the next file on a worker while its current file has <= 2 tests left, so a worker running a
-    minutes-long single test holds a queue of files the other worker could run: measured on this suite
-    (warm cache, 2 workers) one worker ended 290 s after the other. Here a worker gets its next file only
-    when it has finished the last one, and the order is the collection's (slow files first, below)."""
-    if config.getoption("dist", None) != "loadfile":
-        return None
-    from xdist.scheduler import LoadFileScheduling
-
-    class OneFileAtATime(LoadFileScheduling):
-        def __init__(self, config, log=None):
-            config.option.loadscopereorder = False
-            super().__init__(config, log)
-
-        def _reschedule(self, node):
-            if node.shutting_down:
-                return
-            if not self.workqueue:
-                node.shutdown()
-            elif self._pending_of(self.assigned_work[node]) == 0:
-                self._assign_work_unit(node)
-
-    return OneFileAtATime(config, log)
-
-
 def pytest_configure(config):
     """Under xdist, split the cores between workers: each worker's torch gets cores // workers threads."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)

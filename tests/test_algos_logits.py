@@ -118,3 +118,20 @@ def test_bad_arguments():
         entropy_from_logits(logits, temperature=0.0)
     with pytest.raises(ValueError, match="do not match"):
         logprobs_from_logits(logits, ids[:, :2])
+
+
+def test_entropy_term_in_one_buffer_is_bit_identical_to_the_four_buffer_form():
+    """``_Entropy._pz_sum`` (p * z formed in p's storage, p = 0 entries filled in place) gives the very bits
+    of sum(where(p > 0, p * z, 0)), blocked (-inf) vocabulary entries and underflowing ones included."""
+    from mmrlvr.algos.logits import _Entropy
+
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(37, 1031, generator=g) * 30  # wide logits: many p underflow to exactly 0
+    z[:, :5] = float("-inf")
+    z[3] = 0.0
+    p = torch.softmax(z, dim=-1)
+    assert bool((p == 0).any())
+    want = torch.where(p > 0, p * z, torch.zeros_like(z)).sum(-1)
+    got = _Entropy._pz_sum(z)
+    assert torch.equal(got, want)
+    assert torch.isfinite(got).all()

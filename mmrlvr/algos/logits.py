@@ -78,13 +78,21 @@ class _Entropy(torch.autograd.Function):
         return p, torch.where(p > 0, p * z, torch.zeros_like(z))
 
     @staticmethod
+    def _pz_sum(z: torch.Tensor) -> torch.Tensor:
+        """sum_v p_v z_v per position, the same numbers as ``_p_and_pz(z)[1].sum(-1)`` with one [c, V] float
+        buffer instead of four: ``p * z`` is formed in p's own storage and the p = 0 entries are filled
+        in place. At a 151,936 vocabulary a 256-position chunk's buffer is 148 MiB (plus two bool masks)."""
+        p = torch.softmax(z, dim=-1)
+        blocked = ~(p > 0)
+        return p.mul_(z).masked_fill_(blocked, 0.0).sum(-1)
+
+    @staticmethod
     def forward(ctx, logits, temperature, chunk_size):  # type: ignore[override]
         lead = tuple(logits.shape[:-1])
         out = torch.empty(lead, dtype=_compute_dtype(logits), device=logits.device)
         for idx in _chunk_index(lead, chunk_size):
             z = _scaled(logits[idx], temperature)
-            _, pz = _Entropy._p_and_pz(z)
-            out[idx] = torch.logsumexp(z, dim=-1) - pz.sum(-1)
+            out[idx] = torch.logsumexp(z, dim=-1) - _Entropy._pz_sum(z)
         ctx.save_for_backward(logits)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
         return out
@@ -181,8 +189,7 @@ class _LinearTokenLogProb(torch.autograd.Function):
             lse = torch.logsumexp(z, dim=-1)
             out[idx] = z.gather(-1, ids[idx].unsqueeze(-1)).squeeze(-1) - lse
             if ent is not None:
-                _, pz = _Entropy._p_and_pz(z)
-                ent[idx] = lse - pz.sum(-1)
+                ent[idx] = lse - _Entropy._pz_sum(z)
             del z
         ctx.save_for_backward(hidden, weight, ids)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
