@@ -9,7 +9,9 @@ tests/test_models_tied_embedding.py: the backward's peak falls by the tensor's 2
 it was measured together with the blocked head gradient of ``mmrlvr.algos.logits``, not alone). With ``sparse=True`` the lookup's gradient is a sparse tensor of the
 rows actually used, which autograd adds into the head's dense gradient: the weight's ``.grad`` is the same
 dense sum (checked to float tolerance; the summation order differs), fused AdamW and the gradient-norm
-clip see what they saw before, and the transient is gone.
+clip see what they saw before, and the transient is gone. The fused LM head (``mmrlvr.algos.logits``) writes
+its dense share into ``.grad`` itself (``write_grad_directly``): returned to autograd, the two shares were
+summed into a new [V, H] tensor, which brought the transient back.
 
 Only for a trainable *tied* weight: an untied embedding's gradient would then stay sparse, which fused
 AdamW does not take (and an untied model has no second tensor to avoid). Only in one process: DDP marks a
@@ -39,5 +41,8 @@ def sparse_tied_embedding_grad(model: torch.nn.Module) -> bool:
     emb = tied_trainable_embedding(model)
     if emb is None:
         return False
+    from mmrlvr.algos.logits import write_grad_directly
+
     emb.sparse = True
+    write_grad_directly(emb.weight)  # the fused head's dense share goes into .grad, the sparse one adds in place
     return True
