@@ -48,6 +48,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--model", default=None, help="model folder (default: build the --shape model)")
+    p.add_argument("--prefix-sharing", action="store_true", help="model.prefix_sharing")
     a = p.parse_args()
     prompts, group, image_tokens, new_tokens = DEFAULTS[a.shape]
     image_tokens, new_tokens = a.image_tokens or image_tokens, a.new_tokens or new_tokens
@@ -65,7 +66,8 @@ def main() -> None:
     side = 112 if a.shape == "toy" else image_side(image_tokens)
     cfg = load_config(data={
         "output_dir": str(Path(tmp.name) / "run"), "max_steps": a.steps, "save_every": 0, "log_rollouts": True,
-        "tensorboard": False, "progress": False, "model": {"path": model_dir, "freeze_vision": True},
+        "tensorboard": False, "progress": False, "model": {"path": model_dir, "freeze_vision": True,
+                                                        "prefix_sharing": a.prefix_sharing},
         "data": {"train": "synth:count", "train_size": prompts * a.steps, "image_size": side,
                  "max_pixels": max(side * side, 448 * 448)},
         "rollout": {"group_size": group, "prompts_per_step": prompts, "max_new_tokens": new_tokens},

@@ -99,6 +99,8 @@ def run_ours(model_dir: str, a, out: str, rollout_log: bool) -> dict:
         model["lora"] = {"enabled": True, **LORA}
     if a.gradient_checkpointing:
         model["gradient_checkpointing"] = True
+    if a.prefix_sharing:
+        model["prefix_sharing"] = True
     cfg = load_config(data={
         "output_dir": out, "max_steps": a.steps, "save_every": 0, "log_rollouts": rollout_log,
         "tensorboard": False, "progress": False, "model": model,
@@ -111,10 +113,6 @@ def run_ours(model_dir: str, a, out: str, rollout_log: bool) -> dict:
         "eval": {"at_start": False, "at_end": False},
     })
     trainer = Trainer(cfg)
-    if a.gradient_checkpointing and not getattr(trainer.policy, "is_gradient_checkpointing", False):
-        from mmrlvr.models.lora import enable_gradient_checkpointing
-
-        enable_gradient_checkpointing(trainer.policy)  # until the runtime reads model.gradient_checkpointing
     optim_note = _wire_optimizer(trainer, cfg)
     timer = PhaseTimer()
     timer.wrap(trainer.pipeline.stage("update"), "optimizer_step", "optimizer")
@@ -239,7 +237,8 @@ def bench_shape(shape: str, args, env: dict[str, str]) -> None:
         print(f"== {shape}: built in {time.perf_counter() - t0:.0f} s", flush=True)
     print(f"== {shape}: {a.prompts} prompts x G {a.group}, {a.image_tokens} image tokens, {a.new_tokens} new "
           f"tokens, {'LoRA' if a.lora else 'full fine-tuning'}"
-          f"{', gradient checkpointing' if a.gradient_checkpointing else ''}; {a.steps} steps x {a.rounds} rounds",
+          f"{', gradient checkpointing' if a.gradient_checkpointing else ''}"
+          f"{', ours with prefix sharing' if args.prefix_sharing else ''}; {a.steps} steps x {a.rounds} rounds",
           flush=True)
     try:
         _alternate(a, args, env, model_dir)
@@ -257,6 +256,7 @@ def _alternate(a, args, env: dict[str, str], model_dir: str) -> None:
                    "--steps", str(a.steps), "--prompts", str(a.prompts), "--group", str(a.group),
                    "--image-tokens", str(a.image_tokens), "--new-tokens", str(a.new_tokens)]
             cmd += ["--no-rollout-log"] if args.no_rollout_log else []
+            cmd += ["--prefix-sharing"] if args.prefix_sharing else []
             cmd += ["--lora"] if a.lora else []
             cmd += ["--gradient-checkpointing"] if a.gradient_checkpointing else []
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -297,6 +297,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds of (ours, TRL)")
     p.add_argument("--model", default=None, help="model folder (default: build the --shape model)")
     p.add_argument("--no-rollout-log", action="store_true", help="ours: do not write the rollout store")
+    p.add_argument("--prefix-sharing", action="store_true",
+                   help="ours: model.prefix_sharing (each group's prompt run once in the reference and policy passes)")
     p.add_argument("--child", choices=["ours", "trl"], help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:

@@ -212,8 +212,37 @@ def _images_per_row(backbone: torch.nn.Module, input_ids: torch.Tensor) -> list[
     return None if start is None else (input_ids == start).sum(dim=1).tolist()
 
 
+def _groups_share_images(G: int, starts: list[int], grid: torch.Tensor, pixels: torch.Tensor | None,
+                         cached: dict[str, Any] | None) -> bool:
+    """Whether every row of each G-row group carries its group head's images (equal token ids do not say so:
+    two prompts with one template and same-sized images tokenize alike). Row r's images are
+    ``starts[r]:starts[r+1]``; compared as pixels, or as the cached features (the same tensors when the
+    step's cache repeated them, else compared by value)."""
+    pooled = getattr((cached or {}).get("image"), "pooler_output", None)
+    if cached is not None and (not isinstance(pooled, (tuple, list)) or len(pooled) != grid.shape[0]):
+        return False
+    offsets = [0]
+    for n in grid.prod(-1).tolist():
+        offsets.append(offsets[-1] + n)
+
+    def same(i: int, j: int) -> bool:
+        if cached is not None:
+            return pooled[i] is pooled[j] or torch.equal(pooled[i], pooled[j])
+        return torch.equal(pixels[offsets[i]:offsets[i + 1]], pixels[offsets[j]:offsets[j + 1]])
+
+    for r in range(len(starts) - 1):
+        h = r - r % G
+        if starts[r + 1] - starts[r] != starts[h + 1] - starts[h]:
+            return False
+        for i, j in zip(range(starts[r], starts[r + 1]), range(starts[h], starts[h + 1])):
+            if r != h and not (torch.equal(grid[i], grid[j]) and same(i, j)):
+                return False
+    return True
+
+
 def shared_prefix_states(backbone: torch.nn.Module, inputs: dict[str, Any], prompt_length: int,
-                         response_length: int, rows_per_prompt: int) -> torch.Tensor | None:
+                         response_length: int, rows_per_prompt: int, *, grad: bool = False,
+                         cached_features: bool = False) -> torch.Tensor | None:
     """The response-predicting hidden states [N, L, H] with each prompt encoded once, or None.
 
     Rows come in groups of ``rows_per_prompt`` (G) that share one prompt (ids, mask and images) — the G
@@ -223,15 +252,25 @@ def shared_prefix_states(backbone: torch.nn.Module, inputs: dict[str, Any], prom
     rope, ``compute_3d_position_ids``), passed explicitly to both halves, so the result equals
     ``final_hidden_states(...)[:, P-1:P-1+L]`` up to float rounding (tested per family).
 
+    ``grad``: keep the autograd graph (the policy pass). Causal attention makes a prompt position's states
+    independent of what follows, so the one prompt pass is the G rows' prompt passes exactly; its gradient is
+    the sum of the G rows' (the repeat's backward), as backpropagating G copies would give. Images come as
+    ``pixel_values`` (the group heads' are encoded here, without gradient: the tower must be frozen when
+    ``grad``) or, with ``cached_features`` (``model.prefix_sharing``'s passes), as the step's cached features
+    (``mm_encoder_outputs``; the group heads' are selected). The token-credit passes leave it off: with cached
+    features they run whole rows, the rounding the stage goldens pin.
+
     None when this does not apply: G < 2, rows of a group that differ in their prompt, video inputs,
-    inputs that already carry encoded images (``mm_encoder_outputs``), or a model without 3D positions /
-    precomputed image features (the caller then runs the full pass)."""
-    from mmrlvr.rollout.vision import encode_images, encoder_outputs, supports_precomputed_vision
+    ``inputs_embeds``, a trainable vision tower under ``grad``, or a model without 3D positions / precomputed
+    image features (the caller then runs the full pass)."""
+    import contextlib
+
+    from mmrlvr.rollout.vision import encode_images, encoder_outputs, select_images, supports_precomputed_vision
 
     G, P, L = rows_per_prompt, prompt_length, response_length
     ids, mask = inputs.get("input_ids"), inputs.get("attention_mask")
     if (G < 2 or ids is None or mask is None or ids.shape[0] % G or inputs.get("pixel_values_videos") is not None
-            or "mm_encoder_outputs" in inputs or "inputs_embeds" in inputs
+            or "inputs_embeds" in inputs or ("mm_encoder_outputs" in inputs and not cached_features)
             or not hasattr(backbone, "compute_3d_position_ids") or not supports_precomputed_vision(backbone)):
         return None
     N, B = ids.shape[0], ids.shape[0] // G
@@ -240,7 +279,7 @@ def shared_prefix_states(backbone: torch.nn.Module, inputs: dict[str, Any], prom
         if not bool((t.view(B, G, P) == t[first].unsqueeze(1)).all()):
             return None
     per_row = _images_per_row(backbone, ids[:, :P])
-    grid, pv = inputs.get("image_grid_thw"), inputs.get("pixel_values")
+    grid, pv, cached = inputs.get("image_grid_thw"), inputs.get("pixel_values"), inputs.get("mm_encoder_outputs")
     extra = {k: inputs[k] for k in ("mm_token_type_ids",) if k in inputs}
     pos = backbone.compute_3d_position_ids(input_ids=ids, inputs_embeds=None, image_grid_thw=grid,
                                            video_grid_thw=None, attention_mask=mask, cache=None, **extra)
@@ -248,26 +287,36 @@ def shared_prefix_states(backbone: torch.nn.Module, inputs: dict[str, Any], prom
         pos = torch.arange(ids.shape[1], device=ids.device).view(1, 1, -1).expand(3, N, -1)
     prefix: dict[str, Any] = {"input_ids": ids[first, :P], "attention_mask": mask[first, :P],
                               "position_ids": pos[..., first, :P]}
-    if pv is not None:
+    if pv is not None or cached is not None:
         if grid is None or per_row is None or sum(per_row) != grid.shape[0]:
             return None
         starts = [0]
         for k in per_row:
             starts.append(starts[-1] + k)
         keep = [i for r in first.tolist() for i in range(starts[r], starts[r + 1])]  # images of the group heads
-        blocks = torch.split(pv, grid.prod(-1).tolist())
-        feats = encode_images(backbone, torch.cat([blocks[i] for i in keep]), grid[keep])
-        prefix.update(mm_encoder_outputs=encoder_outputs(feats), image_grid_thw=grid[keep])
+        if not _groups_share_images(G, starts, grid, pv, cached):
+            return None
+        if cached is not None:
+            heads = select_images(cached, keep)
+        else:
+            tower = getattr(backbone, "visual", None)
+            if grad and (tower is None or any(p.requires_grad for p in tower.parameters())):
+                return None  # encode_images runs without gradient: a trainable tower would get none
+            blocks = torch.split(pv, grid.prod(-1).tolist())
+            heads = encoder_outputs(encode_images(backbone, torch.cat([blocks[i] for i in keep]), grid[keep]))
+        if heads is None:
+            return None
+        prefix.update(mm_encoder_outputs=heads, image_grid_thw=grid[keep])
     if "mm_token_type_ids" in extra:
         prefix["mm_token_type_ids"] = extra["mm_token_type_ids"][first, :P]
-    with torch.no_grad():
+    with contextlib.nullcontext() if grad else torch.no_grad():
         head_out = backbone(**prefix, use_cache=True)
         cache = head_out.cache
         cache.batch_repeat_interleave(G)
         tail = backbone(input_ids=ids[:, P:P + L - 1], attention_mask=mask[:, :P + L - 1],
                         position_ids=pos[..., P:P + L - 1], cache=cache, use_cache=True)
-    last_prompt = head_out.last_hidden_state[:, -1:].repeat_interleave(G, dim=0)  # predicts response token 0
-    return torch.cat([last_prompt, tail.last_hidden_state], dim=1)  # [N, L, H]
+        last_prompt = head_out.last_hidden_state[:, -1:].repeat_interleave(G, dim=0)  # predicts response token 0
+        return torch.cat([last_prompt, tail.last_hidden_state], dim=1)  # [N, L, H]
 
 
 def response_hidden(model: torch.nn.Module, inputs: dict[str, Any], prompt_length: int,

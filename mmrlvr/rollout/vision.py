@@ -71,6 +71,18 @@ def repeat_per_row(features: list[ImageFeatures], images_per_prompt: list[int], 
     return out
 
 
+def select_images(mm_encoder_outputs: dict[str, Any], keep: list[int]) -> dict[str, Any] | None:
+    """The ``mm_encoder_outputs`` of images ``keep`` only (their order), or None when it holds anything but
+    per-image features (``encoder_outputs``'s layout)."""
+    out = mm_encoder_outputs.get("image") if set(mm_encoder_outputs) == {"image"} else None
+    pooled = getattr(out, "pooler_output", None)
+    if not isinstance(pooled, (tuple, list)):
+        return None
+    layers = getattr(out, "deepstack_features", None) or []
+    return encoder_outputs([ImageFeatures(pooled=pooled[i], deepstack=tuple(layer[i] for layer in layers),
+                                          output_type=type(out)) for i in keep])
+
+
 def encoder_outputs(features: list[ImageFeatures]) -> dict[str, Any]:
     """The ``mm_encoder_outputs`` keyword for a list of per-image features (deepstack layers included)."""
     from transformers.modeling_outputs import BaseModelOutputWithPooling

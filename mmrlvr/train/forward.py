@@ -105,11 +105,19 @@ def response_hidden_states(model: torch.nn.Module, inputs: dict[str, Any], respo
 
 def token_logprobs(model: torch.nn.Module, inputs: dict[str, Any], response_ids: torch.Tensor,
                    temperature: float = 1.0, with_entropy: bool = False,
-                   chunk_size: int = LOGPROB_CHUNK) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   chunk_size: int = LOGPROB_CHUNK, *, prompt_length: int | None = None,
+                   rows_per_prompt: int = 1) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(o_t) [N, L] (and entropy H_t [N, L], detached) at the sampling temperature.
 
     Fused path (``logprobs_from_hidden``) whenever the head allows it: equal to the logits path below
-    up to float rounding (tests: 1e-5 in float32 on the tiny VLM and a Qwen2.5-VL-3B-shaped stand-in)."""
+    up to float rounding (tests: 1e-5 in float32 on the tiny VLM and a Qwen2.5-VL-3B-shaped stand-in).
+    With ``rows_per_prompt`` = G > 1 and ``prompt_length`` (``model.prefix_sharing``) each group's prompt runs
+    once (``prefix_shared_logprobs``) where that applies; gradient or not follows the caller's grad mode."""
+    if rows_per_prompt > 1 and prompt_length is not None:
+        shared = prefix_shared_logprobs(model, inputs, response_ids, prompt_length, rows_per_prompt,
+                                        temperature=temperature, with_entropy=with_entropy, chunk_size=chunk_size)
+        if shared is not None:
+            return shared
     captured = response_hidden_states(model, inputs, response_ids.shape[1])
     if captured is not None:
         states, head = captured
@@ -124,36 +132,57 @@ def token_logprobs(model: torch.nn.Module, inputs: dict[str, Any], response_ids:
     return logp, ent
 
 
-def shared_prefix_logprobs(model: torch.nn.Module, inputs: dict[str, Any], response_ids: torch.Tensor,
-                           prompt_length: int, rows_per_prompt: int, temperature: float = 1.0,
-                           chunk_size: int = LOGPROB_CHUNK) -> torch.Tensor | None:
-    """No-grad log pi(o_t) [N, L] with each group's prompt encoded once, or None (then ``token_logprobs``).
+def prefix_sharing(cfg: Any, rollouts: Any) -> dict[str, Any]:
+    """``token_logprobs``' prefix-sharing arguments for a run's passes over a ``RolloutBatch``: the group size
+    and prompt length with ``model.prefix_sharing``, nothing without it."""
+    if not cfg.model.prefix_sharing:
+        return {}
+    return {"prompt_length": rollouts.prompt_length, "rows_per_prompt": cfg.rollout.group_size}
 
-    Meant for the reference and old-policy passes (not wired into those stages yet: it rounds differently
-    from the whole-row pass, and the stage goldens pin the current bits; docs/performance.md, "Prefix
-    sharing"): the G rows of a group share their prompt (image tokens included), so ``mmrlvr.credit.signals.shared_prefix_states`` runs the prompt once per group with a
-    KV cache repeated G times and only the responses on top; log-probs come from the fused chunked head.
-    Measured (benchmarks/prefix_sharing.py, toy, 16 prompts x 8, P = 51, L = 32): 0.56x the time of
-    the full pass, max |difference| 1e-6. ``inputs`` must carry ``pixel_values`` (not cached
-    ``mm_encoder_outputs``: the group heads' images are encoded inside). None when the rows are not
-    group-contiguous with equal prompts, the model cannot split its positions, or the head is not fusable.
-    """
+
+def prefix_shared_logprobs(model: torch.nn.Module, inputs: dict[str, Any], response_ids: torch.Tensor,
+                           prompt_length: int, rows_per_prompt: int, temperature: float = 1.0,
+                           with_entropy: bool = False, chunk_size: int = LOGPROB_CHUNK
+                           ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """log pi(o_t) [N, L] (and entropies) with each group's prompt run once, or None (then the whole-row pass).
+
+    Prefix sharing (``model.prefix_sharing``; docs/performance.md, "Prefix sharing"): the G rows of a group share
+    their prompt (image tokens included), so ``mmrlvr.credit.signals.shared_prefix_states`` runs the prompt
+    once per group with a KV cache repeated G times and only the responses on top; log-probs come from the fused
+    chunked head. Under ``torch.no_grad`` for the reference / old-policy passes; with gradient for the policy
+    pass, where the prompt's activations are kept once per group instead of G times. Equal to the whole-row
+    pass up to float rounding (tests: values and gradients within 1e-5 on the tiny VLM, full weights and
+    LoRA). ``rows_per_prompt`` larger than the rows given (a micro-batch smaller than a group) shares within
+    the micro-batch (gcd of the two).
+
+    None, and the caller runs the whole rows, when: the rows are not groups with equal prompts, the model cannot
+    split its positions, the head is not fusable, several processes train (DDP / FSDP2 hook the wrapped model's
+    own forward; this calls its language model directly), gradient checkpointing is on (transformers then
+    refuses the KV cache), or a trainable vision tower would need gradient through ``pixel_values``."""
+    import math
+
     from mmrlvr.credit.signals import shared_prefix_states
 
+    n, L = response_ids.shape
+    G = math.gcd(rows_per_prompt, n)
     head = fusable_head(model)
-    if head is None or rows_per_prompt < 2 or response_ids.shape[1] < 2:
+    if head is None or G < 2 or L < 2:
+        return None
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         return None
     core = _unwrap(model)
     core = core.get_base_model() if hasattr(core, "get_base_model") else core
+    grad = torch.is_grad_enabled()
+    if grad and any(getattr(m, "gradient_checkpointing", False) is True for m in core.modules()):
+        return None  # transformers' checkpointed layers turn the KV cache off in training
     backbone = getattr(core, "model", None)
     if not isinstance(backbone, torch.nn.Module):
         return None
-    with torch.no_grad():
-        states = shared_prefix_states(backbone, inputs, prompt_length, response_ids.shape[1], rows_per_prompt)
-        if states is None:
-            return None
-        return logprobs_from_hidden(states, head.weight, response_ids, temperature=temperature,
-                                    chunk_size=chunk_size)[0]
+    states = shared_prefix_states(backbone, inputs, prompt_length, L, G, grad=grad, cached_features=True)
+    if states is None:
+        return None
+    return logprobs_from_hidden(states, head.weight, response_ids, temperature=temperature,
+                                chunk_size=chunk_size, with_entropy=with_entropy)
 
 
 class VisionFeatureCache:

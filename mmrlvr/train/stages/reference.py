@@ -20,7 +20,7 @@ import torch
 from mmrlvr.algos import zero_masked
 from mmrlvr.errors import UserError
 from mmrlvr.train.batch import StepBatch
-from mmrlvr.train.forward import token_logprobs
+from mmrlvr.train.forward import prefix_sharing, token_logprobs
 from mmrlvr.train.stages.base import Stage, register_stage
 
 
@@ -78,7 +78,8 @@ class OldPolicy(Stage):
         with torch.no_grad():
             for rows in rt.micro_slices(rollouts.num_rows):
                 lp, _ = token_logprobs(rt.policy, rt.inputs(rollouts, b.vision, b.images_per_row, rows),
-                                       rollouts.response_ids[rows], self.cfg.rollout.temperature)
+                                       rollouts.response_ids[rows], self.cfg.rollout.temperature,
+                                       **prefix_sharing(self.cfg, rollouts))
                 out.append(lp)
         train = zero_masked(torch.cat(out), mask > 0)
         sampler = rollouts.old_logprobs
@@ -124,6 +125,7 @@ class FrozenReference(Stage):
         with torch.no_grad(), self.context():
             for rows in rt.micro_slices(rollouts.num_rows):
                 lp, _ = token_logprobs(model, rt.inputs(rollouts, b.vision, b.images_per_row, rows),
-                                       rollouts.response_ids[rows], self.cfg.rollout.temperature)
+                                       rollouts.response_ids[rows], self.cfg.rollout.temperature,
+                                       **prefix_sharing(self.cfg, rollouts))
                 out.append(lp)
         b.ref_logprobs = zero_masked(torch.cat(out), rollouts.response_mask > 0)

@@ -28,7 +28,7 @@ from mmrlvr.algos import (
     logprobs_from_logits,
 )
 from mmrlvr.train.batch import StepBatch
-from mmrlvr.train.forward import LOGPROB_CHUNK, response_logits, token_logprobs
+from mmrlvr.train.forward import LOGPROB_CHUNK, prefix_sharing, response_logits, token_logprobs
 from mmrlvr.train.stages.base import Stage, register_stage
 
 
@@ -163,7 +163,7 @@ class PolicyGradient(Stage):
             del logits
         else:
             logp, ent = token_logprobs(rt.model, inputs, rollouts.response_ids[rows], cfg.rollout.temperature,
-                                       with_entropy=True)
+                                       with_entropy=True, **prefix_sharing(cfg, rollouts))
         w = b.token_weights[rows]
         if b.token_ratio is None:
             b.token_entropy = torch.zeros_like(rollouts.old_logprobs)
