@@ -211,6 +211,11 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/prefix_sharing.py":
         ("run by hand; options checked, the shared pass tested",
          (T_OPTS, "tests/test_train_fused_logprobs.py::test_shared_prefix_reference_pass_equals_the_full_pass")),
+    "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/prefix_sharing.py --grad":
+        ("run by hand; options checked, the shared policy pass tested",
+         (T_OPTS, "tests/test_train_fused_logprobs.py::"
+                  "test_policy_pass_with_a_shared_prefix_has_the_whole_rows_values_and_gradients",
+          "tests/test_train_prefix_sharing.py::test_a_step_with_shared_prefixes_equals_the_whole_row_step")),
     "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/checkpointing_memory.py --shape qwen2_5_vl_3b "
     "--layers 2 --rows 2":
         ("run by hand; options checked, checkpointing tested",
