@@ -212,30 +212,20 @@ def _images_per_row(backbone: torch.nn.Module, input_ids: torch.Tensor) -> list[
     return None if start is None else (input_ids == start).sum(dim=1).tolist()
 
 
-def _groups_share_images(G: int, starts: list[int], grid: torch.Tensor, pixels: torch.Tensor | None,
-                         cached: dict[str, Any] | None) -> bool:
+def _groups_share_images(G: int, starts: list[int], grid: torch.Tensor, images: list[torch.Tensor] | tuple) -> bool:
     """Whether every row of each G-row group carries its group head's images (equal token ids do not say so:
     two prompts with one template and same-sized images tokenize alike). Row r's images are
-    ``starts[r]:starts[r+1]``; compared as pixels, or as the cached features (the same tensors when the
-    step's cache repeated them, else compared by value)."""
-    pooled = getattr((cached or {}).get("image"), "pooler_output", None)
-    if cached is not None and (not isinstance(pooled, (tuple, list)) or len(pooled) != grid.shape[0]):
+    ``starts[r]:starts[r+1]``; ``images`` holds one tensor per image: its pixel block, or its cached features
+    (the same tensor object when the step's cache repeated them, else compared by value)."""
+    if len(images) != grid.shape[0]:
         return False
-    offsets = [0]
-    for n in grid.prod(-1).tolist():
-        offsets.append(offsets[-1] + n)
-
-    def same(i: int, j: int) -> bool:
-        if cached is not None:
-            return pooled[i] is pooled[j] or torch.equal(pooled[i], pooled[j])
-        return torch.equal(pixels[offsets[i]:offsets[i + 1]], pixels[offsets[j]:offsets[j + 1]])
-
     for r in range(len(starts) - 1):
         h = r - r % G
         if starts[r + 1] - starts[r] != starts[h + 1] - starts[h]:
             return False
         for i, j in zip(range(starts[r], starts[r + 1]), range(starts[h], starts[h + 1])):
-            if r != h and not (torch.equal(grid[i], grid[j]) and same(i, j)):
+            if r != h and not (torch.equal(grid[i], grid[j])
+                               and (images[i] is images[j] or torch.equal(images[i], images[j]))):
                 return False
     return True
 
@@ -294,7 +284,10 @@ def shared_prefix_states(backbone: torch.nn.Module, inputs: dict[str, Any], prom
         for k in per_row:
             starts.append(starts[-1] + k)
         keep = [i for r in first.tolist() for i in range(starts[r], starts[r + 1])]  # images of the group heads
-        if not _groups_share_images(G, starts, grid, pv, cached):
+        pooled = getattr(cached.get("image"), "pooler_output", None) if cached is not None else None
+        blocks = torch.split(pv, grid.prod(-1).tolist()) if cached is None else None
+        images = blocks if cached is None else pooled
+        if not isinstance(images, (tuple, list)) or not _groups_share_images(G, starts, grid, images):
             return None
         if cached is not None:
             heads = select_images(cached, keep)
@@ -302,7 +295,6 @@ def shared_prefix_states(backbone: torch.nn.Module, inputs: dict[str, Any], prom
             tower = getattr(backbone, "visual", None)
             if grad and (tower is None or any(p.requires_grad for p in tower.parameters())):
                 return None  # encode_images runs without gradient: a trainable tower would get none
-            blocks = torch.split(pv, grid.prod(-1).tolist())
             heads = encoder_outputs(encode_images(backbone, torch.cat([blocks[i] for i in keep]), grid[keep]))
         if heads is None:
             return None
