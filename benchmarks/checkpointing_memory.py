@@ -2,11 +2,12 @@
 
 One policy forward + backward through ``token_logprobs`` (the trainer's training pass: fused log-probs,
 vision tower frozen, full fine-tuning of the language model) on ``--rows`` rows of ``--image-tokens`` image
-tokens + prompt text + ``--new-tokens`` response tokens. Each setting runs in its own subprocess; the
+tokens + prompt text + ``--new-tokens`` response tokens (``--lora``: a LoRA adapter, r 16 on q/k/v/o, instead
+of full fine-tuning, so that the gradients are small and the pass is mostly activations). Each setting runs in its own subprocess; the
 figure is the peak RSS during the pass minus the RSS before it (weights loaded), i.e. what the pass
 itself adds: activations kept for backward, gradients, logits-path buffers.
 
-    OMP_WAIT_POLICY=PASSIVE python benchmarks/checkpointing_memory.py [--shape qwen2_5_vl_3b] [--layers 2]
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/checkpointing_memory.py [--shape qwen2_5_vl_3b] [--layers 2] [--rows 8] [--lora]
 
 Ends with ``training-pass peak memory cut by gradient checkpointing: X %``.
 """
@@ -35,7 +36,7 @@ def child(args) -> None:
     import torch
     from PIL import Image
 
-    from mmrlvr.models.lora import enable_gradient_checkpointing, freeze_vision
+    from mmrlvr.models.lora import apply_lora, enable_gradient_checkpointing, freeze_vision
     from mmrlvr.models.standin import image_side, standin_model
     from mmrlvr.models.tiny import build_tokenizer, make_processor
     from mmrlvr.train.forward import token_logprobs
@@ -43,6 +44,8 @@ def child(args) -> None:
     tok = build_tokenizer()
     model = standin_model(args.shape, tok, layers=args.layers)
     freeze_vision(model)
+    if args.lora:
+        model = apply_lora(model, r=16, alpha=32)
     side = image_side(args.image_tokens)
     ip = make_processor("qwen2_5_vl", tok, model.config, image_size=side).image_processor
     img = Image.fromarray(np.random.RandomState(0).randint(0, 256, (side, side, 3), dtype=np.uint8))
@@ -84,6 +87,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=4)
     ap.add_argument("--image-tokens", type=int, default=256)
     ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--lora", action="store_true", help="LoRA r 16 on q/k/v/o instead of full fine-tuning")
     ap.add_argument("--forward-only", action="store_true",
                     help="skip the backward: report only what the forward keeps for it (fast)")
     ap.add_argument("--checkpointing", action="store_true", help=argparse.SUPPRESS)
@@ -98,6 +102,7 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--child", "--shape", args.shape, "--layers", str(args.layers),
                "--rows", str(args.rows), "--image-tokens", str(args.image_tokens), "--new-tokens", str(args.new_tokens)]
         cmd += ["--forward-only"] if args.forward_only else []
+        cmd += ["--lora"] if args.lora else []
         proc = subprocess.run(cmd + (["--checkpointing"] if ckpt else []), env=env, capture_output=True, text=True)
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if proc.returncode != 0 or line is None:

@@ -56,6 +56,58 @@ def test_values_and_gradients_equal_the_logits_path(chunk_size, temperature):
     assert h1.grad[:, :2].eq(0).all() and h1.grad[:, 7:].eq(0).all()
 
 
+def test_frozen_head_hand_worked_gradient():
+    # h = [1, 0], W rows (log 3, 0) and (0, 0): p = (.75, .25); the expected row p @ W = (.75 log 3, 0), so
+    # d log p(1) / dh = (W[1] - p @ W) / T = (-.75 log 3, 0) at T = 1 (the head frozen: no dL/dW)
+    hidden = torch.tensor([[[1.0, 0.0]]], requires_grad=True)
+    weight = torch.tensor([[math.log(3), 0.0], [0.0, 0.0]])
+    logp, _ = logprobs_from_hidden(hidden, weight, torch.tensor([[1]]))
+    (2.0 * logp).sum().backward()
+    assert_close(hidden.grad, torch.tensor([[[-2.0 * 0.75 * math.log(3), 0.0]]]))
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 1000])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_frozen_head_gradient_equals_the_logits_path_and_never_rereads_the_head(chunk_size, temperature):
+    """LoRA's case: the head is frozen, so the forward computes dlogp/dh = (W[y] - softmax @ W) / T and the
+    backward only scales it; the head may even change after the forward (no saved tensor reads it)."""
+    gen = torch.Generator().manual_seed(4)
+    full = torch.randn(3, 9, 16, generator=gen)
+    weight = torch.randn(50, 16, generator=gen) * 0.5
+    ids = torch.randint(0, 50, (3, 5), generator=gen)
+    h1, h2 = full.clone().requires_grad_(True), full.clone().requires_grad_(True)
+    w1 = weight.clone()
+    logp, ent = logprobs_from_hidden(h1[:, 2:7], w1, ids, temperature=temperature, chunk_size=chunk_size,
+                                     with_entropy=True)
+    ref_logp, ref_ent = _logits_path(h2[:, 2:7], weight, ids, temperature)
+    assert_close(logp, ref_logp, atol=1e-5, rtol=1e-5)
+    assert_close(ent, ref_ent, atol=1e-5, rtol=1e-5)
+    w1.zero_()  # a saved head would make the backward fail (version counter) or use zeros
+    up = torch.randn(3, 5, generator=gen)
+    (logp * up).sum().backward()
+    (ref_logp * up).sum().backward()
+    assert_close(h1.grad, h2.grad, atol=1e-5, rtol=1e-5)
+    assert h1.grad[:, :2].eq(0).all() and h1.grad[:, 7:].eq(0).all()
+
+
+def test_frozen_head_gradcheck_float64_and_bf16():
+    gen = torch.Generator().manual_seed(5)
+    hidden = torch.randn(2, 3, 4, dtype=torch.float64, generator=gen, requires_grad=True)
+    weight = torch.randn(6, 4, dtype=torch.float64, generator=gen)
+    ids = torch.randint(0, 6, (2, 3), generator=gen)
+    assert torch.autograd.gradcheck(
+        lambda h: logprobs_from_hidden(h, weight, ids, temperature=0.8, chunk_size=2)[0], (hidden,))
+    hb = torch.randn(2, 4, 8, generator=gen).bfloat16().requires_grad_(True)
+    wb = torch.randn(30, 8, generator=gen).bfloat16()
+    idb = torch.randint(0, 30, (2, 4), generator=gen)
+    logp, _ = logprobs_from_hidden(hb, wb, idb, chunk_size=3)
+    logp.sum().backward()
+    hr = hb.detach().clone().requires_grad_(True)
+    logprobs_from_logits(torch.nn.functional.linear(hr, wb), idb).sum().backward()
+    assert hb.grad.dtype == torch.bfloat16
+    assert_close(hb.grad.float(), hr.grad.float(), atol=2e-2, rtol=2e-2)  # bf16 rounding of the products
+
+
 def test_gradcheck_float64():
     gen = torch.Generator().manual_seed(1)
     hidden = torch.randn(2, 3, 4, dtype=torch.float64, generator=gen, requires_grad=True)

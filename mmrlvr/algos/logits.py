@@ -198,6 +198,13 @@ class _LinearTokenLogProb(torch.autograd.Function):
     [N, L, V] tensor), the backward recomputes each chunk's logits and turns dL/dlogits =
     (onehot(ids) - softmax) * grad / T into dL/dhidden (chunk @ W) and dL/dW (accumulated chunk^T @ h).
     The entropy (optional second output, no gradient) comes from the same chunk's logits.
+
+    A frozen head (LoRA, or any run that does not train the LM head) needs no dL/dW, and then dL/dhidden
+    factors through the upstream gradient: d log p(y) / d h = (W[y] - softmax(z) @ W) / T, the chosen
+    token's row minus the softmax-expected row. The forward computes that [c, H] direction while the
+    chunk's softmax is at hand (one extra [c, V] x [V, H] product) and saves it in place of ``hidden``;
+    the backward is then one multiply by the upstream gradient, without recomputing the logits: two
+    head-sized products in all instead of three (a TRL-style path that keeps the logits also needs two).
     """
 
     @staticmethod
@@ -205,14 +212,25 @@ class _LinearTokenLogProb(torch.autograd.Function):
         cdtype = torch.promote_types(hidden.dtype, torch.float32)
         out = torch.empty(ids.shape, dtype=cdtype, device=hidden.device)
         ent = torch.empty(ids.shape, dtype=cdtype, device=hidden.device) if with_entropy else None
+        # frozen head, hidden needs grad: dL/dhidden = grad * direction, direction computed here (see above)
+        direction = (torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device)
+                     if ctx.needs_input_grad[0] and not ctx.needs_input_grad[1] else None)
         for idx in _chunk_index(tuple(ids.shape), chunk_size):
             z = _scaled(_head(hidden[idx], weight), temperature)  # [c, V]
             lse = torch.logsumexp(z, dim=-1)
             out[idx] = z.gather(-1, ids[idx].unsqueeze(-1)).squeeze(-1) - lse
             if ent is not None:
                 ent[idx] = lse - _Entropy._pz_sum(z)
+            if direction is not None:
+                expected = torch.exp(z.sub_(lse.unsqueeze(-1))).to(weight.dtype) @ weight  # softmax @ W: [c, H]
+                d = weight[ids[idx]].to(cdtype) - expected.to(cdtype)
+                direction[idx] = (d / temperature if temperature != 1.0 else d).to(direction.dtype)
             del z
-        ctx.save_for_backward(hidden, weight, ids)
+        if direction is not None:
+            ctx.save_for_backward(direction)
+        else:
+            ctx.save_for_backward(hidden, weight, ids)
+        ctx.frozen_head = direction is not None
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
         ctx.direct = weight if getattr(weight, _DIRECT_GRAD, False) else None  # write_grad_directly
         if ent is None:
@@ -222,6 +240,10 @@ class _LinearTokenLogProb(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, _grad_ent):  # type: ignore[override]
+        if ctx.frozen_head:
+            (direction,) = ctx.saved_tensors
+            grad_h = (grad_out.unsqueeze(-1).to(torch.promote_types(direction.dtype, grad_out.dtype)) * direction)
+            return grad_h.to(direction.dtype), None, None, None, None, None
         hidden, weight, ids = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(hidden) if need_h else None
