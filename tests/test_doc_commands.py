@@ -225,6 +225,18 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         ("run by hand; options checked, the memory changes it reports tested",
          (T_OPTS, "tests/test_models_tied_embedding.py::test_the_backward_no_longer_allocates_a_second_vocabulary_sized_gradient",
           "tests/test_train_fused_logprobs.py::test_head_gradient_in_vocabulary_blocks_is_bit_identical")),
+    "OMP_WAIT_POLICY=PASSIVE python benchmarks/generate_speed.py --shape qwen2_5_vl_3b --image-tokens 256 "
+    "--new-tokens 128 --rounds 2":
+        ("run by hand (3B stand-in); options checked, the sampler's stream tested",
+         (T_OPTS, "tests/test_rollout_hf.py::test_noise_drawn_ahead_is_the_per_position_stream")),
+    "OMP_WAIT_POLICY=PASSIVE python benchmarks/head_roofline.py":
+        ("run by hand; a test runs it at small shapes",
+         (T_OPTS, "tests/test_bench_head_roofline.py::test_small_shapes_print_the_floors_from_the_measured_figures")),
+    "OMP_WAIT_POLICY=PASSIVE python benchmarks/checkpointing_memory.py --shape qwen2_5_vl_3b --layers 4 --rows 8 --lora":
+        ("run by hand; options checked, checkpointing with LoRA and the frozen-head gradient tested",
+         (T_OPTS, "tests/test_models_checkpointing.py::test_checkpointing_recomputes_layers_with_the_same_gradients",
+          "tests/test_train_fused_logprobs.py::"
+          "test_frozen_head_gradient_equals_the_logits_path_and_never_rereads_the_head")),
     "OMP_WAIT_POLICY=PASSIVE python benchmarks/generate_speed.py":
         ("run by hand; options checked, the sampler's stream tested",
          (T_OPTS, "tests/test_rollout_hf.py::test_noise_drawn_ahead_is_the_per_position_stream")),
