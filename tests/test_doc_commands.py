@@ -829,7 +829,7 @@ def test_consistency_answer_scoped_splitting_trains(tmp_path, capsys, monkeypatc
         if "<answer>" not in toks:
             assert len(set(adv)) <= 1
             continue
-        k = toks.index("<answer>")
+        k = len(toks) - 1 - toks[::-1].index("<answer>")  # the *final* answer (answer_char_start: rfind)
         assert len(set(adv[:k])) == 1 and len(set(adv[k:])) == 1  # thinking: A_task; answer: + beta * A_cons
         split_rows += adv[0] != adv[k]
     assert split_rows > 0
