@@ -91,6 +91,26 @@ def run_case(name: str, config: str, overrides: list[str], steps: int, out: Path
     return {"metrics": rows, "records": digests}
 
 
+def cpu_signature() -> str:
+    """The CPU a golden was written on: its model name and torch's kernel capability (AVX2, AVX512, ...).
+
+    Bit-exact float results are only reproducible on the same kind of CPU: the matmul and reduction kernels
+    torch picks differ between CPUs, and every value of a training run inherits the first rounding
+    difference (seen 2026-12-04: every case written on the earlier machines differed from its first step on
+    an "AMD EPYC" with AVX512, under the same code and library versions)."""
+    import torch
+
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    import platform
+
+    return f"{model or platform.processor() or platform.machine()} | {torch.backends.cpu.get_cpu_capability()}"
+
+
 def run_all(tmp: Path, names: list[str] | None = None) -> dict[str, Any]:
     """Run the cases on one intra-op thread: float reductions (and so every value) depend on the thread count."""
     import torch
@@ -117,7 +137,7 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:
         result = run_all(Path(tmp), names or None)
     old = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
-    old.update(result)
+    old.update({name: {**case, "cpu": cpu_signature()} for name, case in result.items()})
     GOLDEN.parent.mkdir(parents=True, exist_ok=True)
     GOLDEN.write_text(json.dumps(old, indent=1, sort_keys=True) + "\n")
     print(f"wrote {GOLDEN} ({', '.join(result)})")
