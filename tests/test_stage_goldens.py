@@ -51,3 +51,14 @@ def test_cpu_signature_names_the_cpu_and_the_recorded_ones_are_signatures():
     assert model and capability
     assert all(isinstance(c.get("cpu", ""), str) and (" | " in c["cpu"] if "cpu" in c else True)
                for c in json.loads(GOLDEN.read_text()).values())
+
+
+def test_a_golden_written_on_another_cpu_is_skipped_with_the_reason(monkeypatch):
+    import sys
+
+    recorded = {c: v["cpu"] for c, v in json.loads(GOLDEN.read_text()).items() if "cpu" in v}
+    assert recorded, "no golden carries its CPU"
+    case = sorted(recorded)[0]
+    monkeypatch.setattr(sys.modules[__name__], "cpu_signature", lambda: "Some Other CPU | AVX2")
+    with pytest.raises(pytest.skip.Exception, match="Some Other CPU.*--write " + case):
+        test_step_pipeline_matches_golden(case, None)  # skipped before it trains (tmp_path unused)
