@@ -3,8 +3,8 @@
 One policy forward + backward through ``token_logprobs`` (the trainer's training pass: fused log-probs,
 vision tower frozen, full fine-tuning of the language model) on ``--rows`` rows of ``--image-tokens`` image
 tokens + prompt text + ``--new-tokens`` response tokens (``--lora``: a LoRA adapter, r 16 on q/k/v/o, instead
-of full fine-tuning, so that the gradients are small and the pass is mostly activations). Each setting runs in its own subprocess; the
-figure is the peak RSS during the pass minus the RSS before it (weights loaded), i.e. what the pass
+of full fine-tuning, so that the gradients are small and the pass is mostly activations). Each setting runs
+in its own subprocess; the figure is the peak RSS during the pass minus the RSS before it (weights loaded), i.e. what the pass
 itself adds: activations kept for backward, gradients, logits-path buffers.
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/checkpointing_memory.py [--shape qwen2_5_vl_3b] [--layers 2] [--rows 8] [--lora]

@@ -98,6 +98,8 @@ def cpu_signature() -> str:
     torch picks differ between CPUs, and every value of a training run inherits the first rounding
     difference (seen 2026-12-04: every case written on the earlier machines differed from its first step on
     an "AMD EPYC" with AVX512, under the same code and library versions)."""
+    import platform
+
     import torch
 
     model = ""
@@ -106,8 +108,6 @@ def cpu_signature() -> str:
             model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
     except OSError:
         pass
-    import platform
-
     return f"{model or platform.processor() or platform.machine()} | {torch.backends.cpu.get_cpu_capability()}"
 
 

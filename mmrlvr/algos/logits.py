@@ -242,7 +242,7 @@ class _LinearTokenLogProb(torch.autograd.Function):
     def backward(ctx, grad_out, _grad_ent):  # type: ignore[override]
         if ctx.frozen_head:
             (direction,) = ctx.saved_tensors
-            grad_h = (grad_out.unsqueeze(-1).to(torch.promote_types(direction.dtype, grad_out.dtype)) * direction)
+            grad_h = grad_out.unsqueeze(-1) * direction  # promoted to the wider dtype, then back to hidden's
             return grad_h.to(direction.dtype), None, None, None, None, None
         hidden, weight, ids = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
