@@ -7,6 +7,10 @@ a digest of every rollout record column (run-specific ids aside) must match exac
 
 When a later change *means* to change results (a new default, a fixed bug), rerun ``--write`` in that commit and
 say so in its message.
+
+The runs happen in a child process on pinned CPU kernels (``mmrlvr.models.kernels``), from warm starts built on
+the same pinned kernels, so a golden written on one x86-64 CPU is compared on any other; the child reports its
+kernel settings and an unpinned run is an error.
 """
 
 from __future__ import annotations
@@ -92,12 +96,10 @@ def run_case(name: str, config: str, overrides: list[str], steps: int, out: Path
 
 
 def cpu_signature() -> str:
-    """The CPU a golden was written on: its model name and torch's kernel capability (AVX2, AVX512, ...).
+    """The CPU a golden was written on (model name | torch's native kernel capability), kept as a note.
 
-    Bit-exact float results are only reproducible on the same kind of CPU: the matmul and reduction kernels
-    torch picks differ between CPUs, and every value of a training run inherits the first rounding
-    difference (seen 2026-12-04: every case written on the earlier machines differed from its first step on
-    an "AMD EPYC" with AVX512, under the same code and library versions)."""
+    Recorded for the reader only: on the pinned kernels a golden reproduces on any x86-64 CPU, and this says
+    where it was written when a mismatch needs explaining."""
     import platform
 
     import torch
@@ -111,33 +113,71 @@ def cpu_signature() -> str:
     return f"{model or platform.processor() or platform.machine()} | {torch.backends.cpu.get_cpu_capability()}"
 
 
-def run_all(tmp: Path, names: list[str] | None = None) -> dict[str, Any]:
-    """Run the cases on one intra-op thread: float reductions (and so every value) depend on the thread count."""
-    import torch
+def supports_pinned_goldens() -> tuple[bool, str]:
+    """Goldens are pinned x86-64 values (``mmrlvr.models.kernels``); elsewhere they cannot be compared."""
+    from mmrlvr.models.kernels import comparable_here
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        out = {}
+    return comparable_here()
+
+
+def _run_here(out_json: Path, names: list[str]) -> None:
+    """The child side of run_all: pin what cannot be set by environment, train the cases, write the results."""
+    import tempfile
+
+    from mmrlvr.models.kernels import kernel_state, pin_in_process
+
+    pin_in_process()
+    out: dict[str, Any] = {"_kernels": kernel_state()}
+    with tempfile.TemporaryDirectory() as tmp:
         for name, config, overrides, steps in CASES:
-            if names and name not in names:
-                continue
-            out[name] = run_case(name, config, overrides, steps, tmp / name)
-        return out
-    finally:
-        torch.set_num_threads(threads)
+            if name in names:
+                out[name] = run_case(name, config, overrides, steps, Path(tmp) / name)
+    out_json.write_text(json.dumps(out))
+
+
+def run_all(tmp: Path, names: list[str] | None = None, *, show_output: bool = False) -> dict[str, Any]:
+    """Run the cases (all by default) in a child process on the pinned kernels: their environment must be set
+    before torch starts. ``show_output`` lets the child's progress through instead of keeping it for an error."""
+    import subprocess
+
+    from mmrlvr.models.kernels import check_pinned, pinned_env
+
+    names = names or [c[0] for c in CASES]
+    unknown = sorted(set(names) - {c[0] for c in CASES})
+    if unknown:
+        raise ValueError(f"unknown golden case(s) {unknown}; known: {[c[0] for c in CASES]}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    out_json = tmp / "golden-run.json"
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--run", str(out_json), *names],
+                          cwd=ROOT, env=pinned_env(), capture_output=not show_output, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"golden run {names} failed (exit {proc.returncode}):\n{(proc.stderr or '')[-4000:]}")
+    result = json.loads(out_json.read_text())
+    check_pinned(result.pop("_kernels"))
+    return result
+
+
+def write(names: list[str] | None = None) -> list[str]:
+    """Record the named cases (all by default) into GOLDEN, keeping the others."""
+    import tempfile
+
+    from mmrlvr.models.kernels import LABEL
+
+    with tempfile.TemporaryDirectory() as tmp:
+        result = run_all(Path(tmp), names, show_output=True)
+    old = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+    old.update({name: {**case, "kernels": LABEL, "written_on": cpu_signature()} for name, case in result.items()})
+    GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+    GOLDEN.write_text(json.dumps(old, indent=1, sort_keys=True) + "\n")
+    return list(result)
 
 
 if __name__ == "__main__":
-    import tempfile
-
-    if "--write" not in sys.argv:
+    if len(sys.argv) >= 3 and sys.argv[1] == "--run":
+        sys.path.insert(0, str(ROOT))
+        _run_here(Path(sys.argv[2]), sys.argv[3:])
+    elif "--write" in sys.argv:
+        written = write([a for a in sys.argv[1:] if not a.startswith("--")] or None)
+        print(f"wrote {GOLDEN} ({', '.join(written)})")
+    else:
         raise SystemExit("usage: python tests/stage_goldens.py --write [CASE ...]")
-    names = [a for a in sys.argv[1:] if not a.startswith("--")]
-    with tempfile.TemporaryDirectory() as tmp:
-        result = run_all(Path(tmp), names or None)
-    old = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
-    old.update({name: {**case, "cpu": cpu_signature()} for name, case in result.items()})
-    GOLDEN.parent.mkdir(parents=True, exist_ok=True)
-    GOLDEN.write_text(json.dumps(old, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {GOLDEN} ({', '.join(result)})")

@@ -220,12 +220,14 @@ def test_synth_video_frames_show_one_big_centred_shape_of_the_listed_colour():
 
 def test_video_warm_start_recipe_is_its_own_and_leaves_the_image_tasks_alone(tmp_path, monkeypatch):
     """Video tasks take TASK_DEFAULTS and carry the clips' version in the cache key; image tasks get the
-    signature defaults and exactly the option keys they had (so their cached warm starts stay valid)."""
+    signature defaults and the option keys every task has (no video key)."""
     import mmrlvr.models.warmstart as ws
     from mmrlvr.data.synth_video import VIDEO_DATA_VERSION
 
     seen = []
     monkeypatch.setattr(ws, "_build", lambda out, marker, options, digest, **kw: seen.append(options) or {})
+    monkeypatch.setattr(ws, "env_pinned", lambda: True)  # build "here" (the stub), not in a pinned child
+    monkeypatch.setattr(ws, "check_pinned", lambda state: None)
     ws.warm_start(tmp_path / "v", task="video_count", progress=False)
     ws.warm_start(tmp_path / "c", task="count", progress=False)
     ws.warm_start(tmp_path / "v2", task="video_count", steps=5, stop_at=None, progress=False)
@@ -236,7 +238,7 @@ def test_video_warm_start_recipe_is_its_own_and_leaves_the_image_tasks_alone(tmp
     assert {k: count[k] for k in ("steps", "stop_at", "eval_every", "n_train", "n_val", "n_test")} == \
         {"steps": 600, "stop_at": 0.45, "eval_every": 50, "n_train": 4096, "n_val": 200, "n_test": 200}
     assert set(count) == {"version", "family", "task", "steps", "answer_noise", "seed", "stop_at", "eval_every",
-                          "batch_size", "lr", "n_train", "n_val", "n_test", "k", "template", "threads", "torch"}
+                          "batch_size", "lr", "n_train", "n_val", "n_test", "k", "template", "threads", "torch", "kernels"}
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])

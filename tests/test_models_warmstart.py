@@ -107,3 +107,42 @@ def test_warm_start_is_bit_identical_under_1_and_2_threads(tmp_path):
     assert one["options_hash"] == two["options_hash"]
     # the cache key names what decides the bits besides the options
     assert one["options"]["threads"] == 1 and one["options"]["torch"] == torch.__version__.split("+")[0]
+    from mmrlvr.models.kernels import LABEL
+
+    assert one["options"]["kernels"] == LABEL
+
+
+def test_warm_start_is_built_on_pinned_kernels_in_a_child_process(tmp_path):
+    """Called from an ordinary (unpinned) process, the build runs in a pinned child and says so."""
+    from mmrlvr.models.kernels import LABEL, PINNED_STATE, env_pinned
+
+    assert not env_pinned()  # the premise: this process picks the CPU's own kernels
+    opts = dict(steps=2, eval_every=2, n_train=32, n_val=4, n_test=4, k=1, batch_size=8, stop_at=None,
+                progress=False)
+    result = warm_start(tmp_path / "ws", **opts)
+    assert result["build_kernels"] == PINNED_STATE and result["options"]["kernels"] == LABEL
+
+
+def test_warm_start_bytes_do_not_follow_the_instruction_sets_the_cpu_reports(tmp_path, monkeypatch):
+    """The same options give the same weights when MKL may use only SSE4.2 and glibc is told there is no AVX,
+    AVX2, AVX-512 or FMA (as on an older or another vendor's CPU); the CPU's own kernels give other weights."""
+    from safetensors.torch import load_file
+
+    import mmrlvr.models.warmstart as ws
+
+    opts = dict(steps=3, eval_every=3, n_train=32, n_val=4, n_test=4, k=1, batch_size=8, stop_at=None,
+                progress=False)
+    warm_start(tmp_path / "here", **opts)
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "SSE4_2")
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.cpu.hwcaps=-AVX2,-FMA,-AVX512F,-AVX")
+    warm_start(tmp_path / "older", **opts)
+    a, b = load_file(tmp_path / "here" / "model.safetensors"), load_file(tmp_path / "older" / "model.safetensors")
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
+    if torch.backends.cpu.get_cpu_capability() != "DEFAULT":  # the pinning is not a no-op on this CPU
+        monkeypatch.delenv("MKL_ENABLE_INSTRUCTIONS")
+        monkeypatch.delenv("GLIBC_TUNABLES")
+        monkeypatch.setattr(ws, "env_pinned", lambda: True)  # build here, on this process's own kernels
+        monkeypatch.setattr(ws, "check_pinned", lambda state: None)
+        warm_start(tmp_path / "native", **opts)
+        c = load_file(tmp_path / "native" / "model.safetensors")
+        assert [k for k in a if not torch.equal(a[k], c[k])] != []

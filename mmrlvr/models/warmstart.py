@@ -14,6 +14,10 @@ answer set while keeping the (correct) thinking: STACK.md's thinking-answer inco
 The result is cached: ``out_dir/warmstart.json`` holds the metrics and a hash of the options; a second
 call with the same options returns it at once. The json is written last (atomically), so an interrupted
 build is redone.
+
+The build runs on pinned CPU kernels (``mmrlvr.models.kernels``), in a child process when this one was not
+started pinned: the same options give the same bytes on every x86-64 machine, not only on the same kind of CPU,
+so a run from the warm start (the demo, the stage goldens) starts from the same model everywhere.
 """
 
 from __future__ import annotations
@@ -35,12 +39,15 @@ from mmrlvr.data import make_rows, rows_to_samples
 from mmrlvr.data import synth
 from mmrlvr.errors import UserError
 from mmrlvr.evaluation import evaluate
+from mmrlvr.models.kernels import LABEL as KERNELS
+from mmrlvr.models.kernels import check_pinned, env_pinned, kernel_state, pinned_env
 from mmrlvr.models.loading import load_policy
 from mmrlvr.models.tiny import build_tiny
 from mmrlvr.rollout.hf import HFEngine, expand_vision, prompt_texts
 from mmrlvr.types import Sample
 
-WARMSTART_VERSION = 2  # bump when the recipe changes: invalidates every cache (2: fixed threads, deterministic)
+WARMSTART_VERSION = 3  # bump when the recipe changes: invalidates every cache (2: fixed threads, deterministic;
+# 3: pinned CPU kernels)
 # The build runs on this many intra-op threads whatever the machine or OMP_NUM_THREADS: a float sum's order
 # (and so every trained weight) depends on how a matmul is split over threads, so the same options give the
 # same bits on a 2-core laptop and a 64-core server, loaded or idle.
@@ -49,21 +56,24 @@ BUILD_THREADS = 1
 
 @contextlib.contextmanager
 def deterministic_build(threads: int = BUILD_THREADS):
-    """Fixed intra-op thread count and deterministic kernels for the duration of a build (then restored)."""
-    old_threads = torch.get_num_threads()
+    """Fixed intra-op thread count, deterministic algorithms and oneDNN off for the duration of a build (then
+    restored); with the pinned environment (``mmrlvr.models.kernels.PINNED_ENV``) this is the pinned state."""
+    old_threads, old_mkldnn = torch.get_num_threads(), torch.backends.mkldnn.enabled
     old_det, old_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     torch.set_num_threads(threads)
+    torch.backends.mkldnn.enabled = False
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         yield
     finally:
         torch.set_num_threads(old_threads)
+        torch.backends.mkldnn.enabled = old_mkldnn
         torch.use_deterministic_algorithms(old_det, warn_only=old_warn)
 
 
 def build_determinants() -> dict[str, Any]:
-    """What besides the options decides the warm start's bits: thread count and the torch build (cache key)."""
-    return {"threads": BUILD_THREADS, "torch": torch.__version__.split("+")[0]}
+    """What besides the options decides the warm start's bits: thread count, kernels and the torch build."""
+    return {"threads": BUILD_THREADS, "torch": torch.__version__.split("+")[0], "kernels": KERNELS}
 RESULT_FILE = "warmstart.json"
 IN_PROGRESS = ".warmstart-in-progress"
 
@@ -251,10 +261,29 @@ def warm_start(out_dir: str | Path, *, family: str = "qwen2_5_vl", task: str = "
     if (out / "config.json").exists() and not force and not (out / RESULT_FILE).exists() and not marker.exists():
         raise UserError(f"{str(out)!r} holds a model that is not a warm start; pass force=True (--force) to "
                         "overwrite it")
+    kwargs = dict(family=family, task=task, steps=steps, answer_noise=answer_noise, seed=seed, stop_at=stop_at,
+                  eval_every=eval_every, batch_size=batch_size, lr=lr, n_train=n_train, n_val=n_val, n_test=n_test,
+                  k=k, template=template, progress=progress)
+    if not env_pinned():
+        return _build_in_pinned_child(out, digest, {**kwargs, "force": force})
     with deterministic_build():
-        return _build(out, marker, options, digest, family=family, task=task, steps=steps, answer_noise=answer_noise,
-                      seed=seed, stop_at=stop_at, eval_every=eval_every, batch_size=batch_size, lr=lr,
-                      n_train=n_train, n_val=n_val, n_test=n_test, k=k, template=template, progress=progress)
+        check_pinned(kernel_state())
+        return _build(out, marker, options, digest, **kwargs)
+
+
+def _build_in_pinned_child(out: Path, digest: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Run ``warm_start`` in a child process started on the pinned kernels (its progress bar shows through)."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys; from mmrlvr.models.warmstart import warm_start; "
+            "warm_start(sys.argv[1], **json.loads(sys.argv[2]))")
+    proc = subprocess.run([sys.executable, "-c", code, str(out), json.dumps(kwargs)], env=pinned_env())
+    hit = cached_result(out, digest)
+    if proc.returncode != 0 or hit is None:
+        raise RuntimeError(f"warm start of {str(out)!r} failed in its pinned build process (exit {proc.returncode}; "
+                           "its error is printed above)")
+    return {**hit, "cached": False}
 
 
 def _build(out: Path, marker: Path, options: dict[str, Any], digest: str, *, family: str, task: str, steps: int,
@@ -318,7 +347,8 @@ def _build(out: Path, marker: Path, options: dict[str, Any], digest: str, *, fam
                     seed=seed, progress=progress)
     result = {**test, "family": family, "task": task, "answer_noise": answer_noise, "seed": seed,
               "steps_run": step, "train_s": round(train_s, 2), "total_s": round(time.perf_counter() - t_start, 2),
-              "val_history": history, "chance": _chance(task), "options": options, "options_hash": digest}
+              "val_history": history, "chance": _chance(task), "options": options, "options_hash": digest,
+              "build_kernels": kernel_state()}
     _write_json_atomic(out / RESULT_FILE, result)
     marker.unlink(missing_ok=True)
     return {**result, "cached": False}
