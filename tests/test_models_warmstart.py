@@ -146,3 +146,23 @@ def test_warm_start_bytes_do_not_follow_the_instruction_sets_the_cpu_reports(tmp
         warm_start(tmp_path / "native", **opts)
         c = load_file(tmp_path / "native" / "model.safetensors")
         assert [k for k in a if not torch.equal(a[k], c[k])] != []
+
+
+def test_tiny_build_waits_for_another_builder_of_the_same_folder(tmp_path):
+    """`mmrlvr tiny build` takes the folder's build lock (as a run's tiny: spec does): it never writes a folder
+    another process is building; it waits, then goes on."""
+    import time
+
+    from mmrlvr.models.warmstart import build_lock
+
+    out = tmp_path / "tiny"
+    cmd = [sys.executable, "-m", "mmrlvr.cli", "tiny", "build", "--family", "qwen2_vl", "--out", str(out)]
+    with build_lock(out):
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        first = proc.stderr.readline()  # the command says it waits (it would build, or fail, otherwise)
+        assert first.startswith("waiting for another process building") and str(out) in first, first
+        time.sleep(1)
+        assert proc.poll() is None and not (out / "config.json").exists()
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    assert (out / "config.json").exists() and "built" in stdout

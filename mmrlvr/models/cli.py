@@ -45,7 +45,10 @@ def _build_plain(args: argparse.Namespace) -> int:
     if (out / "config.json").exists() and not args.force:
         raise UserError(f"{str(out)!r} already holds a model; pass --force to overwrite it")
     t0 = time.perf_counter()
-    build_tiny(args.family, out, seed=args.seed)
+    from mmrlvr.models.warmstart import build_lock
+
+    with build_lock(out):
+        build_tiny(args.family, out, seed=args.seed)
     model, processor = load_policy(out)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"built {type(model).__name__} ({n_params / 1e6:.2f} M parameters, vocabulary "
@@ -54,14 +57,14 @@ def _build_plain(args: argparse.Namespace) -> int:
 
 
 def _build_warm(args: argparse.Namespace) -> int:
-    from mmrlvr.models.warmstart import warm_start
+    from mmrlvr.models.warmstart import UNSET, build_lock, warm_start
 
     t0 = time.perf_counter()
-    from mmrlvr.models.warmstart import UNSET
-
-    result = warm_start(args.out, family=args.family, task=args.task,
-                        steps=UNSET if args.steps is None else args.steps,
-                        answer_noise=args.answer_noise, seed=args.seed, force=args.force, progress=not args.quiet)
+    with build_lock(args.out):  # another builder of this folder (a run, a second command) finishes first
+        result = warm_start(args.out, family=args.family, task=args.task,
+                            steps=UNSET if args.steps is None else args.steps,
+                            answer_noise=args.answer_noise, seed=args.seed, force=args.force,
+                            progress=not args.quiet)
     took = time.perf_counter() - t0
     k = result["k"]
     source = "cached" if result["cached"] else f"{result['steps_run']} SFT steps"

@@ -209,6 +209,31 @@ def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+@contextlib.contextmanager
+def build_lock(out_dir: str | Path):
+    """Hold the inter-process lock of one model folder: one builder at a time, the others wait (saying so on
+    stderr) and then find its result.
+
+    ``resolve_model_path`` (a run's ``tiny:...`` spec, the test suite's background builds) and ``mmrlvr tiny
+    build`` take the same lock, so two of them pointed at one folder never write it at once."""
+    import sys
+
+    from filelock import FileLock, Timeout
+
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(out.parent / f".{out.name}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        print(f"waiting for another process building {out} ...", file=sys.stderr, flush=True)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def cached_result(out_dir: str | Path, options_hash: str) -> dict[str, Any] | None:
     """The stored metrics if ``out_dir`` holds a finished warm start with these options, else None."""
     path = Path(out_dir) / RESULT_FILE

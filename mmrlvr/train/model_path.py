@@ -18,8 +18,6 @@ import os
 import re
 from pathlib import Path
 
-from filelock import FileLock
-
 from mmrlvr.errors import UserError
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
@@ -91,8 +89,9 @@ def resolve_model_path(spec: str, *, task: str = "count", answer_noise: float = 
     task = spec_task(spec, task)
     # One builder per cache folder across processes (parallel test workers, several runs started at once): the
     # others wait for it and then reuse its result instead of building the same model again beside it.
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(out.parent / f".{out.name}.lock")):
+    from mmrlvr.models.warmstart import build_lock
+
+    with build_lock(out):
         if warm:
             from mmrlvr.models.warmstart import warm_start
 
