@@ -166,27 +166,3 @@ def test_tiny_build_waits_for_another_builder_of_the_same_folder(tmp_path):
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 0, stderr
     assert (out / "config.json").exists() and "built" in stdout
-
-
-def test_patch_embedding_as_matmul_equals_the_convolution():
-    """out[n, e] = sum_k W[e, k] x[n, k] + b[e] for a kernel == stride convolution over one patch per row; other
-    convolutions and inputs of another size keep the convolution."""
-    from mmrlvr.models.warmstart import patchify_as_matmul
-
-    torch.manual_seed(0)
-    model = torch.nn.ModuleDict({
-        "patch3d": torch.nn.Conv3d(3, 5, kernel_size=(2, 4, 4), stride=(2, 4, 4), bias=False),
-        "patch2d": torch.nn.Conv2d(3, 5, kernel_size=4, stride=4, bias=True),
-        "other": torch.nn.Conv2d(3, 5, kernel_size=3, stride=1, padding=1),
-    })
-    x3, x2, big = torch.randn(7, 3, 2, 4, 4), torch.randn(7, 3, 4, 4), torch.randn(2, 3, 8, 8)
-    want = (model["patch3d"](x3), model["patch2d"](x2), model["patch2d"](big), model["other"](big))
-    assert patchify_as_matmul(model) == 2
-    got = (model["patch3d"](x3), model["patch2d"](x2), model["patch2d"](big), model["other"](big))
-    for g, w in zip(got, want):
-        assert g.shape == w.shape and torch.allclose(g, w, atol=1e-5)
-    # by hand, one output: the dot product of the flattened patch with the flattened kernel
-    w3 = model["patch3d"].weight
-    assert torch.allclose(got[0][2, 4, 0, 0, 0], (x3[2].flatten() * w3[4].flatten()).sum(), atol=1e-5)
-    got[0].sum().backward()  # the weight's gradient reaches the convolution's own parameter
-    assert torch.allclose(w3.grad[1], x3.sum(0), atol=1e-4)

@@ -46,8 +46,8 @@ from mmrlvr.models.tiny import build_tiny
 from mmrlvr.rollout.hf import HFEngine, expand_vision, prompt_texts
 from mmrlvr.types import Sample
 
-WARMSTART_VERSION = 4  # bump when the recipe changes: invalidates every cache (2: fixed threads, deterministic;
-# 3: pinned CPU kernels; 4: the patch embedding as a matmul)
+WARMSTART_VERSION = 3  # bump when the recipe changes: invalidates every cache (2: fixed threads, deterministic;
+# 3: pinned CPU kernels)
 # The build runs on this many intra-op threads whatever the machine or OMP_NUM_THREADS: a float sum's order
 # (and so every trained weight) depends on how a matmul is split over threads, so the same options give the
 # same bits on a 2-core laptop and a 64-core server, loaded or idle.
@@ -296,35 +296,6 @@ def warm_start(out_dir: str | Path, *, family: str = "qwen2_5_vl", task: str = "
         return _build(out, marker, options, digest, **kwargs)
 
 
-def patchify_as_matmul(model: torch.nn.Module) -> int:
-    """Run each patch-embedding convolution of ``model`` (kernel == stride, no padding, groups 1) as the matmul it
-    is when a row is exactly one patch; returns how many convolutions it changed. For this model object only.
-
-    Why: the warm start runs with oneDNN off (its kernels are generated for the CPU found, see
-    ``mmrlvr.models.kernels``), and torch's fallback 3D convolution (im2col + gemm, and its backward) was a third
-    of a pinned SFT step on the tiny Qwen2.5-VL (profiled 2026-12-04: 664 of 1,990 ms over 3 steps). A patch
-    embedding applies the kernel to one patch per row, out[n, e] = sum_k W[e, k] x[n, k] + b[e], which is one
-    ``linear`` on the flattened patch; rounding differs from the convolution's, values do not (test)."""
-    import types
-
-    import torch.nn.functional as F
-
-    def forward(conv, x):
-        if tuple(x.shape[2:]) != tuple(conv.kernel_size):
-            return type(conv).forward(conv, x)
-        out = F.linear(x.reshape(x.shape[0], -1), conv.weight.reshape(conv.out_channels, -1), conv.bias)
-        return out.view(x.shape[0], conv.out_channels, *([1] * (x.dim() - 2)))
-
-    changed = 0
-    for module in model.modules():
-        if (isinstance(module, (torch.nn.Conv2d, torch.nn.Conv3d)) and tuple(module.kernel_size) == tuple(module.stride)
-                and all(p == 0 for p in module.padding) and module.groups == 1
-                and all(d == 1 for d in module.dilation)):
-            module.forward = types.MethodType(forward, module)
-            changed += 1
-    return changed
-
-
 def _build_in_pinned_child(out: Path, digest: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     """Run ``warm_start`` in a child process started on the pinned kernels (its progress bar shows through)."""
     import subprocess
@@ -350,7 +321,6 @@ def _build(out: Path, marker: Path, options: dict[str, Any], digest: str, *, fam
     (out / RESULT_FILE).unlink(missing_ok=True)
     build_tiny(family, out, seed=seed)
     model, processor = load_policy(out)
-    patchify_as_matmul(model)
     tokenizer = processor.tokenizer
 
     from mmrlvr.data.synth_video import VIDEO_TASKS, make_video_rows
