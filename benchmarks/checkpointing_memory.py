@@ -5,7 +5,9 @@ vision tower frozen, full fine-tuning of the language model) on ``--rows`` rows 
 tokens + prompt text + ``--new-tokens`` response tokens (``--lora``: a LoRA adapter, r 16 on q/k/v/o, instead
 of full fine-tuning, so that the gradients are small and the pass is mostly activations). Each setting runs
 in its own subprocess; the figure is the peak RSS during the pass minus the RSS before it (weights loaded), i.e. what the pass
-itself adds: activations kept for backward, gradients, logits-path buffers.
+itself adds: activations kept for backward, gradients, logits-path buffers. On a GPU (``--device cuda``, the
+default where torch sees one) the figure is exact: ``torch.cuda.max_memory_allocated`` during the pass minus
+the memory allocated before it.
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/checkpointing_memory.py [--shape qwen2_5_vl_3b] [--layers 2] [--rows 8] [--lora]
 
@@ -42,7 +44,8 @@ def child(args) -> None:
     from mmrlvr.train.forward import token_logprobs
 
     tok = build_tokenizer()
-    model = standin_model(args.shape, tok, layers=args.layers)
+    device = torch.device(args.device)
+    model = standin_model(args.shape, tok, layers=args.layers).to(device)
     freeze_vision(model)
     if args.lora:
         model = apply_lora(model, r=16, alpha=32)
@@ -54,10 +57,16 @@ def child(args) -> None:
     prompt = [5] * 40 + [cfg.vision_start_token_id] + [cfg.image_token_id] * args.image_tokens + [cfg.vision_end_token_id]
     resp = torch.randint(20, 500, (args.rows, args.new_tokens), generator=torch.Generator().manual_seed(0))
     ids = torch.cat([torch.tensor([prompt] * args.rows), resp], 1)
-    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), **vis}
+    inputs = {k: v.to(device) for k, v in {"input_ids": ids, "attention_mask": torch.ones_like(ids), **vis}.items()}
+    resp = resp.to(device)
     if args.checkpointing:
         enable_gradient_checkpointing(model)
     model.train()
+    on_gpu = device.type == "cuda"
+    if on_gpu:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before_gpu = torch.cuda.memory_allocated() / 2**20
     before = _rss_mib()
     t0 = time.perf_counter()
     storages: dict[int, int] = {}
@@ -72,12 +81,18 @@ def child(args) -> None:
     saved_mib = sum(n for ptr, n in storages.items() if ptr not in weights) / 2**20
     if not args.forward_only:
         logp.mean().backward()
+    if on_gpu:
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if on_gpu:  # exact: the allocator's own peak, not the process's resident pages
+        before, peak = before_gpu, torch.cuda.max_memory_allocated() / 2**20
+        assert next(model.parameters()).is_cuda and logp.is_cuda
     grads_mib = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) / 2**20
     print("RESULT " + json.dumps({"before_mib": before, "peak_mib": peak, "pass_mib": peak - before,
                                   "grads_mib": grads_mib, "saved_mib": saved_mib,
-                                  "seconds": seconds, "tokens": ids.shape[1]}))
+                                  "seconds": seconds, "tokens": ids.shape[1], "device": str(device),
+                                  "gpu": torch.cuda.get_device_name() if on_gpu else None}))
 
 
 def main() -> None:
@@ -90,9 +105,15 @@ def main() -> None:
     ap.add_argument("--lora", action="store_true", help="LoRA r 16 on q/k/v/o instead of full fine-tuning")
     ap.add_argument("--forward-only", action="store_true",
                     help="skip the backward: report only what the forward keeps for it (fast)")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                    help="auto: a CUDA GPU when torch sees one (peak from its allocator), else the CPU (peak RSS)")
     ap.add_argument("--checkpointing", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.device == "auto":
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.child:
         child(args)
         return
@@ -100,7 +121,8 @@ def main() -> None:
     res = {}
     for ckpt in (False, True):
         cmd = [sys.executable, __file__, "--child", "--shape", args.shape, "--layers", str(args.layers),
-               "--rows", str(args.rows), "--image-tokens", str(args.image_tokens), "--new-tokens", str(args.new_tokens)]
+               "--rows", str(args.rows), "--image-tokens", str(args.image_tokens), "--new-tokens", str(args.new_tokens),
+               "--device", args.device]
         cmd += ["--forward-only"] if args.forward_only else []
         cmd += ["--lora"] if args.lora else []
         proc = subprocess.run(cmd + (["--checkpointing"] if ckpt else []), env=env, capture_output=True, text=True)
@@ -114,8 +136,9 @@ def main() -> None:
               f"for backward (weights excluded)", flush=True)
         if args.forward_only:
             continue
+        where = f"GPU memory on {r['gpu']}" if r["gpu"] else "RSS"
         print(f"checkpointing {'on ' if ckpt else 'off'}: pass adds {r['pass_mib']:.0f} MiB over {r['before_mib']:.0f} MiB "
-              f"loaded ({r['tokens']} tokens x {args.rows} rows, {r['seconds']:.1f} s)", flush=True)
+              f"loaded ({where}; {r['tokens']} tokens x {args.rows} rows, {r['seconds']:.2f} s)", flush=True)
     saved_cut = 1 - res[True]["saved_mib"] / res[False]["saved_mib"]
     print(f"activations kept for backward cut by gradient checkpointing: {100 * saved_cut:.0f} %")
     if args.forward_only:

@@ -5,7 +5,7 @@ prints per-arm medians of the step and of its phases (generate, reference pass, 
 optimiser), then the ratios ours/TRL. Settings matched on both sides (STACK.md, "Peers"): float32, the
 vision tower frozen on both arms, B prompts x G generations, fixed-length responses, T = 1.0, k3 KL to the
 reference with beta 0.05, AdamW lr 1e-4 constant, grad clip 1.0, one optimisation pass per generation
-batch (one micro-batch), no bf16, no eval, no checkpoints; ``--lora``: r 16, alpha 32 on q/k/v/o of the
+batch (one micro-batch), no eval, no checkpoints; ``--lora``: r 16, alpha 32 on q/k/v/o of the
 language model on both arms (the reference is the adapter disabled). Ours also writes its rollout store
 (a background thread) unless --no-rollout-log.
 
@@ -18,6 +18,14 @@ others, so responses run to --new-tokens (the mean response length is printed pe
     OMP_WAIT_POLICY=PASSIVE python benchmarks/step_vs_trl.py [--steps 5] [--rounds 2]
     OMP_WAIT_POLICY=PASSIVE python benchmarks/step_vs_trl.py --shape qwen2_5_vl_3b --image-tokens 256 \
         --new-tokens 128 --steps 2 --rounds 1 [--lora]
+
+Device and precision: ``--device`` auto (a CUDA GPU when torch sees one, else the CPU) | cpu | cuda, and
+``--dtype`` float32 (default) | bfloat16: both arms load the weights in that dtype (TRL with ``bf16=True``). On a
+GPU the memory figure is each arm's peak of ``torch.cuda.max_memory_allocated`` (peak RSS is printed too) and
+step times are taken after ``torch.cuda.synchronize``; generation is the HF engine on both arms (vLLM runs are
+``benchmarks/gpu_check.py``'s).
+
+    python benchmarks/step_vs_trl.py --shape qwen2_5_vl_3b --device cuda --dtype bfloat16 --new-tokens 512
 
 Ends with, per run (one shape):
     step time ratio (ours/TRL): X
@@ -94,7 +102,7 @@ def run_ours(model_dir: str, a, out: str, rollout_log: bool) -> dict:
     from mmrlvr.train.trainer import Trainer
 
     side = 112 if a.shape == "toy" else image_side(a.image_tokens)
-    model = {"path": model_dir, "freeze_vision": True}
+    model = {"path": model_dir, "freeze_vision": True, "dtype": a.dtype}
     if a.lora:
         model["lora"] = {"enabled": True, **LORA}
     if a.gradient_checkpointing:
@@ -121,6 +129,7 @@ def run_ours(model_dir: str, a, out: str, rollout_log: bool) -> dict:
         timer.new_step()
         t0 = time.perf_counter()
         batch = trainer.pipeline.run(step)  # what Trainer.run_step does, keeping the batch for its timings
+        _sync()
         times.append(time.perf_counter() - t0)
         ph = timer.steps[-1]
         ph["generate"] = batch.timings.get("generate", 0.0)
@@ -159,7 +168,7 @@ def run_trl(model_dir: str, a, out: str) -> dict:
         return out
 
     ds = Dataset.from_list([{"prompt": s.messages, "image": s.images[0], "idx": i} for i, s in enumerate(samples)])
-    model, processor = load_policy(model_dir)
+    model, processor = load_policy(model_dir, dtype=a.dtype)
     from mmrlvr.models.lora import freeze_vision
 
     freeze_vision(model)  # same work as ours (model.freeze_vision)
@@ -173,7 +182,8 @@ def run_trl(model_dir: str, a, out: str) -> dict:
     args = GRPOConfig(
         output_dir=out, max_steps=steps, per_device_train_batch_size=group, num_generations=a.group,
         max_completion_length=a.new_tokens, temperature=1.0, beta=BETA, learning_rate=LR, max_grad_norm=1.0,
-        lr_scheduler_type="constant", bf16=False, gradient_checkpointing=a.gradient_checkpointing, use_cpu=True,
+        lr_scheduler_type="constant", bf16=a.dtype == "bfloat16", gradient_checkpointing=a.gradient_checkpointing,
+        use_cpu=a.device == "cpu",
         logging_steps=1, report_to=[], save_strategy="no", num_iterations=1, steps_per_generation=1,
         shuffle_dataset=False, seed=0, disable_dropout=True,
     )
@@ -192,6 +202,7 @@ def run_trl(model_dir: str, a, out: str) -> dict:
             timer.add("optimizer", time.perf_counter() - self.t_opt)
 
         def on_step_end(self, *_a, **_k):
+            _sync()
             times.append(time.perf_counter() - self.t0)
 
         def on_log(self, _args, _state, _control, logs=None, **_k):
@@ -210,10 +221,24 @@ def run_trl(model_dir: str, a, out: str) -> dict:
     return {"step_s": times, "phases": timer.steps, "response_len": timer.lengths}
 
 
+def _sync() -> None:
+    """Wait for queued GPU work, so that a step's time is its work's (a no-op on the CPU)."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def child(arm: str, model_dir: str, a, rollout_log: bool) -> None:
+    import torch
+
     with tempfile.TemporaryDirectory() as out:
         res = run_ours(model_dir, a, out, rollout_log) if arm == "ours" else run_trl(model_dir, a, out)
     res["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if a.device == "cuda":
+        res["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
+        res["gpu"] = torch.cuda.get_device_name()
+        res["on_gpu"] = torch.cuda.is_initialized() and res["peak_gpu_mib"] > 0
     print("RESULT " + json.dumps(res))
 
 
@@ -238,7 +263,8 @@ def bench_shape(shape: str, args, env: dict[str, str]) -> None:
     print(f"== {shape}: {a.prompts} prompts x G {a.group}, {a.image_tokens} image tokens, {a.new_tokens} new "
           f"tokens, {'LoRA' if a.lora else 'full fine-tuning'}"
           f"{', gradient checkpointing' if a.gradient_checkpointing else ''}"
-          f"{', ours with prefix sharing' if args.prefix_sharing else ''}; {a.steps} steps x {a.rounds} rounds",
+          f"{', ours with prefix sharing' if args.prefix_sharing else ''}; {a.dtype} on {a.device}; "
+          f"{a.steps} steps x {a.rounds} rounds",
           flush=True)
     try:
         _alternate(a, args, env, model_dir)
@@ -254,7 +280,8 @@ def _alternate(a, args, env: dict[str, str], model_dir: str) -> None:
         for arm in ("ours", "trl"):
             cmd = [sys.executable, __file__, "--child", arm, "--model", model_dir, "--shape", shape,
                    "--steps", str(a.steps), "--prompts", str(a.prompts), "--group", str(a.group),
-                   "--image-tokens", str(a.image_tokens), "--new-tokens", str(a.new_tokens)]
+                   "--image-tokens", str(a.image_tokens), "--new-tokens", str(a.new_tokens),
+                   "--device", a.device, "--dtype", a.dtype]
             cmd += ["--no-rollout-log"] if args.no_rollout_log else []
             cmd += ["--prefix-sharing"] if args.prefix_sharing else []
             cmd += ["--lora"] if a.lora else []
@@ -265,19 +292,25 @@ def _alternate(a, args, env: dict[str, str], model_dir: str) -> None:
                 sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-5000:])
                 raise SystemExit(f"{arm} arm failed (exit {proc.returncode})")
             res = json.loads(line[len("RESULT "):])
+            if a.device == "cuda" and not res.get("on_gpu"):
+                raise SystemExit(f"{arm} arm was asked for the GPU but allocated nothing there")
             results[arm].append(res)
             timed = res["step_s"][1:] or res["step_s"]
             if res.get("note") and r == 0:
                 print(f"     {arm}: {res['note']}")
-            print(f"round {r + 1} {arm:>4}: median step {statistics.median(timed):.3f} s, "
+            gpu = f"peak GPU memory {res['peak_gpu_mib']:.0f} MiB ({res['gpu']}), " if "peak_gpu_mib" in res else ""
+            print(f"round {r + 1} {arm:>4}: median step {statistics.median(timed):.3f} s, {gpu}"
                   f"peak RSS {res['peak_rss_mib']:.0f} MiB, mean response {_median(res['response_len']):.1f} tokens",
                   flush=True)
     med = {k: _median([t for res in rs for t in (res["step_s"][1:] or res["step_s"])]) for k, rs in results.items()}
-    mem = {k: max(res["peak_rss_mib"] for res in rs) for k, rs in results.items()}
+    key = "peak_gpu_mib" if a.device == "cuda" else "peak_rss_mib"  # what the run is bounded by
+    mem = {k: max(res[key] for res in rs) for k, rs in results.items()}
     for arm, rs in results.items():
         phases = {ph: _median([st[ph] for res in rs for st in (res["phases"][1:] or res["phases"])]) for ph in PHASES}
         print(f"{arm:>4} phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
-    print(f"ours: {med['ours']:.3f} s/step, {mem['ours']:.0f} MiB;  TRL: {med['trl']:.3f} s/step, {mem['trl']:.0f} MiB")
+    what = "GPU memory" if a.device == "cuda" else "RSS"
+    print(f"ours: {med['ours']:.3f} s/step, {mem['ours']:.0f} MiB;  TRL: {med['trl']:.3f} s/step, {mem['trl']:.0f} MiB "
+          f"(peak {what})")
     print(f"step time ratio (ours/TRL): {med['ours'] / med['trl']:.2f}")
     print(f"peak memory ratio (ours/TRL): {mem['ours'] / mem['trl']:.2f}", flush=True)
 
@@ -299,14 +332,28 @@ def main() -> None:
     p.add_argument("--no-rollout-log", action="store_true", help="ours: do not write the rollout store")
     p.add_argument("--prefix-sharing", action="store_true",
                    help="ours: model.prefix_sharing (each group's prompt run once in the reference and policy passes)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="auto: a CUDA GPU when torch sees one, else the CPU (both arms)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="weights dtype (both arms)")
     p.add_argument("--child", choices=["ours", "trl"], help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.device == "auto":
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.child:
         args.shape = args.shape[0]
         child(args.child, args.model, args, not args.no_rollout_log)
         return
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    if args.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # both arms on the CPU even where a GPU is present
+    elif args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda: torch sees no CUDA device")
     if args.model is not None and len(args.shape) > 1:
         raise SystemExit("--model goes with one --shape")
     for shape in args.shape:
