@@ -27,7 +27,7 @@ if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
 fi
 parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(env tests ckpt step step512 lora step1024 vllm)
-STEP=(benchmarks/step_vs_trl.py --shape qwen2_5_vl_3b --device cuda --dtype bfloat16 --steps 3 --rounds 1)
+STEP=(benchmarks/step_vs_trl.py --shape qwen2_5_vl_3b --device cuda --dtype bfloat16 --steps 2 --rounds 1)  # one warm-up step, one timed
 failed=()
 run_part() {  # name, command...
   local name=$1; shift

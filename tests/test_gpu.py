@@ -8,6 +8,7 @@ and in the dtype asked for -- so that a silent fall-back to the CPU fails instea
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,20 +19,7 @@ pytestmark = pytest.mark.gpu
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def _register_spread_reward() -> str:
-    """A reward that differs between sampled responses (the share of distinct characters), so that groups have
-    non-zero advantages and the update really moves the weights (a random tiny model scores 0 on accuracy)."""
-    from mmrlvr.rewards import REWARDS
-    from mmrlvr.types import RewardResult
-
-    name = "test_gpu_spread"
-    if name not in REWARDS:
-        @REWARDS.register(name)
-        class Spread:
-            def __call__(self, completion, sample):
-                text = completion.text
-                return RewardResult(len(set(text)) / max(len(text), 1), {}, {})
-    return name
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +45,9 @@ def test_training_steps_run_on_the_gpu(tiny_dir, tmp_path, dtype, lora):
         "data": {"train": "synth:count", "train_size": 8, "image_size": 56},
         "rollout": {"group_size": 4, "prompts_per_step": 2, "max_new_tokens": 16},
         "algo": {"kl_coef": 0.05, "micro_batch_size": 4},
-        "rewards": [{"name": "format", "weight": 0.2}, {"name": _register_spread_reward(), "weight": 1.0}],
+        # distinct_tokens varies between samples of a random policy: non-zero advantages, so the update moves
+        "plugins": [str(ROOT / "tests" / "scripts" / "plugin_rewards.py")],
+        "rewards": [{"name": "format", "weight": 0.2}, {"name": "distinct_tokens", "weight": 1.0}],
         "eval": {"at_start": False, "at_end": False},
     })
     trainer = Trainer(cfg)
@@ -79,6 +69,49 @@ def test_training_steps_run_on_the_gpu(tiny_dir, tmp_path, dtype, lora):
     assert all(r["grad_norm"] > 0 and math.isfinite(r["grad_norm"]) for r in rows)
     assert any(not torch.equal(b, p.detach()) for b, p in zip(before, trainable))  # the update reached it
     assert (tmp_path / "run" / "checkpoints" / "step-00000002").is_dir()
+
+
+#: every other path through the step, two steps each on the plain tiny model: the stage goldens' configs and
+#: variants (tests/stage_goldens.py), the seed methods, prefix sharing and gradient checkpointing
+PATHS: list[tuple[str, str, list[str]]] = [
+    ("consistency", "configs/consistency-tiny.yaml", []),
+    ("split-answer", "configs/consistency-tiny.yaml", ["consistency.split_advantage=true"]),
+    ("vepo-deferred", "configs/credit-vepo-tiny.yaml", []),
+    ("vppo", "configs/credit-vepo-tiny.yaml", ["credit.scheme=vppo"]),
+    ("papo", "configs/credit-vepo-tiny.yaml", ["credit.scheme=papo"]),
+    ("rsi", "configs/credit-vepo-tiny.yaml", ["credit.scheme=rsi"]),
+    ("vepo-separate-2ep-mb", "configs/credit-vepo-tiny.yaml",
+     ["credit.in_update=false", "algo.epochs=2", "algo.micro_batch_size=8"]),
+    ("delta", "configs/demo-tiny.yaml", ["credit.scheme=delta"]),
+    ("grounding", "configs/grounding-tiny.yaml", []),
+    ("rubric", "configs/rubric-tiny.yaml", []),
+    ("lora-dapo", "configs/demo-tiny.yaml", ["model.lora.enabled=true", "algo.preset=dapo"]),
+    ("cispo-rpp", "configs/demo-tiny.yaml", ["algo.preset=cispo", "algo.advantage=reinforce_pp"]),
+    ("popo", "configs/demo-tiny.yaml", ["algo.loss=popo", "algo.popo_threshold=0.5"]),
+    ("poise", "configs/demo-tiny.yaml", ["algo.advantage=poise", "rollout.group_size=2"]),
+    ("acpo", "configs/demo-tiny.yaml", ["algo.clip=acpo", "algo.epochs=2"]),
+    ("prefix-sharing", "configs/demo-tiny.yaml", ["model.prefix_sharing=true"]),
+    ("checkpointing-lora", "configs/demo-tiny.yaml", ["model.gradient_checkpointing=true", "model.lora.enabled=true"]),
+]
+
+
+@pytest.mark.parametrize("name,config,overrides", PATHS, ids=[p[0] for p in PATHS])
+def test_every_step_path_runs_on_the_gpu(tiny_dir, tmp_path, name, config, overrides):
+    from mmrlvr.config import load_config
+    from mmrlvr.train.metrics import read_metrics
+    from mmrlvr.train.trainer import Trainer
+
+    cfg = load_config(ROOT / config, [
+        f"output_dir={tmp_path / 'run'}", f"model.path={tiny_dir}", "max_steps=2", "save_every=0", "eval.every=0",
+        "eval.at_start=false", "eval.at_end=false", "rollout.prompts_per_step=4", "progress=false",
+        "data.train_size=16", *overrides])
+    trainer = Trainer(cfg)
+    assert all(p.device.type == "cuda" for p in trainer.policy.parameters())  # the premise
+    summary = trainer.train()
+    assert summary["skipped_steps"] == 0
+    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "reward/mean" in r]
+    assert [r["step"] for r in rows] == [1, 2]  # a random policy may leave no signal (DAPO, POPO): no loss then
+    assert all(math.isfinite(r["loss"]) for r in rows if r.get("loss") is not None)
 
 
 def _standin_batch(model, tok, side: int, rows: int = 4, length: int = 64):
@@ -128,5 +161,9 @@ def test_fused_logprobs_equal_the_logits_path_on_a_3b_standin_on_the_gpu():
     assert_close(ent, ref_ent, atol=1e-5, rtol=1e-5)
     assert fused_grads
     for n, p in model.named_parameters():
-        if n in fused_grads:
+        if n not in fused_grads:
+            continue
+        if ".visual." in f".{n}":  # cuDNN's convolution backward sums in its own order: compare by norm
+            assert float((fused_grads[n] - p.grad).norm() / p.grad.norm().clamp_min(1e-30)) < 1e-4, n
+        else:
             assert_close(fused_grads[n], p.grad, atol=1e-5, rtol=1e-4, msg=n)

@@ -31,6 +31,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from mmrlvr.errors import UserError
+from mmrlvr.models.placement import to_model
 
 LOG2 = math.log(2.0)
 
@@ -122,7 +123,10 @@ def token_signals(p: Source | None, q: Source | None, response_ids: torch.Tensor
     if p is None and (q is None or distribution):
         raise UserError("token_signals needs the clean pass p unless it only reads logq (q given, distribution=False)")
     N, L = response_ids.shape
-    device = response_ids.device
+    home = response_ids.device  # the batch's; the passes' tensors may be on the model's (GPU) device
+    source = p if p is not None else q
+    device = source.states.device if isinstance(source, Hidden) else source.device
+    response_ids, mask = response_ids.to(device), mask.to(device)
     rows, cols = (mask > 0).nonzero(as_tuple=True)  # [M] each: the valid tokens, row-major
     out = {k: torch.zeros(N, L, device=device) for k in ("entropy", "logp", "jsd", "shift", "logq")}
     with torch.no_grad():
@@ -154,6 +158,7 @@ def token_signals(p: Source | None, q: Source | None, response_ids: torch.Tensor
             out["jsd"][r, c] = torch.where(same, torch.zeros_like(jsd), jsd)
             out["shift"][r, c] = h_q - h_p
     has_p, has_q, full = p is not None, q is not None, q is not None and distribution
+    out = {k: v.to(home) for k, v in out.items()}
     return TokenSignals(entropy=out["entropy"] if has_p else None, jsd=out["jsd"] if full else None,
                         entropy_shift=out["shift"] if full else None, logp=out["logp"] if has_p else None,
                         logq=out["logq"] if has_q else None)
@@ -197,6 +202,7 @@ def final_hidden_states(model: torch.nn.Module, inputs: dict[str, Any], *,
     if head is None:
         raise UserError(f"{type(core).__name__} has no output embeddings (lm_head); pass logits instead")
     backbone = getattr(core, "model", None)
+    inputs = to_model(inputs, core)
     with torch.no_grad():
         if isinstance(backbone, torch.nn.Module):
             fast = _distinct_image_inputs(backbone, inputs) if dedupe_images else None
@@ -320,6 +326,7 @@ def response_hidden(model: torch.nn.Module, inputs: dict[str, Any], prompt_lengt
     P, L = prompt_length, response_length
     core = model.get_base_model() if hasattr(model, "get_base_model") else model
     backbone = getattr(core, "model", None)
+    inputs = to_model(inputs, core)
     if rows_per_prompt > 1 and L > 1 and isinstance(backbone, torch.nn.Module):
         states = shared_prefix_states(backbone, inputs, P, L, rows_per_prompt)
         if states is not None:

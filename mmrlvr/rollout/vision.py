@@ -51,9 +51,11 @@ def supports_precomputed_vision(model: torch.nn.Module) -> bool:
 @torch.no_grad()
 def encode_images(model: torch.nn.Module, pixel_values: torch.Tensor,
                   image_grid_thw: torch.Tensor) -> list[ImageFeatures]:
-    """Per-image vision features, one ``ImageFeatures`` per row of ``image_grid_thw``."""
+    """Per-image vision features, one ``ImageFeatures`` per row of ``image_grid_thw``, on the model's device
+    (the inputs are moved there)."""
     core = find_vlm_core(model)
-    out = core.get_image_features(pixel_values, image_grid_thw, return_dict=True)
+    device = next(core.parameters()).device
+    out = core.get_image_features(pixel_values.to(device), image_grid_thw.to(device), return_dict=True)
     layers = getattr(out, "deepstack_features", None) or []  # per layer: a per-image tuple
     return [ImageFeatures(pooled=p, deepstack=tuple(layer[i] for layer in layers), output_type=type(out))
             for i, p in enumerate(out.pooler_output)]

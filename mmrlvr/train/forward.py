@@ -24,6 +24,7 @@ import torch
 
 from mmrlvr.algos import entropy_from_logits, logprobs_from_logits
 from mmrlvr.algos.logits import logprobs_from_hidden
+from mmrlvr.models.placement import model_device, to_model
 from mmrlvr.rollout.vision import encode_images, encoder_outputs, find_vlm_core, supports_precomputed_vision
 
 # positions per chunk of the full-vocabulary log-prob / entropy passes. Measured on CPU ([4, 512, 32k]
@@ -33,8 +34,9 @@ LOGPROB_CHUNK = 256
 
 
 def response_logits(model: torch.nn.Module, inputs: dict[str, Any], response_length: int) -> torch.Tensor:
-    """Logits predicting each response token. Returns [N, L, V] (float, as the model computes it)."""
-    out = model(**inputs, logits_to_keep=response_length + 1, use_cache=False)
+    """Logits predicting each response token. Returns [N, L, V] (float, as the model computes it), on the
+    model's device (``inputs`` are moved there)."""
+    out = model(**to_model(inputs, model), logits_to_keep=response_length + 1, use_cache=False)
     return out.logits[:, :-1, :]
 
 
@@ -93,7 +95,7 @@ def response_hidden_states(model: torch.nn.Module, inputs: dict[str, Any], respo
     hook = _CaptureHeadInput()
     handle = head.register_forward_pre_hook(hook)
     try:
-        out = model(**inputs, logits_to_keep=response_length + 1, use_cache=False)
+        out = model(**to_model(inputs, model), logits_to_keep=response_length + 1, use_cache=False)
     finally:
         handle.remove()
     states = hook.states
@@ -112,7 +114,19 @@ def token_logprobs(model: torch.nn.Module, inputs: dict[str, Any], response_ids:
     Fused path (``logprobs_from_hidden``) whenever the head allows it: equal to the logits path below
     up to float rounding (tests: 1e-5 in float32 on the tiny VLM and a Qwen2.5-VL-3B-shaped stand-in).
     With ``rows_per_prompt`` = G > 1 and ``prompt_length`` (``model.prefix_sharing``) each group's prompt runs
-    once (``prefix_shared_logprobs``) where that applies; gradient or not follows the caller's grad mode."""
+    once (``prefix_shared_logprobs``) where that applies; gradient or not follows the caller's grad mode.
+
+    The pass runs on the model's device; the results come back on ``response_ids``' device (the batch's:
+    ``mmrlvr.models.placement``), with the gradient flowing back through the copy."""
+    home = response_ids.device
+    inputs, response_ids = to_model(inputs, model), response_ids.to(model_device(model))
+    logp, ent = _token_logprobs(model, inputs, response_ids, temperature, with_entropy, chunk_size,
+                                prompt_length, rows_per_prompt)
+    return logp.to(home), (ent.to(home) if ent is not None else None)
+
+
+def _token_logprobs(model, inputs, response_ids, temperature, with_entropy, chunk_size, prompt_length,
+                    rows_per_prompt) -> tuple[torch.Tensor, torch.Tensor | None]:
     if rows_per_prompt > 1 and prompt_length is not None:
         shared = prefix_shared_logprobs(model, inputs, response_ids, prompt_length, rows_per_prompt,
                                         temperature=temperature, with_entropy=with_entropy, chunk_size=chunk_size)

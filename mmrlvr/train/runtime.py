@@ -60,11 +60,15 @@ class Runtime:
         return [slice(i, min(n, i + mbs)) for i in range(0, n, mbs)]
 
     def inputs(self, rollouts: Any, vision: Any, images_per_row: list[int], rows: slice) -> dict[str, Any]:
-        """Model inputs for ``rows``, reusing the step's vision features when there is a cache."""
+        """Model inputs for ``rows``, reusing the step's vision features when there is a cache, on the policy's
+        device (the batch stays on the CPU: ``mmrlvr.models.placement``)."""
+        from mmrlvr.models.placement import to_model
+
         if vision is not None:
-            return vision.inputs(rollouts.input_ids, rollouts.attention_mask, rows)
+            return to_model(vision.inputs(rollouts.input_ids, rollouts.attention_mask, rows), self.policy)
         videos = [len(s.meta.get("videos") or []) for s in rollouts.samples]
-        return slice_inputs(rollouts.model_inputs(), rows, images_per_row, videos if any(videos) else None)
+        return to_model(slice_inputs(rollouts.model_inputs(), rows, images_per_row, videos if any(videos) else None),
+                        self.policy)
 
     def global_sum(self, value: float) -> float:
         """``value`` summed over processes (losses are normalised by global counts)."""

@@ -57,9 +57,10 @@ class HiddenStateCredit(Stage):
         with torch.no_grad():
             hidden = response_hidden(self.rt.policy, _all_rows(self.rt, b), rollouts.prompt_length,
                                      rollouts.response_ids.shape[1], rows_per_prompt=self.cfg.rollout.group_size)
-        credit = self.scheme(None, b.token_weights, b.advantages, old_logprobs=rollouts.old_logprobs,
-                             hidden=hidden.states)
-        b.token_weights = b.token_weights * credit.token_weights
+        dev, home = hidden.states.device, b.token_weights.device  # [N, L, H] stays on the model's device
+        credit = self.scheme(None, b.token_weights.to(dev), b.advantages.to(dev),
+                             old_logprobs=rollouts.old_logprobs.to(dev), hidden=hidden.states)
+        b.token_weights = b.token_weights * credit.token_weights.to(home)
         b.credit_stats = dict(credit.stats)
 
 
@@ -126,7 +127,9 @@ class PopoUpdate(PolicyGradient):
         core = rt.policy.get_base_model() if hasattr(rt.policy, "get_base_model") else rt.policy
         hidden = core.get_output_embeddings().weight.shape[1]
         a = self.cfg.algo
-        self.sim = PopoSimilarity(hidden, tau=a.popo_ema_tau)
+        from mmrlvr.models.placement import model_device
+
+        self.sim = PopoSimilarity(hidden, tau=a.popo_ema_tau).to(model_device(core))
         self.sim_opt = torch.optim.AdamW(self.sim.parameters(), lr=self.cfg.optim.lr)
         self.sim_stats: dict[str, float] = {}
 
@@ -154,6 +157,8 @@ class PopoUpdate(PolicyGradient):
         core = rt.policy.get_base_model() if hasattr(rt.policy, "get_base_model") else rt.policy
         # the target first: swapping the EMA parameters in and out writes the weights in place, which must not
         # happen between the online forward and its backward
+        device = inputs["input_ids"].device  # the model's (rt.inputs); the batch's weights are on the CPU
+        mask, w = mask.to(device), w.to(device)
         with torch.no_grad(), self.sim.target(rt.policy):
             target = core.model(**inputs, use_cache=False).last_hidden_state[:, P - 1:P - 1 + L]
             f_target = masked_mean_features(target, mask)

@@ -154,9 +154,10 @@ class PolicyGradient(Stage):
         mask = rollouts.response_mask[rows]
         dc = b.deferred if b.deferred is not None and not b.deferred.done else None
         if dc is not None:  # credit from this pass's own clean logits (mmrlvr.train.deferred_credit)
-            logits = response_logits(rt.model, inputs, rollouts.response_ids.shape[1])
-            logp = logprobs_from_logits(logits, rollouts.response_ids[rows], temperature=cfg.rollout.temperature,
-                                        chunk_size=LOGPROB_CHUNK)
+            logits = response_logits(rt.model, inputs, rollouts.response_ids.shape[1])  # on the model's device
+            ids = rollouts.response_ids[rows]
+            logp = logprobs_from_logits(logits, ids.to(logits.device), temperature=cfg.rollout.temperature,
+                                        chunk_size=LOGPROB_CHUNK).to(ids.device)
             w, adv, ent = dc.apply(rows, logits, rollouts.response_ids[rows], mask, rollouts.old_logprobs[rows])
             b.token_weights[rows] = w
             b.advantages[rows] = adv
