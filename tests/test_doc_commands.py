@@ -237,6 +237,11 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
          (T_OPTS, "tests/test_models_checkpointing.py::test_checkpointing_recomputes_layers_with_the_same_gradients",
           "tests/test_train_fused_logprobs.py::"
           "test_frozen_head_gradient_equals_the_logits_path_and_never_rereads_the_head")),
+    "python benchmarks/checkpointing_memory.py --shape qwen2_5_vl_3b --layers 4 --rows 8 --image-tokens 256 "
+    "--new-tokens 512":
+        ("run on a GPU by benchmarks/gpu_check.sh (part ckpt); options checked, checkpointing tested",
+         (T_OPTS, "tests/test_models_checkpointing.py::test_checkpointing_recomputes_layers_with_the_same_gradients",
+          "tests/test_gpu_check_script.py::test_gpu_check_without_cuda_says_so_and_exits_2")),
     "OMP_WAIT_POLICY=PASSIVE python benchmarks/generate_speed.py":
         ("run by hand; options checked, the sampler's stream tested",
          (T_OPTS, "tests/test_rollout_hf.py::test_noise_drawn_ahead_is_the_per_position_stream")),
@@ -310,7 +315,11 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     QWEN_7B + " " + MODEL_7B + " data.train=... data.eval=...": (ON_8_GPUS, (T_DRY, T_CFG_LOAD, T_TWO_PROC, *T_GPU_CPU)),
     QWEN_7B + " " + MODEL_7B + " " + GEO_DATA: (ON_8_GPUS, (T_DRY, T_CFG_LOAD, T_TWO_PROC, *T_GPU_CPU)),
     "bash benchmarks/gpu_check.sh": (GPU + "; the script exists, the vLLM engine's CPU parts are tested",
-                                     (T_OPTS, T_VLLM + "test_merged_state_dict_uses_base_names_and_merges_lora")),
+                                     (T_OPTS, T_VLLM + "test_merged_state_dict_uses_base_names_and_merges_lora",
+                                      "tests/test_gpu_check_script.py::test_gpu_check_without_cuda_says_so_and_exits_2")),
+    "bash benchmarks/gpu_check.sh tests vllm": (GPU + "; without CUDA it says so and exits 2",
+                                                ("tests/test_gpu_check_script.py::"
+                                                 "test_gpu_check_without_cuda_says_so_and_exits_2",)),
     # ---- docs/rubric-rewards.md, docs/rubrics.md
     "mmrlvr rubric validate|preview|score|agreement": (SYNOPSIS, (T_OPTS, T_TRANSCRIPTS)),
     "mmrlvr rubric score": (RUN, (T_TRANSCRIPTS, "tests/test_rubric_cli.py::test_score_table")),
