@@ -27,11 +27,7 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def to_device(obj: Any, device: torch.device | str) -> Any:
-    """``obj`` (a tensor, or dicts / lists / tuples of them) with every tensor on ``device``."""
-    return send_to_device(obj, device)
-
-
 def to_model(inputs: Any, model: torch.nn.Module) -> Any:
-    """Model inputs moved to ``model``'s device (a no-op where they are there already)."""
+    """Model inputs (a tensor, or dicts / lists / tuples of them) with every tensor on ``model``'s device
+    (a no-op where they are there already)."""
     return send_to_device(inputs, model_device(model))
