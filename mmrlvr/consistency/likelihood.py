@@ -25,6 +25,7 @@ import torch
 
 from mmrlvr.algos import logprobs_from_logits
 from mmrlvr.consistency.verify import parse_response
+from mmrlvr.models.placement import model_device, to_model
 from mmrlvr.types import Completion, Sample
 
 __all__ = ["EMAReference", "answer_probs", "AnswerBatch", "build_answer_inputs", "answer_likelihoods"]
@@ -214,14 +215,14 @@ def answer_likelihoods(model: torch.nn.Module, processor: Any, completions: Sequ
     out: list[float | None] = [None] * len(completions)
     was_training = model.training
     model.eval()
-    device = next(model.parameters()).device
+    device = model_device(model)
     try:
         for start in range(0, len(completions), batch_size):
             chunk = build_answer_inputs(processor, completions[start:start + batch_size],
                                         samples[start:start + batch_size], think_prefilled)
             if not chunk.rows:
                 continue
-            inputs = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in chunk.inputs.items()}
+            inputs = to_model(chunk.inputs, model)
             A = chunk.answer_ids.shape[1]
             logits = model(**inputs, logits_to_keep=A + 1, use_cache=False).logits[:, :-1, :]  # [N, A, V]
             p = answer_probs(logits.float(), chunk.answer_ids.to(device), chunk.answer_mask.to(device), p_max)

@@ -22,6 +22,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from mmrlvr.errors import UserError
+from mmrlvr.models.placement import model_device, to_model
 from mmrlvr.rollout.base import RolloutBatch, SamplingParams
 from mmrlvr.rollout.batch import assemble_batch
 from mmrlvr.rollout.sampling import RowSampler, row_seed
@@ -201,9 +202,8 @@ class HFEngine:
     def _generate_rows(self, inputs: dict[str, Any], seeds: list[int], params: SamplingParams
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """(response ids [n, l], log-probs [n, l]) for one chunk of rows."""
-        device = next(self.model.parameters()).device
-        inputs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
-        sampler = RowSampler(seeds, params, device=device, banned_ids=self.banned_ids)
+        inputs = to_model(inputs, self.model)
+        sampler = RowSampler(seeds, params, device=model_device(self.model), banned_ids=self.banned_ids)
         with self._own_generation_defaults():
             out = self.model.generate(**inputs, generation_config=self._generation_config(params),
                                       logits_processor=LogitsProcessorList([sampler]))
@@ -233,8 +233,7 @@ class HFEngine:
         features = None
         if "pixel_values" in inputs and "image_grid_thw" in inputs and supports_precomputed_vision(self.model):
             # one vision-tower run per distinct prompt instead of one per row
-            device = next(self.model.parameters()).device
-            distinct = encode_images(self.model, inputs["pixel_values"].to(device), inputs["image_grid_thw"].to(device))
+            distinct = encode_images(self.model, inputs["pixel_values"], inputs["image_grid_thw"])  # moves them
             features = repeat_per_row(distinct, images_per_prompt, group_size)
         first_image = [0]
         for k in images_per_row:

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from mmrlvr.models.placement import to_model
+
 
 @dataclass(frozen=True)
 class ImageFeatures:
@@ -54,8 +56,8 @@ def encode_images(model: torch.nn.Module, pixel_values: torch.Tensor,
     """Per-image vision features, one ``ImageFeatures`` per row of ``image_grid_thw``, on the model's device
     (the inputs are moved there)."""
     core = find_vlm_core(model)
-    device = next(core.parameters()).device
-    out = core.get_image_features(pixel_values.to(device), image_grid_thw.to(device), return_dict=True)
+    pixel_values, image_grid_thw = to_model((pixel_values, image_grid_thw), core)
+    out = core.get_image_features(pixel_values, image_grid_thw, return_dict=True)
     layers = getattr(out, "deepstack_features", None) or []  # per layer: a per-image tuple
     return [ImageFeatures(pooled=p, deepstack=tuple(layer[i] for layer in layers), output_type=type(out))
             for i, p in enumerate(out.pooler_output)]

@@ -95,7 +95,7 @@ def response_hidden_states(model: torch.nn.Module, inputs: dict[str, Any], respo
     hook = _CaptureHeadInput()
     handle = head.register_forward_pre_hook(hook)
     try:
-        out = model(**to_model(inputs, model), logits_to_keep=response_length + 1, use_cache=False)
+        out = model(**inputs, logits_to_keep=response_length + 1, use_cache=False)  # on its device (token_logprobs)
     finally:
         handle.remove()
     states = hook.states
