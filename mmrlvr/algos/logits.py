@@ -16,6 +16,7 @@ import math
 
 import torch
 
+from mmrlvr.algos.cpu_linear import linear, matmul
 
 def _chunk_index(lead: tuple[int, ...], chunk_size: int) -> list[tuple]:
     """Indices into the leading dims so that each ``x[idx]`` is a view of at most ``chunk_size`` positions.
@@ -153,7 +154,7 @@ def _head(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     an ``nn.Linear`` of that dtype would require), inside it autocast picks the dtype like the model's."""
     if h.dtype != weight.dtype and not torch.is_autocast_enabled(h.device.type):
         h = h.to(weight.dtype)
-    return torch.nn.functional.linear(h, weight)
+    return linear(h, weight)
 
 
 W_GRAD_ROWS = 8192  # vocabulary rows per block of the LM head's gradient product (see the backward)
@@ -222,7 +223,7 @@ class _LinearTokenLogProb(torch.autograd.Function):
             if ent is not None:
                 ent[idx] = lse - _Entropy._pz_sum(z)
             if direction is not None:
-                expected = torch.exp(z.sub_(lse.unsqueeze(-1))).to(weight.dtype) @ weight  # softmax @ W: [c, H]
+                expected = matmul(torch.exp(z.sub_(lse.unsqueeze(-1))).to(weight.dtype), weight)  # softmax @ W: [c, H]
                 d = weight[ids[idx]].to(cdtype) - expected.to(cdtype)
                 direction[idx] = (d / temperature if temperature != 1.0 else d).to(direction.dtype)
             del z
@@ -251,7 +252,7 @@ class _LinearTokenLogProb(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=_compute_dtype(weight), device=weight.device) if need_w else None
         for idx in _chunk_index(tuple(ids.shape), ctx.chunk_size):
             h = hidden[idx].to(weight.dtype)  # autocast may have left hidden in another dtype
-            z = _scaled(torch.nn.functional.linear(h, weight), ctx.temperature)
+            z = _scaled(linear(h, weight), ctx.temperature)
             go = grad_out[idx].unsqueeze(-1).to(z.dtype)
             g = torch.softmax(z, dim=-1).mul_(-go)
             g.scatter_add_(-1, ids[idx].unsqueeze(-1), go)
@@ -260,7 +261,7 @@ class _LinearTokenLogProb(torch.autograd.Function):
             g = g.to(weight.dtype)  # dL/dlogits of this chunk, in the head's dtype (as autograd would)
             del z
             if grad_h is not None:
-                grad_h[idx] = (g @ weight).to(grad_h.dtype)
+                grad_h[idx] = matmul(g, weight).to(grad_h.dtype)
             if grad_w is not None:
                 # dW += g^T h a block of W_GRAD_ROWS vocabulary rows at a time: the product's temporary is
                 # [rows, H] (64 MiB at H = 2,048), not [V, H] (1.16 GiB at 3B). Row blocks of a matmul
@@ -269,7 +270,7 @@ class _LinearTokenLogProb(torch.autograd.Function):
                 # change; ``addmm_`` would also avoid the temporary but rounds differently.
                 g2, h2 = g.reshape(-1, g.shape[-1]).t(), h.reshape(-1, h.shape[-1])
                 for v0, v1 in _row_blocks(g2.shape[0]):
-                    grad_w[v0:v1] += (g2[v0:v1] @ h2).to(grad_w.dtype)
+                    grad_w[v0:v1] += matmul(g2[v0:v1], h2).to(grad_w.dtype)
         if grad_w is not None:
             grad_w = grad_w.to(weight.dtype)
             if ctx.direct is not None:  # write_grad_directly: into .grad in place, nothing returned to autograd

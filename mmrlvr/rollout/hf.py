@@ -21,6 +21,7 @@ from typing import Any, Iterator
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
+from mmrlvr.algos.cpu_linear import onednn_linears
 from mmrlvr.errors import UserError
 from mmrlvr.models.placement import model_device, to_model
 from mmrlvr.rollout.base import RolloutBatch, SamplingParams
@@ -204,7 +205,7 @@ class HFEngine:
         """(response ids [n, l], log-probs [n, l]) for one chunk of rows."""
         inputs = to_model(inputs, self.model)
         sampler = RowSampler(seeds, params, device=model_device(self.model), banned_ids=self.banned_ids)
-        with self._own_generation_defaults():
+        with self._own_generation_defaults(), onednn_linears(self.model):
             out = self.model.generate(**inputs, generation_config=self._generation_config(params),
                                       logits_processor=LogitsProcessorList([sampler]))
         sequences = out if isinstance(out, torch.Tensor) else out.sequences
@@ -233,7 +234,8 @@ class HFEngine:
         features = None
         if "pixel_values" in inputs and "image_grid_thw" in inputs and supports_precomputed_vision(self.model):
             # one vision-tower run per distinct prompt instead of one per row
-            distinct = encode_images(self.model, inputs["pixel_values"], inputs["image_grid_thw"])  # moves them
+            with onednn_linears(self.model):
+                distinct = encode_images(self.model, inputs["pixel_values"], inputs["image_grid_thw"])  # moves them
             features = repeat_per_row(distinct, images_per_prompt, group_size)
         first_image = [0]
         for k in images_per_row:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from mmrlvr.algos import entropy_from_logits, logprobs_from_logits
+from mmrlvr.algos.cpu_linear import onednn_linears
 from mmrlvr.algos.logits import logprobs_from_hidden
 from mmrlvr.models.placement import model_device, to_model
 from mmrlvr.rollout.vision import encode_images, encoder_outputs, find_vlm_core, supports_precomputed_vision
@@ -120,8 +121,9 @@ def token_logprobs(model: torch.nn.Module, inputs: dict[str, Any], response_ids:
     ``mmrlvr.models.placement``), with the gradient flowing back through the copy."""
     home = response_ids.device
     inputs, response_ids = to_model(inputs, model), response_ids.to(model_device(model))
-    logp, ent = _token_logprobs(model, inputs, response_ids, temperature, with_entropy, chunk_size,
-                                prompt_length, rows_per_prompt)
+    with onednn_linears(model):  # no-grad passes: oneDNN's CPU products (``mmrlvr.algos.cpu_linear``)
+        logp, ent = _token_logprobs(model, inputs, response_ids, temperature, with_entropy, chunk_size,
+                                    prompt_length, rows_per_prompt)
     return logp.to(home), (ent.to(home) if ent is not None else None)
 
 
