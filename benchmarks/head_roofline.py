@@ -11,7 +11,10 @@ response positions takes, and how many of them each phase needs:
 - policy pass: ours (trainable head) four: forward, the backward's recompute, dL/dhidden, dL/dW; a path that
   keeps the logits (TRL) three; ours with a frozen head (LoRA) two, TRL's two.
 
-    OMP_WAIT_POLICY=PASSIVE python benchmarks/head_roofline.py [--hidden 2048] [--rows 8]
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/head_roofline.py [--hidden 2048] [--rows 8] [--kernel ours|aten]
+
+``--kernel ours`` (default) multiplies as the trainer and engine do (``mmrlvr.algos.cpu_linear``: oneDNN for
+float32 on the CPU); ``aten`` as ``torch.nn.functional.linear`` does (MKL's sgemm), which is what TRL's arm pays.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import argparse
 import time
 
 import torch
+
+from mmrlvr.algos import cpu_linear
 
 
 def _seconds(fn, repeats: int) -> float:
@@ -37,16 +42,20 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=8, help="rows decoded together (B x G)")
     p.add_argument("--chunk", type=int, default=256, help="positions per teacher-forced product")
     p.add_argument("--new-tokens", type=int, nargs="+", default=[128, 256, 512])
+    p.add_argument("--kernel", choices=["ours", "aten"], default="ours",
+                   help="ours: mmrlvr.algos.cpu_linear (oneDNN where it applies); aten: torch.nn.functional.linear")
     args = p.parse_args()
+    linear = cpu_linear.linear if args.kernel == "ours" else torch.nn.functional.linear
     torch.manual_seed(0)
     weight = torch.randn(args.vocab, args.hidden) * 0.02
     rows = torch.randn(args.rows, args.hidden)
-    decode = _seconds(lambda: torch.nn.functional.linear(rows, weight), 20)
+    decode = _seconds(lambda: linear(rows, weight), 20)
     gbs = weight.numel() * weight.element_size() / decode / 1e9
     print(f"decode: [{args.rows}, {args.hidden}] x [{args.hidden}, {args.vocab}] {decode * 1e3:.1f} ms/token "
-          f"({gbs:.1f} GB/s of weight read), {torch.get_num_threads()} threads")
+          f"({gbs:.1f} GB/s of weight read), {torch.get_num_threads()} threads, kernel {args.kernel}"
+          f"{' (oneDNN)' if args.kernel == 'ours' and cpu_linear.onednn_applies(rows, weight) else ''}")
     chunk = torch.randn(args.chunk, args.hidden)
-    product = _seconds(lambda: torch.nn.functional.linear(chunk, weight), 3)
+    product = _seconds(lambda: linear(chunk, weight), 3)
     print(f"teacher-forced: [{args.chunk}, {args.hidden}] x [{args.hidden}, {args.vocab}] {product:.3f} s "
           f"({2 * args.chunk * args.hidden * args.vocab / product / 1e9:.0f} GFLOP/s)")
     for n in args.new_tokens:

@@ -173,3 +173,26 @@ def test_broken_op_falls_back_with_a_warning(monkeypatch):
         got = linear(x, w)
     torch.testing.assert_close(got, torch.nn.functional.linear(x, w), rtol=0, atol=0)
     assert not onednn_applies(x, w)
+
+
+@pytest.mark.parametrize("rows", [64, 96, 8192])
+def test_vocabulary_row_blocks_stay_bit_identical_on_onednn(calls, rows):
+    """The fused head accumulates dL/dW a block of vocabulary rows at a time (``W_GRAD_ROWS``) on the promise that
+    row blocks are the rows of the whole product, bit for bit: it must hold on oneDNN's products too."""
+    gen = torch.Generator().manual_seed(0)
+    g, h = torch.randn(256, 9000, generator=gen).t(), torch.randn(256, 1024, generator=gen)
+    whole = matmul(g, h)
+    blocks = torch.cat([matmul(g[a:a + rows], h) for a in range(0, 9000, rows)])
+    assert calls and torch.equal(blocks, whole)
+
+
+def test_in_place_softmax_of_the_fused_backward_is_bit_identical():
+    from mmrlvr.algos.logits import _softmax_
+
+    for shape in ((7, 540), (3, 151_936), (2, 3, 1000)):
+        z = torch.randn(*shape) * 4
+        z[..., 0] = float("-inf")  # blocked entries stay at 0
+        want = torch.softmax(z, dim=-1)
+        ptr = z.data_ptr()
+        got = _softmax_(z)
+        assert got.data_ptr() == ptr and torch.equal(got, want)

@@ -191,6 +191,31 @@ def _row_blocks(rows: int, block: int | None = None) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(starts, starts[1:] + [rows])]
 
 
+def _softmax_(z: torch.Tensor) -> torch.Tensor:
+    """``torch.softmax(z, -1)`` written over ``z`` on the CPU (the same numbers, bit for bit: tested), so the fused
+    head's backward holds one [chunk, V] buffer where it held two (148 MiB at 256 positions and a 151,936
+    vocabulary). ATen's CPU softmax reads each row before it writes it, which is what makes ``out=z`` safe; other
+    devices take the out-of-place op."""
+    if z.device.type == "cpu" and z.is_contiguous() and not z.requires_grad:
+        return torch._softmax(z, -1, False, out=z)
+    return torch.softmax(z, dim=-1)
+
+
+CHUNK_BUFFER_BYTES = 96 << 20  # the most one float32 [chunk, V] buffer of the fused head may take
+
+
+def fit_chunk(chunk_size: int, vocab: int) -> int:
+    """``chunk_size`` positions, or fewer (a power of two, at least 16) when a float32 [chunk, V] buffer would
+    exceed ``CHUNK_BUFFER_BYTES``. Why: the fused head's forward and backward each hold two or three such
+    buffers at once, so at a 151,936-token vocabulary 256 positions are ~450 MiB of transient on top of the
+    step's gradients (measured 490 -> 260 MiB in the backward at 128 positions, 3B stand-in widths); below
+    ~100 positions the products lose speed. A small vocabulary keeps ``chunk_size`` (the toy: 256)."""
+    fit = CHUNK_BUFFER_BYTES // (4 * max(1, vocab))
+    if fit >= chunk_size:
+        return chunk_size
+    return max(16, 1 << max(0, fit.bit_length() - 1))
+
+
 class _LinearTokenLogProb(torch.autograd.Function):
     """log softmax((hidden @ W^T) / T)[ids] chunked over positions; logits exist one chunk at a time.
 
@@ -210,6 +235,7 @@ class _LinearTokenLogProb(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, ids, temperature, chunk_size, with_entropy):  # type: ignore[override]
+        chunk_size = fit_chunk(chunk_size, weight.shape[0])
         cdtype = torch.promote_types(hidden.dtype, torch.float32)
         out = torch.empty(ids.shape, dtype=cdtype, device=hidden.device)
         ent = torch.empty(ids.shape, dtype=cdtype, device=hidden.device) if with_entropy else None
@@ -254,7 +280,7 @@ class _LinearTokenLogProb(torch.autograd.Function):
             h = hidden[idx].to(weight.dtype)  # autocast may have left hidden in another dtype
             z = _scaled(linear(h, weight), ctx.temperature)
             go = grad_out[idx].unsqueeze(-1).to(z.dtype)
-            g = torch.softmax(z, dim=-1).mul_(-go)
+            g = _softmax_(z).mul_(-go)
             g.scatter_add_(-1, ids[idx].unsqueeze(-1), go)
             if ctx.temperature != 1.0:
                 g.div_(ctx.temperature)
