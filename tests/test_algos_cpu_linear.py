@@ -196,3 +196,29 @@ def test_in_place_softmax_of_the_fused_backward_is_bit_identical():
         ptr = z.data_ptr()
         got = _softmax_(z)
         assert got.data_ptr() == ptr and torch.equal(got, want)
+
+
+def test_the_fused_head_takes_onednn_in_forward_and_backward_and_matches_aten(calls, monkeypatch):
+    """The trainer's head products (mmrlvr.algos.logits) run under autograd.Function, without grad mode: they
+    must take oneDNN there, and give the ATen path's values and gradients to float rounding."""
+    from mmrlvr.algos.logits import logprobs_from_hidden
+
+    gen = torch.Generator().manual_seed(0)
+    hidden0 = torch.randn(2, 40, 128, generator=gen)
+    weight0 = torch.randn(4096, 128, generator=gen) * 0.1
+    ids = torch.randint(0, 4096, (2, 40), generator=gen)
+    scale = torch.linspace(-1, 1, 80).view(2, 40)
+
+    def run():
+        h, w = hidden0.clone().requires_grad_(), weight0.clone().requires_grad_()
+        logp, ent = logprobs_from_hidden(h, w, ids, chunk_size=32, with_entropy=True)
+        (logp * scale).sum().backward()
+        return logp.detach(), ent, h.grad, w.grad
+
+    ours = run()
+    n_forward_and_backward = len(calls)
+    monkeypatch.setenv(cpu_linear.ENV, "aten")
+    aten = run()
+    assert n_forward_and_backward >= 3 * 3 and len(calls) == n_forward_and_backward  # 3 chunks x (z, z again, dh, dW)
+    for a, b in zip(ours, aten):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
