@@ -233,6 +233,9 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         ("run by hand (1.2 GB weights); options checked, what it times tested",
          (T_OPTS, "tests/test_algos_cpu_linear.py::test_linear_takes_onednn_and_matches",
           "tests/test_algos_cpu_linear.py::test_strided_inputs_and_matmul")),
+    "OMP_WAIT_POLICY=PASSIVE python benchmarks/fused_head_memory.py":
+        ("run by hand (3B widths); a test runs it at small shapes",
+         (T_OPTS, "tests/test_bench_fused_head_memory.py::test_small_shapes_print_the_transient")),
     "OMP_WAIT_POLICY=PASSIVE python benchmarks/head_roofline.py":
         ("run by hand; a test runs it at small shapes",
          (T_OPTS, "tests/test_bench_head_roofline.py::test_small_shapes_print_the_floors_from_the_measured_figures")),
