@@ -48,7 +48,8 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--model", default=None, help="model folder (default: build the --shape model)")
-    p.add_argument("--prefix-sharing", action="store_true", help="model.prefix_sharing")
+    p.add_argument("--prefix-sharing", action=argparse.BooleanOptionalAction, default=True,
+                   help="model.prefix_sharing (default on, as the config's)")
     a = p.parse_args()
     prompts, group, image_tokens, new_tokens = DEFAULTS[a.shape]
     image_tokens, new_tokens = a.image_tokens or image_tokens, a.new_tokens or new_tokens

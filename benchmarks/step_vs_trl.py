@@ -107,8 +107,8 @@ def run_ours(model_dir: str, a, out: str, rollout_log: bool) -> dict:
         model["lora"] = {"enabled": True, **LORA}
     if a.gradient_checkpointing:
         model["gradient_checkpointing"] = True
-    if a.prefix_sharing:
-        model["prefix_sharing"] = True
+    if a.prefix_sharing is not None:  # None: the config's default (on)
+        model["prefix_sharing"] = a.prefix_sharing
     cfg = load_config(data={
         "output_dir": out, "max_steps": a.steps, "save_every": 0, "log_rollouts": rollout_log,
         "tensorboard": False, "progress": False, "model": model,
@@ -263,7 +263,8 @@ def bench_shape(shape: str, args, env: dict[str, str]) -> None:
     print(f"== {shape}: {a.prompts} prompts x G {a.group}, {a.image_tokens} image tokens, {a.new_tokens} new "
           f"tokens, {'LoRA' if a.lora else 'full fine-tuning'}"
           f"{', gradient checkpointing' if a.gradient_checkpointing else ''}"
-          f"{', ours with prefix sharing' if args.prefix_sharing else ''}; {a.dtype} on {a.device}; "
+          f"{', ours without prefix sharing' if args.prefix_sharing is False else ', ours with prefix sharing'}; "
+          f"{a.dtype} on {a.device}; "
           f"{a.steps} steps x {a.rounds} rounds",
           flush=True)
     try:
@@ -283,7 +284,8 @@ def _alternate(a, args, env: dict[str, str], model_dir: str) -> None:
                    "--image-tokens", str(a.image_tokens), "--new-tokens", str(a.new_tokens),
                    "--device", a.device, "--dtype", a.dtype]
             cmd += ["--no-rollout-log"] if args.no_rollout_log else []
-            cmd += ["--prefix-sharing"] if args.prefix_sharing else []
+            if args.prefix_sharing is not None:
+                cmd += ["--prefix-sharing" if args.prefix_sharing else "--no-prefix-sharing"]
             cmd += ["--lora"] if a.lora else []
             cmd += ["--gradient-checkpointing"] if a.gradient_checkpointing else []
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -330,8 +332,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds of (ours, TRL)")
     p.add_argument("--model", default=None, help="model folder (default: build the --shape model)")
     p.add_argument("--no-rollout-log", action="store_true", help="ours: do not write the rollout store")
-    p.add_argument("--prefix-sharing", action="store_true",
-                   help="ours: model.prefix_sharing (each group's prompt run once in the reference and policy passes)")
+    p.add_argument("--prefix-sharing", action=argparse.BooleanOptionalAction, default=None,
+                   help="ours: model.prefix_sharing (each group's prompt run once in the reference and policy passes; "
+                        "default: the config's, on)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: a CUDA GPU when torch sees one, else the CPU (both arms)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="weights dtype (both arms)")

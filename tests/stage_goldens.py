@@ -27,12 +27,16 @@ GOLDEN = ROOT / "tests" / "data" / "stage_goldens.json"
 
 # fast settings shared by every case: 4 prompts per step, no eval, no checkpoints, rollouts recorded
 _COMMON = ["save_every=0", "eval.every=0", "eval.at_start=false", "eval.at_end=false", "rollout.prompts_per_step=4",
-           "progress=false", "log_rollouts=true", "data.train_size=64"]
+           "progress=false", "log_rollouts=true", "data.train_size=64",
+           # the whole-row passes these goldens were first written on (the step's bits since the stage pipeline);
+           # the default, prefix sharing, is the "demo-prefix-sharing" case
+           "model.prefix_sharing=false"]
 
 #: (case name, config file or "demo", overrides, steps). The five required cases run 20 steps; the variants cover
 #: the other paths through the step (split advantages, separate credit passes, extra losses, epochs, micro-batches).
 CASES: list[tuple[str, str, list[str], int]] = [
     ("demo", "demo", [], 20),
+    ("demo-prefix-sharing", "demo", ["model.prefix_sharing=true"], 20),
     ("demo-tiny", "configs/demo-tiny.yaml", [], 20),
     ("consistency-tiny", "configs/consistency-tiny.yaml", [], 20),
     ("credit-vepo-tiny", "configs/credit-vepo-tiny.yaml", [], 20),

@@ -57,3 +57,18 @@ def test_a_step_with_shared_prefixes_equals_the_whole_row_step(tiny_dir, tmp_pat
 def test_gradient_checkpointing_keeps_the_policy_pass_whole(tiny_dir, tmp_path, monkeypatch):
     _, calls = _step_one(tiny_dir, tmp_path / "ckpt", monkeypatch, True, model__gradient_checkpointing=True)
     assert calls and all(not grad for _, grad in calls)  # no-grad passes share; the checkpointed one does not
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+def test_the_other_qwen_families_share_and_equal_the_whole_row_step(tmp_path_factory, tmp_path, monkeypatch, family):
+    """Qwen2-VL (no window attention in the tower) and Qwen3-VL (deepstack features merged into early layers)
+    reach the shared path too, with the whole-row step's numbers."""
+    from mmrlvr.models.tiny import build_tiny
+
+    model_dir = str(build_tiny(family, tmp_path_factory.mktemp(family) / "m"))
+    whole, none = _step_one(model_dir, tmp_path / "whole", monkeypatch, False)
+    shared, calls = _step_one(model_dir, tmp_path / "shared", monkeypatch, True)
+    assert not none and calls.count((4, False)) == 4 and calls.count((4, True)) == 2, calls
+    for key in ("loss", "kl", "grad_norm", "ratio/mean", "entropy/mean", "reward/mean"):
+        assert shared[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-6), key
+    assert shared["rollout/logprob_abs_diff"] == pytest.approx(whole["rollout/logprob_abs_diff"], abs=1e-6)
