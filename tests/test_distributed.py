@@ -97,6 +97,9 @@ def _cfg(model: str, out: Path, **extra) -> Path:
     from test_train_loop import small_config
 
     path = out.parent / f"{out.name}.yaml"
+    # several processes take the whole-row passes (prefix sharing steps aside under DDP / FSDP2), so the
+    # 1-process runs they are compared with must take them too: the shared passes round differently
+    extra.setdefault("model__prefix_sharing", False)
     path.write_text(yaml.safe_dump(small_config(model, out, **extra)))
     return path
 

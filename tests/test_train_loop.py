@@ -143,8 +143,9 @@ def test_two_processes_match_one_process(tiny_dir, tmp_path, lora):
     """2 DDP processes over gloo (torchrun) train what 1 process trains; the run itself says it had 2."""
     from multiproc import assert_same_params, final_params, run, topology, torchrun_cmd, train_cli
 
+    # prefix sharing steps aside in several processes: the 1-process run takes the same whole-row passes
     cfg = dict(max_steps=2, log_rollouts=False, algo__micro_batch_size=4, model__lora__enabled=lora,
-               model__lora__r=4, model__lora__alpha=8)
+               model__lora__r=4, model__lora__alpha=8, model__prefix_sharing=False)
     one = _write_cfg(tmp_path / "one.yaml", small_config(tiny_dir, tmp_path / "one", **cfg))
     two = _write_cfg(tmp_path / "two.yaml", small_config(tiny_dir, tmp_path / "two", **cfg))
     res = run([sys.executable, *train_cli(one)])
