@@ -35,15 +35,17 @@ def _w(out_features=1024, in_features=512, seed=0):
 
 def _close_to_float64(got, x, w, b=None):
     want = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
-    aten = torch.nn.functional.linear(x, w, b)
-    err, aten_err = (got.double() - want).abs().max().item(), (aten.double() - want).abs().max().item()
-    assert err <= max(4 * aten_err, 1e-5), (err, aten_err)  # float32 rounding, as ATen's own
+    err, scale = (got.double() - want).abs().max().item(), max(1.0, want.abs().max().item())
+    # float32 rounding of a 512-term dot product in any summation order (~1e-6..1e-5 here); a reduced-precision
+    # kernel (bf16: ~4e-3 relative) or a wrong product would be far outside
+    assert err <= 5e-5 * scale, (err, scale)
 
 
 @pytest.mark.parametrize("lead", [(8,), (1,), (3, 5), (2, 3, 4)])
 def test_linear_takes_onednn_and_matches(calls, lead):
-    w, b = _w(), torch.randn(1024)
-    x = torch.randn(*lead, 512)
+    gen = torch.Generator().manual_seed(len(lead))
+    w, b = _w(), torch.randn(1024, generator=gen)
+    x = torch.randn(*lead, 512, generator=gen)
     for bias in (None, b):
         got = linear(x, w, bias)
         assert got.shape == (*lead, 1024)
