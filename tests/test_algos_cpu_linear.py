@@ -224,3 +224,14 @@ def test_the_fused_head_takes_onednn_in_forward_and_backward_and_matches_aten(ca
     assert n_forward_and_backward >= 3 * 3 and len(calls) == n_forward_and_backward  # 3 chunks x (z, z again, dh, dW)
     for a, b in zip(ours, aten):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("value", ["onednn", "off", "ATEN2"])
+def test_an_unknown_switch_value_is_an_error_naming_the_variable(monkeypatch, value):
+    from mmrlvr.errors import UserError
+
+    monkeypatch.setenv(cpu_linear.ENV, value)
+    with pytest.raises(UserError, match=rf"MMRLVR_CPU_LINEAR='{value}'.*auto, aten"):
+        linear(torch.randn(2, 512), _w())
+    monkeypatch.setenv(cpu_linear.ENV, " Aten ")  # case and spaces forgiven
+    assert not onednn_applies(torch.randn(2, 512), _w())

@@ -4,11 +4,11 @@ Why: ATen's float32 ``linear`` / ``matmul`` call MKL's sgemm, and on the machine
 with AVX-512, torch 2.13's bundled MKL 2024.2) sgemm is slow for the shapes an RL step is made of. Measured
 2026-12-04 (``benchmarks/cpu_linear.py``), oneDNN's float32 inner product over ATen's, same inputs, 2 threads:
 
-- decoding (8 rows) through the Qwen2.5-VL-3B head, [8, 2,048] x [151,936, 2,048]^T: 70 ms vs 241 ms (0.29);
-  the M=1 matrix-vector product reads the 1.16 GiB weight in 70 ms, so sgemm at 8 rows runs at a third of the
-  memory bandwidth; the decoder's MLP up-projection at 8 rows 6.0 vs 21.1 ms (0.28), attention projections 0.49;
-- the chunked head of the training passes (256 positions): logits 820 vs 1,186 ms (0.69), dL/dhidden 785 vs
-  1,027 ms (0.76), dL/dW 1,149 vs 1,265 ms (0.91); a 600-token prefill through the MLP 0.76.
+- decoding (8 rows) through the Qwen2.5-VL-3B head, [8, 2,048] x [151,936, 2,048]^T: 63.9 vs 194.5 ms (0.33);
+  ATen's 1-row product reads the same 1.16 GiB weight in 63.6 ms, so sgemm at 8 rows runs at a third of the
+  memory bandwidth; the decoder's MLP up-projection at 8 rows 5.5 vs 12.5 ms (0.44), attention projection 0.56;
+- the chunked head of the training passes (256 positions): logits 804.8 vs 1,202.3 ms (0.67), dL/dhidden 0.93;
+  a 600-token prefill through the MLP 0.83 / 0.91 (docs/performance.md, "CPU products through oneDNN").
 
 Both compute in float32 with float32 accumulation (oneDNN's default "strict" math mode: no implicit bf16 or
 tf32), so results agree to float rounding (summation order), not bit for bit. Hence the rules:
@@ -38,10 +38,22 @@ from typing import Iterator
 
 import torch
 
+from mmrlvr.errors import UserError
+
 MIN_WEIGHT = 1 << 18  # elements (1 MiB in float32): below this, ATen's call is cheaper (benchmarks/cpu_linear.py)
-ENV = "MMRLVR_CPU_LINEAR"  # "aten" turns the oneDNN path off for this process
+ENV = "MMRLVR_CPU_LINEAR"  # "aten" turns the oneDNN path off for this process; "auto" (or unset) is the default
+_MODES = ("auto", "aten")
 
 _probe_result: bool | None = None
+
+
+def _aten_only() -> bool:
+    """``MMRLVR_CPU_LINEAR`` is "aten"; any value other than auto / aten is an error naming the variable (a typo
+    such as "onednn" or "off" must not silently mean "auto")."""
+    mode = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if mode not in _MODES:
+        raise UserError(f"{ENV}={os.environ[ENV]!r}: use one of {', '.join(_MODES)}")
+    return mode == "aten"
 
 
 def _op():
@@ -76,7 +88,7 @@ def _plain(t: torch.Tensor) -> bool:
 
 def onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Whether ``linear(x, weight, bias)`` takes oneDNN (see the module docstring for each rule)."""
-    if os.environ.get(ENV, "auto") == "aten":
+    if _aten_only():
         return False
     if x.device.type != "cpu" or weight.device.type != "cpu":
         return False
@@ -124,7 +136,7 @@ def onednn_linears(model: torch.nn.Module) -> Iterator[None]:
     any pass). Only modules whose type is exactly ``nn.Linear``: subclasses (bitsandbytes' 4-bit layers,
     peft's wrappers) have forwards of their own; peft's frozen ``base_layer`` is a plain ``nn.Linear``.
     Restores every layer's own forward on exit, also on error."""
-    if os.environ.get(ENV, "auto") == "aten" or not torch.backends.mkldnn.is_available():
+    if _aten_only() or not torch.backends.mkldnn.is_available():
         yield
         return
     patched = []
