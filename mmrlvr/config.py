@@ -52,6 +52,7 @@ class ModelConfig:
     lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA settings"})
     gradient_checkpointing: bool = _f(False, "recompute layer activations in the backward (transformers' own; less memory, ~1 extra forward)")
     prefix_sharing: bool = _f(True, "run each group's prompt (image tokens included) once in the reference, old-policy and policy passes, the G responses on its repeated KV cache (equal up to float rounding; single process, Qwen-VL models; docs/performance.md)")
+    heap_mmap_threshold_mib: int = _f(4, "CPU (glibc): in the policy pass, buffers of this many MiB or more are mmap'd, so freed activations go back to the OS instead of leaving holes in the heap (lower peak memory, same results; mmrlvr/train/host_memory.py); 0 = glibc's default")
 
 
 @dataclass
@@ -561,6 +562,8 @@ def range_problems(cfg: RunConfig, where: str = "config") -> list[str]:
     one_of("model.dtype", m.dtype, DTYPES)
     if m.attn_implementation is not None:
         one_of("model.attn_implementation", m.attn_implementation, ATTN_IMPLEMENTATIONS)
+    need("model.heap_mmap_threshold_mib", m.heap_mmap_threshold_mib, 0 <= m.heap_mmap_threshold_mib <= 32,
+         "in [0, 32] (MiB; 0 = glibc's default)")
     need("model.lora.r", m.lora.r, m.lora.r >= 1, ">= 1")
     need("model.lora.alpha", m.lora.alpha, m.lora.alpha > 0, "> 0")
     need("model.lora.dropout", m.lora.dropout, 0 <= m.lora.dropout < 1, "in [0, 1)")

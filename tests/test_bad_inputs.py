@@ -166,6 +166,7 @@ ARGV_CASES: list[tuple[str, list[str], list[str]]] = [
     ("a71_prompt_template_missing", ["data.prompt_template=/no/such/template.jinja"],
      ["data.prompt_template", "/no/such/template.jinja"]),
     ("a72_train_options_key", ["data.train_options.colums.problem=q"], ["data.train_options", "colums"]),
+    ("a73_heap_threshold", ["model.heap_mmap_threshold_mib=64"], ["model.heap_mmap_threshold_mib: must be in [0, 32]"]),
     ("a63_many_at_once", ["algo.loss=ppo", "credit.scheme=vep", "rollout.top_p=2", "eval.k=0", "optim.lr=x"],
      ["5 problems found before loading the model", "algo.loss", "credit.scheme", "rollout.top_p", "eval.k",
       "optim.lr"]),

@@ -29,6 +29,7 @@ from mmrlvr.algos import (
 )
 from mmrlvr.train.batch import StepBatch
 from mmrlvr.train.forward import LOGPROB_CHUNK, prefix_sharing, response_logits, token_logprobs
+from mmrlvr.train.host_memory import policy_pass_heap
 from mmrlvr.train.stages.base import Stage, register_stage
 
 
@@ -83,7 +84,8 @@ class PolicyGradient(Stage):
     def __call__(self, b: StepBatch) -> None:
         rt = self.rt
         try:
-            b.update_stats = self.update(b)
+            with policy_pass_heap(self.cfg.model.heap_mmap_threshold_mib, on_cpu=rt.accel.device.type == "cpu"):
+                b.update_stats = self.update(b)
             rt.engine.sync_weights(rt.policy)  # no-op for hf; pushes weights / adapter into vLLM
             rt.counters["bad_steps"] = 0
         except NonFiniteLoss as exc:
