@@ -109,6 +109,8 @@ def run_ours(model_dir: str, a, out: str, rollout_log: bool) -> dict:
         model["gradient_checkpointing"] = True
     if a.prefix_sharing is not None:  # None: the config's default (on)
         model["prefix_sharing"] = a.prefix_sharing
+    if a.heap_mmap_threshold_mib is not None:  # None: the config's default (4 MiB)
+        model["heap_mmap_threshold_mib"] = a.heap_mmap_threshold_mib
     cfg = load_config(data={
         "output_dir": out, "max_steps": a.steps, "save_every": 0, "log_rollouts": rollout_log,
         "tensorboard": False, "progress": False, "model": model,
@@ -263,7 +265,8 @@ def bench_shape(shape: str, args, env: dict[str, str]) -> None:
     print(f"== {shape}: {a.prompts} prompts x G {a.group}, {a.image_tokens} image tokens, {a.new_tokens} new "
           f"tokens, {'LoRA' if a.lora else 'full fine-tuning'}"
           f"{', gradient checkpointing' if a.gradient_checkpointing else ''}"
-          f"{', ours without prefix sharing' if args.prefix_sharing is False else ', ours with prefix sharing'}; "
+          f"{', ours without prefix sharing' if args.prefix_sharing is False else ', ours with prefix sharing'}"
+          f"{'' if args.heap_mmap_threshold_mib is None else f', heap mmap threshold {args.heap_mmap_threshold_mib} MiB'}; "
           f"{a.dtype} on {a.device}; "
           f"{a.steps} steps x {a.rounds} rounds",
           flush=True)
@@ -286,6 +289,8 @@ def _alternate(a, args, env: dict[str, str], model_dir: str) -> None:
             cmd += ["--no-rollout-log"] if args.no_rollout_log else []
             if args.prefix_sharing is not None:
                 cmd += ["--prefix-sharing" if args.prefix_sharing else "--no-prefix-sharing"]
+            if args.heap_mmap_threshold_mib is not None:
+                cmd += ["--heap-mmap-threshold-mib", str(args.heap_mmap_threshold_mib)]
             cmd += ["--lora"] if a.lora else []
             cmd += ["--gradient-checkpointing"] if a.gradient_checkpointing else []
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -335,6 +340,9 @@ def main() -> None:
     p.add_argument("--prefix-sharing", action=argparse.BooleanOptionalAction, default=None,
                    help="ours: model.prefix_sharing (each group's prompt run once in the reference and policy passes; "
                         "default: the config's, on)")
+    p.add_argument("--heap-mmap-threshold-mib", type=int, default=None,
+                   help="ours: model.heap_mmap_threshold_mib (0 = glibc's default allocator behaviour; default: "
+                        "the config's, 4)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: a CUDA GPU when torch sees one, else the CPU (both arms)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="weights dtype (both arms)")
