@@ -2,12 +2,12 @@
 
 Runs our trainer (the same settings as ``benchmarks/step_vs_trl.py``'s ours arm: float32, vision frozen,
 B prompts x G, k3 KL to a reference, one micro-batch, AdamW + clip) and prints, per step and stage, the
-resident set after the stage and the peak during it (Linux: ``VmHWM`` from ``/proc/self/status``, reset
-before each stage by writing 5 to ``/proc/self/clear_refs``). The optimiser step inside the update stage
+resident set after the stage, the peak during it and its seconds (Linux: ``VmHWM`` from
+``/proc/self/status``, reset before each stage by writing 5 to ``/proc/self/clear_refs``). The optimiser step inside the update stage
 is shown on its own line. The peak of the whole run is the largest "peak" printed.
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/stage_memory.py --shape qwen2_5_vl_3b --image-tokens 256 \
-        --new-tokens 128 [--steps 2] [--model DIR]
+        --new-tokens 128 [--steps 2] [--model DIR] [--heap-mmap-threshold-mib 0]
 """
 
 from __future__ import annotations
@@ -34,9 +34,14 @@ def _reset_peak() -> None:
         f.write("5")
 
 
+_LAST = [time.perf_counter()]  # when the last stage ended: each line also gives the stage's seconds
+
+
 def _report(label: str) -> None:
     s = _status()
-    print(f"{label:<34} now {s['VmRSS']:>7,} MiB   peak {s['VmHWM']:>7,} MiB", flush=True)
+    now = time.perf_counter()
+    print(f"{label:<34} now {s['VmRSS']:>7,} MiB   peak {s['VmHWM']:>7,} MiB   {now - _LAST[0]:6.1f} s", flush=True)
+    _LAST[0] = now
     _reset_peak()
 
 
@@ -50,6 +55,8 @@ def main() -> None:
     p.add_argument("--model", default=None, help="model folder (default: build the --shape model)")
     p.add_argument("--prefix-sharing", action=argparse.BooleanOptionalAction, default=True,
                    help="model.prefix_sharing (default on, as the config's)")
+    p.add_argument("--heap-mmap-threshold-mib", type=int, default=None,
+                   help="model.heap_mmap_threshold_mib (0 = glibc's default; default: the config's, 4)")
     a = p.parse_args()
     prompts, group, image_tokens, new_tokens = DEFAULTS[a.shape]
     image_tokens, new_tokens = a.image_tokens or image_tokens, a.new_tokens or new_tokens
@@ -67,8 +74,9 @@ def main() -> None:
     side = 112 if a.shape == "toy" else image_side(image_tokens)
     cfg = load_config(data={
         "output_dir": str(Path(tmp.name) / "run"), "max_steps": a.steps, "save_every": 0, "log_rollouts": True,
-        "tensorboard": False, "progress": False, "model": {"path": model_dir, "freeze_vision": True,
-                                                        "prefix_sharing": a.prefix_sharing},
+        "tensorboard": False, "progress": False, "model": {
+            "path": model_dir, "freeze_vision": True, "prefix_sharing": a.prefix_sharing,
+            **({} if a.heap_mmap_threshold_mib is None else {"heap_mmap_threshold_mib": a.heap_mmap_threshold_mib})},
         "data": {"train": "synth:count", "train_size": prompts * a.steps, "image_size": side,
                  "max_pixels": max(side * side, 448 * 448)},
         "rollout": {"group_size": group, "prompts_per_step": prompts, "max_new_tokens": new_tokens},

@@ -225,6 +225,11 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         ("run by hand; options checked, the memory changes it reports tested",
          (T_OPTS, "tests/test_models_tied_embedding.py::test_the_backward_no_longer_allocates_a_second_vocabulary_sized_gradient",
           "tests/test_train_fused_logprobs.py::test_head_gradient_in_vocabulary_blocks_is_bit_identical")),
+    "OMP_WAIT_POLICY=PASSIVE python benchmarks/stage_memory.py --shape qwen2_5_vl_3b --image-tokens 256 "
+    "--new-tokens 128 --heap-mmap-threshold-mib 0":
+        ("run by hand (A/B of the policy pass's allocator setting); options checked, the setting tested",
+         (T_OPTS, "tests/test_train_host_memory.py::test_freed_activations_stay_resident_by_default_and_go_back_in_the_policy_pass",
+          "tests/test_train_host_memory.py::test_a_pass_computes_the_same_bits_with_mapped_buffers")),
     "OMP_WAIT_POLICY=PASSIVE python benchmarks/generate_speed.py --shape qwen2_5_vl_3b --image-tokens 256 "
     "--new-tokens 128 --rounds 2":
         ("run by hand (3B stand-in); options checked, the sampler's stream tested",
