@@ -4,7 +4,8 @@ One policy forward + backward through ``token_logprobs`` (the trainer's training
 vision tower frozen, full fine-tuning of the language model) on ``--rows`` rows of ``--image-tokens`` image
 tokens + prompt text + ``--new-tokens`` response tokens (``--lora``: a LoRA adapter, r 16 on q/k/v/o, instead
 of full fine-tuning, so that the gradients are small and the pass is mostly activations). Each setting runs
-in its own subprocess; the figure is the peak RSS during the pass minus the RSS before it (weights loaded), i.e. what the pass
+in its own subprocess, inside the allocator setting the trainer's update stage uses (``--heap-mmap-threshold-mib``,
+default 4 as ``model.heap_mmap_threshold_mib``); the figure is the peak RSS during the pass minus the RSS before it (weights loaded), i.e. what the pass
 itself adds: activations kept for backward, gradients, logits-path buffers. On a GPU (``--device cuda``, the
 default where torch sees one) the figure is exact: ``torch.cuda.max_memory_allocated`` during the pass minus
 the memory allocated before it.
@@ -42,6 +43,7 @@ def child(args) -> None:
     from mmrlvr.models.standin import image_side, standin_model
     from mmrlvr.models.tiny import build_tokenizer, make_processor
     from mmrlvr.train.forward import token_logprobs
+    from mmrlvr.train.host_memory import policy_pass_heap
 
     tok = build_tokenizer()
     device = torch.device(args.device)
@@ -75,12 +77,14 @@ def child(args) -> None:
         st = t.untyped_storage()
         storages[st.data_ptr()] = st.nbytes()
         return t
-    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
-        logp, _ = token_logprobs(model, inputs, resp)
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved_mib = sum(n for ptr, n in storages.items() if ptr not in weights) / 2**20
-    if not args.forward_only:
-        logp.mean().backward()
+    # as the trainer's update stage runs it: buffers of >= model.heap_mmap_threshold_mib MiB mapped on their own
+    with policy_pass_heap(args.heap_mmap_threshold_mib, on_cpu=not on_gpu):
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            logp, _ = token_logprobs(model, inputs, resp)
+        weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        saved_mib = sum(n for ptr, n in storages.items() if ptr not in weights) / 2**20
+        if not args.forward_only:
+            logp.mean().backward()
     if on_gpu:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
@@ -105,6 +109,9 @@ def main() -> None:
     ap.add_argument("--lora", action="store_true", help="LoRA r 16 on q/k/v/o instead of full fine-tuning")
     ap.add_argument("--forward-only", action="store_true",
                     help="skip the backward: report only what the forward keeps for it (fast)")
+    ap.add_argument("--heap-mmap-threshold-mib", type=int, default=4,
+                    help="CPU: the pass maps buffers of this many MiB or more on their own, as the trainer's update "
+                         "stage does (model.heap_mmap_threshold_mib, default 4); 0 = glibc's default")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                     help="auto: a CUDA GPU when torch sees one (peak from its allocator), else the CPU (peak RSS)")
     ap.add_argument("--checkpointing", action="store_true", help=argparse.SUPPRESS)
@@ -122,7 +129,7 @@ def main() -> None:
     for ckpt in (False, True):
         cmd = [sys.executable, __file__, "--child", "--shape", args.shape, "--layers", str(args.layers),
                "--rows", str(args.rows), "--image-tokens", str(args.image_tokens), "--new-tokens", str(args.new_tokens),
-               "--device", args.device]
+               "--device", args.device, "--heap-mmap-threshold-mib", str(args.heap_mmap_threshold_mib)]
         cmd += ["--forward-only"] if args.forward_only else []
         cmd += ["--lora"] if args.lora else []
         proc = subprocess.run(cmd + (["--checkpointing"] if ckpt else []), env=env, capture_output=True, text=True)
