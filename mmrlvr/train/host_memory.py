@@ -12,12 +12,13 @@ pass, 8,592 MiB at 1 MiB (which costs ~2 s of page faults per pass; 4 MiB did no
 
 What. :func:`policy_pass_heap` fixes the threshold at ``threshold_mib`` MiB for the pass, so a buffer of
 that size or more is mapped on its own and unmapped when freed, and afterwards sets 32 MiB (the dynamic
-threshold's ceiling, where a long run sits anyway), so generation
-and the no-grad passes keep serving their per-token buffers from the heap (a 1 MiB threshold for the whole
-step slowed generation by ~20 %). It changes where buffers live, never what is computed.
+threshold's ceiling, where a long run sits anyway), so generation and the no-grad passes keep serving their
+per-token buffers from the heap (a 1 MiB threshold for the whole step slowed generation by ~20 %). It
+changes where buffers live, never what is computed. The update stage (``PolicyGradient.__call__``, and
+every update stage built on it) enters it once per step.
 
-Only glibc (``mallopt(M_MMAP_THRESHOLD)``; the trim threshold is left where glibc has it); elsewhere (macOS, musl) and for
-CUDA models it does nothing. ``model.heap_mmap_threshold_mib = 0`` leaves glibc's own behaviour.
+Only glibc (``mallopt(M_MMAP_THRESHOLD)``; the trim threshold is left where glibc has it); elsewhere (macOS,
+musl) and for CUDA models it does nothing. ``model.heap_mmap_threshold_mib = 0`` leaves glibc's own behaviour.
 """
 
 from __future__ import annotations
