@@ -28,15 +28,21 @@ if TYPE_CHECKING:
     from mmrlvr.consistency.analysis import RolloutAnalysis
     from mmrlvr.types import Completion, Sample
 
-__all__ = ["consistency_metrics", "analysis_fields", "score_completions"]
-
-
-def _rate(num: int, den: int) -> float | None:
-    return num / den if den else None
+__all__ = ["consistency_metrics", "consistency_denominators", "consistency_counts", "analysis_fields", "score_completions"]
 
 
 def consistency_metrics(parsed_list: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     """Aggregate per-rollout consistency fields (verdict, thinking_correct, answer_correct, agrees)."""
+    return {k: num / den for k, (num, den) in consistency_counts(parsed_list).items() if den}
+
+
+def consistency_denominators(parsed_list: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Each rate's denominator (rollouts it is a share of): how the rates of several processes combine."""
+    return {k: float(den) for k, (_, den) in consistency_counts(parsed_list).items() if den}
+
+
+def consistency_counts(parsed_list: Iterable[Mapping[str, Any]]) -> dict[str, tuple[int, int]]:
+    """(numerator, denominator) of every rate ``consistency_metrics`` reports."""
     rows = list(parsed_list)
     verdicts = [r.get("verdict", "unknown") for r in rows]
     consistent = sum(v == "consistent" for v in verdicts)
@@ -54,19 +60,17 @@ def consistency_metrics(parsed_list: Iterable[Mapping[str, Any]]) -> dict[str, f
 
     bw_cons = sum(not r["thinking_correct"] and not r["answer_correct"] and agrees(r) for r in both)
     think_checked = [r for r in rows if r.get("thinking_correct") is not None]
-    values = {
-        "inconsistency_rate": _rate(inconsistent, consistent + inconsistent),
-        "consistency/unknown_rate": _rate(unknown, len(rows)),
-        "consistency/think_right_answer_right": _rate(tr_ar, len(both)),
-        "consistency/think_right_answer_wrong": _rate(tr_aw, len(both)),
-        "consistency/think_wrong_answer_right": _rate(tw_ar, len(both)),
-        "consistency/think_wrong_answer_wrong": _rate(tw_aw, len(both)),
-        "consistency/both_wrong_consistent": _rate(bw_cons, len(both)),
-        "consistency/thinking_accuracy": _rate(sum(bool(r["thinking_correct"]) for r in think_checked),
-                                               len(think_checked)),
-        "consistency/verifiable_fraction": _rate(len(both), len(rows)),
+    return {
+        "inconsistency_rate": (inconsistent, consistent + inconsistent),
+        "consistency/unknown_rate": (unknown, len(rows)),
+        "consistency/think_right_answer_right": (tr_ar, len(both)),
+        "consistency/think_right_answer_wrong": (tr_aw, len(both)),
+        "consistency/think_wrong_answer_right": (tw_ar, len(both)),
+        "consistency/think_wrong_answer_wrong": (tw_aw, len(both)),
+        "consistency/both_wrong_consistent": (bw_cons, len(both)),
+        "consistency/thinking_accuracy": (sum(bool(r["thinking_correct"]) for r in think_checked), len(think_checked)),
+        "consistency/verifiable_fraction": (len(both), len(rows)),
     }
-    return {k: float(v) for k, v in values.items() if v is not None}
 
 
 def analysis_fields(a: "RolloutAnalysis") -> dict[str, Any]:

@@ -51,6 +51,8 @@ class StepBatch:
     reward_metrics: dict[str, float] = field(default_factory=dict)  # rewards' own counters (judge/unknown_rate)
     credit_stats: dict[str, float] = field(default_factory=dict)  # credit/selected_fraction, ...
     diagnostics: dict[str, float] = field(default_factory=dict)  # any other stage's per-step statistics
+    metric_weights: dict[str, float] = field(default_factory=dict)  # a mean's denominator on this process, by
+    #                                     metric name (how means of several processes combine: metric_reduce)
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage kind
     logged: dict[str, Any] = field(default_factory=dict)  # what the record stage wrote for this step
 

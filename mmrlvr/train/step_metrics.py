@@ -1,5 +1,9 @@
 """Metrics of one step's rollouts (names from DESIGN.md): rewards per component, accuracy, format rate,
-lengths, zero-variance groups, inconsistency rate, judge unknown rate. Pure: values in, dict out."""
+lengths, zero-variance groups, inconsistency rate, judge unknown rate. Pure: values in, dict out.
+
+``metric_denominators`` gives what each mean is a mean *over* on this process (rows, response tokens, the rows
+a reward component scored, a consistency rate's rollouts), so the metrics of several processes combine into
+those of the whole batch (``mmrlvr.train.metric_reduce``)."""
 
 from __future__ import annotations
 
@@ -37,3 +41,27 @@ def rollout_metrics(batch: RolloutBatch, rewards: torch.Tensor, results: list, g
 
         m.update(consistency_metrics([r.parsed["consistency"] for r in results if isinstance(r.parsed.get("consistency"), dict)]))
     return m
+
+
+def metric_denominators(batch: RolloutBatch, results: list, metrics: dict[str, Any],
+                        update_tokens: float | None = None) -> dict[str, float]:
+    """This process's denominators: ``rows``, ``tokens`` (response tokens), ``update_tokens`` (tokens the
+    update's per-token means are over), per reward component the rows it scored, each consistency rate's
+    rollouts, and the off-policy diagnostics' overall token count and ratio mean (from their bins)."""
+    w: dict[str, float] = {"rows": float(len(results)), "tokens": float(batch.response_mask.sum())}
+    if update_tokens is not None:
+        w["update_tokens"] = float(update_tokens)
+    for name in {k for r in results for k in r.components}:
+        w[f"reward/{name}"] = float(sum(name in r.components for r in results))
+    parsed = [r.parsed["consistency"] for r in results if isinstance(r.parsed.get("consistency"), dict)]
+    if parsed:
+        from mmrlvr.consistency.metrics import consistency_denominators
+
+        w.update(consistency_denominators(parsed))
+    bins = [k[:-len("/tokens")] for k in metrics if k.startswith("offpolicy/bin") and k.endswith("/tokens")]
+    n = sum(float(metrics[f"{b}/tokens"]) for b in bins)
+    if n:
+        w["offpolicy/tokens"] = n
+        w["offpolicy/ratio_mean"] = sum(float(metrics[f"{b}/tokens"]) * float(metrics[f"{b}/ratio_mean"])
+                                        for b in bins) / n
+    return w

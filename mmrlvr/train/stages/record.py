@@ -1,19 +1,20 @@
 """Record: the step's metrics (reduced over processes) to metrics.jsonl / trackers, and its rollouts to the store.
 
-Metric names follow DESIGN.md. Step numbers in files are 1-based: "step k" is the k-th update and the rollouts
-it learned from. Diagnostics from other stages (reward counters, credit statistics, ``batch.diagnostics``) are
-merged in that order.
+Step numbers in files are 1-based: "step k" is the k-th update and the rollouts it learned from. Diagnostics
+from other stages (reward counters, credit statistics, ``batch.diagnostics``) are merged in that order.
+
+Several processes: each metric is reduced by its kind (sums, weighted means over this process's denominators,
+maxima, ...; ``mmrlvr.train.metric_reduce``), so every rank logs the metrics of the whole global batch.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from mmrlvr.train.batch import StepBatch
+from mmrlvr.train.metric_reduce import reduce_over_processes
 from mmrlvr.train.stages.base import Stage, register_stage
-from mmrlvr.train.step_metrics import rollout_metrics
+from mmrlvr.train.step_metrics import metric_denominators, rollout_metrics
 
 #: the metrics shown beside the progress bar
 PROGRESS_KEYS: tuple[str, ...] = ("reward/mean", "accuracy")
@@ -44,20 +45,22 @@ class Record(Stage):
         m.update(b.diagnostics)
         return m
 
-    def reduce(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        accel = self.rt.accel
-        if accel.num_processes == 1:
-            return metrics
-        keys = sorted(k for k, v in metrics.items() if isinstance(v, (int, float)))
-        t = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=accel.device)
-        t = accel.reduce(t, reduction="mean")
-        return {**metrics, **{k: float(v) for k, v in zip(keys, t.tolist())}}
+    def denominators(self, b: StepBatch, metrics: dict[str, Any]) -> dict[str, float]:
+        """What this process's means are over (rows, tokens, ...), plus what stages declared."""
+        w = metric_denominators(b.rollouts, b.results, metrics, b.update_stats.get("tokens"))
+        w.update(b.metric_weights)
+        return w
+
+    def reduce(self, metrics: dict[str, Any], weights: dict[str, float] | None = None) -> dict[str, Any]:
+        """The metrics of the whole global batch, on every process (``mmrlvr.train.metric_reduce``)."""
+        return reduce_over_processes(metrics, weights or {}, self.rt.accel.num_processes)
 
     def __call__(self, b: StepBatch) -> None:
         metrics = self.step_metrics(b)
         metrics.update({"time/step_s": sum(b.timings.values()), "time/generate_s": b.rollouts.timings.get("generate_s", 0.0),
                         "time/train_s": b.timings.get("update", 0.0), "lr": self.rt.scheduler.get_last_lr()[0]})
-        metrics = self.reduce(metrics)
+        if self.rt.accel.num_processes > 1:
+            metrics = self.reduce(metrics, self.denominators(b, metrics))
         metrics.update(self.rt.extra_metrics)  # once-per-run values (the topology), identical on every rank
         self.rt.extra_metrics = {}
         rt = self.rt

@@ -1,0 +1,171 @@
+"""Metrics of several processes combine into the metrics of the whole batch (``mmrlvr.train.metric_reduce``).
+
+The premise of each test is planted on purpose: the ranks' metric *keys* differ (off-policy bins that hold tokens
+on one rank only, a reward component one rank never produced, consistency verdicts on one rank only) and so do
+their denominators (uneven shards: 1 group on rank 0, 2 on rank 1). The expected values are the real metric
+functions run over the whole global batch in one process.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from mmrlvr.algos.clipping import OffPolicyDiagnostics
+from mmrlvr.rollout.base import RolloutBatch
+from mmrlvr.train.metric_reduce import Reduction, combine, declare_reduction, reduce_over_processes, reduction_for
+from mmrlvr.train.stages.record import update_metrics
+from mmrlvr.train.step_metrics import metric_denominators, rollout_metrics
+from mmrlvr.types import Completion, RewardResult, Sample
+
+G = 4
+
+
+def _batch(groups: list[int], lengths: list[int]) -> RolloutBatch:
+    n, L = len(groups) * G, max(lengths)
+    mask = torch.zeros(n, L)
+    for i, k in enumerate(lengths):
+        mask[i, :k] = 1.0
+    samples = [Sample(id=f"q{g}", messages=[], images=[], answer=str(g % 3), answer_type="number")
+               for g in groups for _ in range(G)]
+    texts = [f"<think>I count {(i * 7) % 3}.</think><answer>{(i * 5 + g) % 3}</answer>"
+             for g in groups for i in range(G)]
+    z = torch.zeros(n, L)
+    return RolloutBatch(samples=samples, group_index=torch.arange(len(groups)).repeat_interleave(G),
+                        sample_index=torch.arange(G).repeat(len(groups)), input_ids=z.long(), attention_mask=z.long(),
+                        response_ids=z.long(), response_mask=mask, old_logprobs=z, vision={}, prompt_length=1,
+                        completions=[Completion(text=t, finish_reason="length" if i % 5 == 0 else "stop")
+                                     for i, t in enumerate(texts)])
+
+
+def _results(groups: list[int]) -> list[RewardResult]:
+    out = []
+    for g in groups:
+        for i in range(G):
+            comps = {"format": float(i % 2), "accuracy": float((i + g) % 3 == 0)}
+            if g == 2:  # a component only group 2 has (only rank 1 reports it)
+                comps["iou"] = 0.25 * i
+            parsed = {}
+            if g != 0:  # consistency verdicts on rank 1's rows only
+                parsed["consistency"] = {"verdict": ["consistent", "inconsistent", "unknown"][(i + g) % 3],
+                                         "thinking_correct": None if i == 3 else bool((i + g) % 2),
+                                         "answer_correct": bool(i % 2)}
+            out.append(RewardResult(score=comps["format"] * 0.2 + comps["accuracy"] + 0.1 * g, components=comps,
+                                    parsed=parsed))
+    return out
+
+
+def _offpolicy(ratio: torch.Tensor, old_p: torch.Tensor) -> OffPolicyDiagnostics:
+    d = OffPolicyDiagnostics()
+    d.add(ratio, old_p.log(), torch.ones_like(ratio, dtype=torch.bool))
+    return d
+
+
+def _rank_metrics(groups, lengths, ratio, old_p, stats):
+    batch, results = _batch(groups, lengths), _results(groups)
+    rewards = torch.tensor([r.score for r in results])
+    m = rollout_metrics(batch, rewards, results, G)
+    m.update(update_metrics(stats))
+    m.update(_offpolicy(ratio, old_p).metrics())
+    m["reward/dropped_rows"] = float(len(groups) - 1)
+    return m, metric_denominators(batch, results, m, stats["tokens"])
+
+
+def _stats(ratio: torch.Tensor, kl: torch.Tensor, loss: float, grad_norm: float) -> dict[str, float]:
+    n = float(ratio.numel())
+    return {"loss": loss, "grad_norm": grad_norm, "kl_sum": float(kl.sum()), "tokens": n,
+            "entropy_sum": float(kl.sum() * 2), "clip_sum": float(((ratio - 1).abs() > 0.2).sum()),
+            "ratio_sum": float(ratio.sum()), "ratio_max": float(ratio.max())}
+
+
+def test_reduced_metrics_equal_the_global_batch_with_rank_dependent_keys_and_denominators():
+    gen = torch.Generator().manual_seed(0)
+    # rank 0: 1 group, pi_old only in the high bins; rank 1: 2 groups, pi_old across the low bins too
+    r0, p0 = 1 + 0.3 * torch.randn(7, generator=gen), 0.55 + 0.4 * torch.rand(7, generator=gen)
+    r1, p1 = 1 + 0.3 * torch.randn(19, generator=gen), 0.9 * torch.rand(19, generator=gen) + 0.01
+    k0, k1 = torch.rand(7, generator=gen), torch.rand(19, generator=gen)
+    len0, len1 = [3, 5, 2, 4], [1, 6, 6, 2, 3, 5, 4, 2]
+    # each rank's loss is its share of the globally normalised loss; gradients were all-reduced (same norm)
+    m0, w0 = _rank_metrics([0], len0, r0, p0, _stats(r0, k0, 0.3, 1.5))
+    m1, w1 = _rank_metrics([1, 2], len1, r1, p1, _stats(r1, k1, -0.1, 1.5))
+    assert set(m0) != set(m1), "the premise: the ranks report different keys"
+    assert any(k.startswith("offpolicy/bin") for k in set(m1) - set(m0))
+    assert "reward/iou" in m1 and "reward/iou" not in m0 and "inconsistency_rate" not in m0
+
+    ratio, old_p, kl = torch.cat([r0, r1]), torch.cat([p0, p1]), torch.cat([k0, k1])
+    want, _ = _rank_metrics([0, 1, 2], len0 + len1, ratio, old_p, _stats(ratio, kl, 0.2, 1.5))
+    want["reward/dropped_rows"] = 0.0 + 1.0  # a count: 0 dropped on rank 0, 1 on rank 1
+    got = combine([(m0, w0), (m1, w1)])
+    assert set(got) == set(want)
+    for k in want:
+        assert math.isclose(got[k], want[k], rel_tol=1e-6, abs_tol=1e-9), (k, got[k], want[k])  # float32 sums
+    # the kinds the test exercises, by name
+    assert reduction_for("offpolicy/bin3/tokens")[0].kind == "sum"
+    assert reduction_for("ratio/max")[0].kind == "max"
+    assert reduction_for("reward/std")[0].kind == "std"
+    assert reduction_for("inconsistency_rate")[0].kind == "mean"
+
+
+def test_one_rank_combines_to_itself():
+    gen = torch.Generator().manual_seed(1)
+    r, p = 1 + 0.2 * torch.randn(11, generator=gen), torch.rand(11, generator=gen) * 0.98 + 0.01
+    m, w = _rank_metrics([0, 1, 2], [3] * 12, r, p, _stats(r, torch.rand(11, generator=gen), 0.5, 2.0))
+    got = combine([(m, w)])
+    for k in m:
+        assert math.isclose(got[k], m[k], rel_tol=1e-12, abs_tol=1e-12), k
+
+
+def test_declared_denominators_and_rules():
+    # a stage's own rate with a declared denominator; a plug-in's count declared as a sum
+    declare_reduction(r"myplugin/steps_seen", Reduction("sum"))
+    a = ({"myplugin/rate": 0.5, "myplugin/steps_seen": 3.0, "lr": 1e-4, "note": "x"}, {"rows": 8, "myplugin/rate": 2})
+    b = ({"myplugin/rate": 1.0, "myplugin/steps_seen": 4.0, "lr": 1e-4}, {"rows": 8, "myplugin/rate": 6})
+    got = combine([a, b])
+    assert got["myplugin/rate"] == pytest.approx((0.5 * 2 + 1.0 * 6) / 8)
+    assert got["myplugin/steps_seen"] == 7.0 and got["lr"] == 1e-4 and got["note"] == "x"
+    with pytest.raises(ValueError, match="unknown reduction kind"):
+        Reduction("median")
+
+
+def test_one_process_is_left_alone():
+    m = {"a": 1.0}
+    assert reduce_over_processes(m, {}, 1) is m
+
+
+_TWO_RANKS = textwrap.dedent("""
+    import json, os, sys
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    from mmrlvr.train.metric_reduce import reduce_over_processes
+    rank = dist.get_rank()
+    # different keys and sizes on each rank: the old tensor packing aborted here
+    m = {f"offpolicy/bin{b}/tokens": float(b + 1) for b in range(3 + 5 * rank)}
+    m.update({"reward/mean": 0.25 + rank, "ratio/max": 1.0 + rank, "skipped": 0.0, "where": f"rank{rank}"})
+    out = reduce_over_processes(m, {"rows": 4.0 * (1 + 2 * rank)}, dist.get_world_size())
+    print(json.dumps({"rank": rank, "world": dist.get_world_size(), "out": out}))
+    dist.destroy_process_group()
+""")
+
+
+def test_two_gloo_processes_with_different_keys_reduce_without_a_size_mismatch(tmp_path):
+    from tests.multiproc import env, torchrun_cmd
+
+    script = tmp_path / "two.py"
+    script.write_text(_TWO_RANKS)
+    p = subprocess.run(torchrun_cmd(str(script)), env=env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    import json
+
+    outs = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    assert sorted(o["rank"] for o in outs) == [0, 1] and all(o["world"] == 2 for o in outs)
+    assert outs[0]["out"] == outs[1]["out"], "every rank logs the same metrics"
+    out = outs[0]["out"]
+    assert out["offpolicy/bin7/tokens"] == 8.0 and out["offpolicy/bin0/tokens"] == 2.0  # summed where present
+    assert out["reward/mean"] == pytest.approx((0.25 * 4 + 1.25 * 12) / 16)  # row-weighted
+    assert out["ratio/max"] == 2.0 and out["where"] == "rank0"
+    assert sys.executable  # the child ran this interpreter (torchrun_cmd)
