@@ -64,11 +64,14 @@ def main(argv: list[str]) -> int:
 
     lock = prepare_run_dir(cfg, resume=args.resume, overwrite=args.overwrite,
                            allow_config_change=args.allow_config_change, where=str(args.config))
+    from mmrlvr.train.distributed import stop_all_ranks_on_failure
+
     try:
         from mmrlvr.train.trainer import Trainer
 
-        trainer = Trainer(cfg, resume=args.resume)
-        summary = trainer.train()
+        with stop_all_ranks_on_failure():  # several processes: a failing rank stops them all, never a hang
+            trainer = Trainer(cfg, resume=args.resume)
+            summary = trainer.train()
     finally:
         lock.release()
     if trainer.is_main:

@@ -41,6 +41,7 @@ import os
 import shlex
 import socket
 import sys
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -449,3 +450,34 @@ def setup(accel: Any, cfg: Any, run_dir: str | Path | None = None) -> Topology:
 def print_rank0(message: str) -> None:
     if os.environ.get("RANK", "0") in ("", "0"):
         print(message, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def stop_all_ranks_on_failure(command: str = "mmrlvr train", env: dict[str, str] | None = None) -> Iterator[None]:
+    """A rank that fails ends its process at once, with its message, so the launcher stops every rank.
+
+    Why: a rank that raises and then exits normally runs interpreter clean-up (destructors, the process
+    group, accelerate's state) that may wait on the other ranks, while they wait for it in their next
+    collective: nobody says anything and the run hangs until gloo's / NCCL's 30-minute timeout. Here the
+    failing rank prints ``rank R of W failed: <what>`` (the traceback too, unless it is a ``UserError``)
+    and leaves with ``os._exit``: torchrun's agent sees it within a fraction of a second and terminates the
+    other ranks, and ranks on other nodes get a closed connection in their next collective. One process:
+    exceptions pass through unchanged (the command line reports them).
+    """
+    env = dict(os.environ) if env is None else env
+    world = _int(env.get("WORLD_SIZE")) or 1
+    try:
+        yield
+    except (SystemExit, GeneratorExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - every failure of a rank must end it
+        if world <= 1:
+            raise
+        rank = env.get("RANK", "?")
+        if not isinstance(exc, UserError):
+            traceback.print_exc(file=sys.stderr)
+        print(f"{command}: rank {rank} of {world} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(2 if isinstance(exc, UserError) else 130 if isinstance(exc, KeyboardInterrupt) else 1)

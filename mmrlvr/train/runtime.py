@@ -77,6 +77,11 @@ class Runtime:
         t = torch.tensor([value], dtype=torch.float64, device=self.accel.device)
         return float(self.accel.reduce(t, reduction="sum").item())
 
+    def any_rank(self, flag: bool) -> bool:
+        """True on every process when ``flag`` holds on any (a decision all ranks must take together: skipping
+        a step whose loss is non-finite on one rank, another refill round)."""
+        return self.global_sum(float(bool(flag))) > 0
+
     def reward_state(self) -> dict[str, Any]:
         """JSON-able state of rewards that adapt during training (POW3R weights), by position."""
         return {str(i): fn.state_dict() for i, fn in enumerate(self.reward_fns()) if hasattr(fn, "state_dict")}

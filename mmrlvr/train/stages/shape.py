@@ -89,7 +89,10 @@ class DynamicSampling(Stage):
       batch is full"; verl bounds it with ``max_num_gen_batches``). A refill round runs the earlier stages
       (generate, score, the shaping before this one) on fresh prompts and keeps their groups with signal; surplus
       groups are discarded (DAPO). If the rounds run out, dropped groups fill the batch to its size with zero
-      weight and leave every normaliser, so shapes stay the same on every process.
+      weight and leave every normaliser, so shapes stay the same on every process. With several processes the
+      rounds are decided together (another round while any rank's shard lacks groups with signal) and each
+      rank fills its own shard from its own share of the refill prompts: with refill rounds the batch is the
+      one-process batch's statistical twin, not its copy (the one-process run fills from the global batch).
     Metrics: ``dynamic_sampling/rounds``, ``/kept_groups``, ``/fill_groups``.
     """
 
@@ -123,12 +126,14 @@ class DynamicSampling(Stage):
         parts = [(b, [g for g in range(target) if keep[g]])]
         dropped = [(b, [g for g in range(target) if not keep[g]])]
         kept, rounds = len(parts[0][1]), 1
-        while kept < target and rounds < self.cfg.algo.dynamic_sampling_max_rounds:
+        # another round is decided from the global count, so every rank runs the same rounds (a rank that
+        # generated alone would leave the others in FSDP2's all-gathers); a rank whose shard is full takes nothing
+        while self.rt.any_rank(kept < target) and rounds < self.cfg.algo.dynamic_sampling_max_rounds:
             extra = self.rt.pipeline.run(b.step, round=rounds, stop_before=self)
             rounds += 1
             k = self.keep_groups(extra)
             n_extra = extra.rollouts.num_rows // G
-            take = [g for g in range(n_extra) if k[g]][:target - kept]
+            take = [g for g in range(n_extra) if k[g]][:max(target - kept, 0)]
             parts.append((extra, take))
             dropped.append((extra, [g for g in range(n_extra) if not k[g]]))
             kept += len(take)

@@ -9,7 +9,8 @@ Credit deferred into this pass (``batch.deferred``) is applied to each micro-bat
 its normaliser is only known after the first pass, so that pass backpropagates unnormalised sums and the
 gradients are divided by the global normaliser at the end (same gradient).
 
-A non-finite loss or gradient skips the step (counted); ``max_bad_steps`` consecutive ones stop the run.
+A non-finite loss or gradient skips the step (counted); ``max_bad_steps`` consecutive ones stop the run. With
+several processes the skip is decided together: a loss that is non-finite on one rank skips the step on all.
 """
 
 from __future__ import annotations
@@ -209,8 +210,10 @@ class PolicyGradient(Stage):
         scale = local_den if global_den is None else local_den / max(global_den, 1e-8)
         scale = scale * rt.accel.num_processes
         loss = loss * scale
-        if not torch.isfinite(loss):
-            raise NonFiniteLoss(f"loss is {loss.item()}")
+        # taken together: a rank that skipped the backward alone would leave the others in DDP's all-reduce
+        if rt.any_rank(not bool(torch.isfinite(loss))):
+            where = f"loss is {loss.item()}" if not torch.isfinite(loss) else "another process's loss is not finite"
+            raise NonFiniteLoss(where)
         rt.accel.backward(loss)
         n_tok = float(mask.sum())
         return {
