@@ -358,3 +358,53 @@ def test_paper_memory_table():
     assert res.returncode == 0 and "| 7B | full | fsdp2 | 8 | yes | yes | 41 | yes | yes |" in res.stdout
     doc = (ROOT / "docs" / "scaling.md").read_text()
     assert "| 7B | full | 104 GiB (141 GB only) | 18 GiB | 127 GiB (141 GB only) | 41 GiB |" in doc
+
+
+# ------------------------------------------------------------------------------- what the launcher asked for
+_ACCELERATE_FSDP = """compute_environment: LOCAL_MACHINE
+distributed_type: FSDP
+num_processes: 2
+num_machines: 1
+machine_rank: 0
+main_process_port: {port}
+mixed_precision: 'no'
+gpu_ids: all
+fsdp_config:
+  fsdp_version: {version}
+"""
+
+
+def test_honour_launcher_maps_an_accelerate_fsdp2_request_and_refuses_fsdp1():
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(distributed=SimpleNamespace(strategy="ddp"))
+    env = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "OTHER": "x"}
+    assert "fsdp2" in D.honour_launcher(cfg, env)
+    assert cfg.distributed.strategy == "fsdp2" and env == {"OTHER": "x"}  # accelerate builds no plugin of its own
+    assert D.honour_launcher(cfg, {}) is None  # no FSDP request: nothing to do
+    with pytest.raises(UserError, match="distributed.strategy.*FSDP version 1"):
+        D.honour_launcher(cfg, {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"})
+
+
+@pytest.mark.slow
+def test_an_accelerate_fsdp_config_trains_with_fsdp2_and_equals_one_process(tiny_dir, tmp_path, one_process):
+    acc = tmp_path / "accelerate_fsdp.yaml"
+    acc.write_text(_ACCELERATE_FSDP.format(port=free_port(), version=2))
+    cfg = _cfg(tiny_dir, tmp_path / "run", **STEPS2)  # distributed.strategy left at ddp
+    res = run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(acc), *train_cli(cfg)])
+    assert res.returncode == 0, res.stderr[-4000:]
+    topo = topology(tmp_path / "run")
+    assert (topo["world_size"], topo["strategy"]) == (2, "fsdp2"), topo  # not a silent DDP
+    assert "distributed.strategy: ddp -> fsdp2" in res.stderr
+    assert_same_params(one_process(False), final_params(tmp_path / "run", tiny_dir))
+
+
+def test_an_accelerate_fsdp1_config_exits_2_naming_the_key(tiny_dir, tmp_path):
+    acc = tmp_path / "accelerate_fsdp1.yaml"
+    acc.write_text(_ACCELERATE_FSDP.format(port=free_port(), version=1))
+    cfg = _cfg(tiny_dir, tmp_path / "run", **STEPS2)
+    res = run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(acc), *train_cli(cfg)])
+    assert res.returncode != 0
+    assert "rank 0 of 2 failed" in res.stderr and "distributed.strategy" in res.stderr, res.stderr[-3000:]
+    assert "exitcode  : 2" in res.stderr  # each rank's own status: a user error
+    assert "Loading weights" not in res.stderr  # refused before any model loaded

@@ -166,6 +166,54 @@ def check_launch(num_processes: int, env: dict[str, str] | None = None, parent: 
                     f"{num_processes}; check the launch command ({WORKING_LAUNCH})")
 
 
+def one_process_only(option: str, why: str, env: dict[str, str] | None = None,
+                     parent: list[str] | None = None) -> list[str]:
+    """A validation problem when this launch starts several processes and ``option`` cannot run on them.
+
+    For methods whose state or passes are not (yet) correct across ranks: refused before any model loads,
+    naming the option, instead of training something other than the method."""
+    world, how = expected_world_size(env, parent)
+    if world <= 1:
+        return []
+    return [f"{option}: runs on one process only ({why}); this launch starts {world} ({how}). Train it with one "
+            f"process, or choose another method"]
+
+
+#: what ``accelerate launch`` puts in its processes' environment for a config with ``distributed_type: FSDP``
+ACCELERATE_FSDP_ENV = ("ACCELERATE_USE_FSDP", "FSDP_VERSION")
+
+
+def honour_launcher(cfg: Any, env: dict[str, str] | None = None) -> str | None:
+    """Make the run's strategy what the launcher asked for; returns a note when it changed it.
+
+    ``accelerate launch --config_file F`` with ``distributed_type: FSDP`` starts the processes with
+    ``ACCELERATE_USE_FSDP=true`` and ``FSDP_VERSION``. Left alone, the run trained plain DDP and said
+    ``strategy ddp``: what the launcher asked for is not what ran. ``fsdp_version: 2`` maps to
+    ``distributed.strategy: fsdp2`` (torch's ``fully_shard``, applied by ``shard_model``); FSDP version 1 is
+    refused naming the keys to use. The variable is then removed from this process's environment, so
+    accelerate does not build an FSDP plugin of its own beside the sharding applied here. ``env`` (tests)
+    defaults to ``os.environ`` and is changed in place.
+    """
+    env = os.environ if env is None else env
+    if str(env.get("ACCELERATE_USE_FSDP", "")).lower() not in ("1", "true", "yes"):
+        return None
+    version = str(env.get("FSDP_VERSION", "1")).strip()
+    if version != "2":
+        raise UserError(f"distributed.strategy: the accelerate config asks for FSDP version {version} "
+                        f"(distributed_type: FSDP); mmrlvr shards with FSDP2. Set fsdp_version: 2 in the accelerate "
+                        f"config, or use distributed_type: MULTI_GPU there and distributed.strategy: fsdp2 (or ddp) "
+                        f"in the run config")
+    for key in ACCELERATE_FSDP_ENV:
+        env.pop(key, None)
+    section = getattr(cfg, "distributed", None)
+    before = getattr(section, "strategy", "ddp")
+    if before == "fsdp2":
+        return None
+    section.strategy = "fsdp2"
+    return (f"distributed.strategy: {before} -> fsdp2, because the accelerate config asks for FSDP "
+            f"(distributed_type: FSDP, fsdp_version: 2)")
+
+
 def check_strategy(strategy: str, where: str = "config") -> list[str]:
     """Problems with ``distributed.strategy`` (one line each)."""
     if strategy not in STRATEGIES:

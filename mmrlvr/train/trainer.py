@@ -37,6 +37,11 @@ class Trainer:
         from mmrlvr.plugins import load_plugins
 
         load_plugins(cfg.plugins)  # plug-in stages validate too
+        from mmrlvr.train.distributed import honour_launcher, print_rank0
+
+        note = honour_launcher(cfg)  # an accelerate FSDP config runs FSDP2, never a silent DDP
+        if note:
+            print_rank0(f"note: {note}")
         problems = validate_stages(cfg)  # each selected stage checks its own config section, before any model load
         if problems:
             raise ConfigErrors(problems)

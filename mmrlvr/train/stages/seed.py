@@ -15,7 +15,8 @@
 Contract additions (docs/architecture.md): DelTA and POISE read the policy's hidden states through
 ``Runtime.inputs`` + ``mmrlvr.credit.signals``; POPO's update needs the final-norm states *with gradient*,
 which it computes itself (a second forward of the micro-batch). The probe / predictor / EMA states are not
-in checkpoints yet: a resumed run starts them afresh.
+in checkpoints yet: a resumed run starts them afresh. POISE and POPO run on one process only: validation refuses
+a multi-process launch naming the option (``mmrlvr.train.distributed.one_process_only``).
 """
 
 from __future__ import annotations
@@ -72,6 +73,13 @@ class PoiseAdvantage(Stage):
     def when(cls, cfg) -> bool:
         return cfg.algo.advantage == "poise"
 
+    @classmethod
+    def validate(cls, cfg) -> list[str]:
+        from mmrlvr.train.distributed import one_process_only
+
+        # each rank's probe would learn from its own shard only: the baselines would differ from one process's
+        return one_process_only("algo.advantage: poise", "its online probe is trained on one process's rollouts")
+
     def __init__(self, rt) -> None:
         super().__init__(rt)
         self.probe = None
@@ -97,6 +105,16 @@ class PopoAdvantage(Stage):
     @classmethod
     def when(cls, cfg) -> bool:
         return cfg.algo.loss == "popo"
+
+    @classmethod
+    def validate(cls, cfg) -> list[str]:
+        from mmrlvr.train.distributed import one_process_only
+
+        # the update's extra backward runs on the unwrapped model (DDP would not average its gradients), skips
+        # micro-batches without positive rows (FSDP2 ranks would wait in each other's all-gathers), and its
+        # predictor and EMA target live outside the wrapper
+        return one_process_only("algo.loss: popo", "its similarity pass and predictor are not synchronised "
+                                "across processes")
 
     def __call__(self, b: StepBatch) -> None:
         from mmrlvr.algos.masked import masked_mean
