@@ -386,7 +386,7 @@ def test_honour_launcher_maps_an_accelerate_fsdp2_request_and_refuses_fsdp1():
         D.honour_launcher(cfg, {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"})
 
 
-@pytest.mark.slow
+@pytest.mark.matrix  # run beside the multi-process matrix, after the suite (.ci/run)
 def test_an_accelerate_fsdp_config_trains_with_fsdp2_and_equals_one_process(tiny_dir, tmp_path, one_process):
     acc = tmp_path / "accelerate_fsdp.yaml"
     acc.write_text(_ACCELERATE_FSDP.format(port=free_port(), version=2))

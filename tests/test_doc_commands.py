@@ -115,6 +115,10 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         (INSTALL + " + GPU", (T_PYPROJECT, T_VLLM + "test_missing_vllm_is_a_clear_user_error")),
     QWEN_3B: (GPU, (T_DRY, T_CFG_LOAD, *T_GPU_CPU)),
     QWEN_7B: (ON_8_GPUS, (T_DRY, T_CFG_LOAD, T_TWO_PROC, *T_GPU_CPU)),
+    "python -m pytest -q -n 0 -m matrix tests/test_multiprocess_matrix.py tests/test_distributed_demo.py "
+    "tests/test_distributed.py":
+        (RUN + " (by CI after the suite: .ci/run)",
+         ("tests/test_multiprocess_matrix.py::test_the_matrix_covers_every_registered_option", T_OPTS)),
     "mmrlvr demo [--out runs/demo] [--steps N] [--eval-size N] [--inspect]":
         (SYNOPSIS, (T_OPTS, T_HELP, T_DEMO, "tests/test_demo.py::test_demo_eval_scales_with_steps")),
     "mmrlvr tiny build --family {qwen2_vl,qwen2_5_vl,qwen3_vl} --out DIR [--warm-start]":
@@ -273,7 +277,12 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
          (T_RUN_DIR + "test_resume_refuses_changes_that_break_exactness", T_DRY)),
     # ---- docs/scaling.md
     "torchrun --nproc_per_node 2 -m mmrlvr.cli train configs/demo-tiny.yaml":
-        (RUN + " (shortened: 2 steps of a tiny config)", (T_TWO_PROC, T_OPTS)),
+        (RUN + " (shortened: 2 steps of the config itself, and of a small one)",
+         ("tests/test_distributed_demo.py::test_demo_tiny_on_two_ddp_ranks_exports_what_one_process_exports",
+          T_TWO_PROC, T_OPTS)),
+    "python -m pytest -q -n 0 -m matrix tests/test_multiprocess_matrix.py":
+        (RUN + " (by CI after the suite: .ci/run)",
+         ("tests/test_multiprocess_matrix.py::test_the_matrix_covers_every_registered_option", T_OPTS)),
     "torchrun --nproc_per_node 2 -m mmrlvr.cli train configs/demo-tiny.yaml distributed.strategy=fsdp2":
         (RUN + " (shortened: 2 steps of a tiny config)", (T_DIST + "test_fsdp2_training_run_on_two_ranks_equals_one_process",
                                                          T_OPTS)),

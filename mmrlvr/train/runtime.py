@@ -77,6 +77,31 @@ class Runtime:
         t = torch.tensor([value], dtype=torch.float64, device=self.accel.device)
         return float(self.accel.reduce(t, reduction="sum").item())
 
+    def unsharded(self):
+        """A context in which every FSDP2 block of the policy is gathered (a no-op for an unsharded model).
+
+        For no-grad passes that call a part of the model (the backbone, for hidden states) instead of its root:
+        the root's forward hook is what gathers the root's own weights (embeddings, norms), so such a call on a
+        sharded model meets DTensor shards (``aten.embedding got mixed torch.Tensor and DTensor``). Generation
+        gathers the same way, once per call."""
+        from mmrlvr.train.distributed import gathered
+
+        return gathered(self.policy)
+
+    def gather_rows(self, *tensors: torch.Tensor) -> tuple[list[torch.Tensor], slice]:
+        """Each [n_r, ...] tensor concatenated over processes in rank order (the global batch), and the slice of
+        this process's rows in it. One process: the tensors themselves. For statistics of the whole batch
+        (REINFORCE++ whitens over every row of the step, not over one rank's share)."""
+        if self.accel.num_processes == 1:
+            return list(tensors), slice(0, int(tensors[0].shape[0]))
+        import torch.distributed as dist
+
+        parts: list[Any] = [None] * self.accel.num_processes
+        dist.all_gather_object(parts, [t.detach().cpu() for t in tensors])
+        start = sum(int(p[0].shape[0]) for p in parts[:self.accel.process_index])
+        rows = slice(start, start + int(tensors[0].shape[0]))
+        return [torch.cat([p[i] for p in parts]) for i in range(len(tensors))], rows
+
     def any_rank(self, flag: bool) -> bool:
         """True on every process when ``flag`` holds on any (a decision all ranks must take together: skipping
         a step whose loss is non-finite on one rank, another refill round)."""

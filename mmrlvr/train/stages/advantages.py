@@ -17,6 +17,29 @@ from mmrlvr.train.batch import StepBatch
 from mmrlvr.train.stages.base import Stage, register_stage
 
 
+def global_rows(rt, b: StepBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, slice]:
+    """(rewards, group index, response lengths, kept rows) of the step's *global* batch, and this process's rows.
+
+    Several processes: an estimator with batch statistics (REINFORCE++ whitens over every row of the step)
+    must not normalise over one rank's share, so every rank computes the advantages of the whole batch and
+    keeps its rows. Group indices become global (each rank's offset by the groups of the ranks before it).
+    One process: the batch's own tensors, unchanged."""
+    gi = b.rollouts.group_index
+    counts = (b.rollouts.response_mask > 0).sum(dim=-1)  # [N] response lengths
+    keep = b.row_mask if b.row_mask is not None else torch.ones_like(b.rewards, dtype=torch.bool)
+    if rt.accel.num_processes == 1:
+        return b.rewards, gi, counts, keep, slice(0, len(b.rewards))
+    rank = torch.full_like(gi, rt.accel.process_index)
+    n_groups = torch.full_like(gi, int(gi.max()) + 1 if len(gi) else 0)
+    (rewards, groups, counts, keep, ranks, ngs), rows = rt.gather_rows(b.rewards, gi, counts, keep, rank, n_groups)
+    per_rank = dict(zip(ranks.tolist(), ngs.tolist()))
+    offset, acc = {}, 0
+    for r in sorted(per_rank):
+        offset[r], acc = acc, acc + per_rank[r]
+    groups = groups + torch.tensor([offset[r] for r in ranks.tolist()], dtype=groups.dtype)
+    return rewards, groups, counts, keep, rows
+
+
 @register_stage("advantages", "group")
 class GroupAdvantage(Stage):
     @classmethod
@@ -35,17 +58,15 @@ class GroupAdvantage(Stage):
             name, rewards, group_index, token_counts=token_counts)
 
     def __call__(self, b: StepBatch) -> None:
-        group_index = b.rollouts.group_index
-        counts = (b.rollouts.response_mask > 0).sum(dim=-1)  # [N] response lengths
-        if b.row_mask is None or bool(b.row_mask.all()):
-            b.advantages = self.estimator(b.rewards, group_index, counts)
+        rewards, groups, counts, keep, rows = global_rows(self.rt, b)
+        if bool(keep.all()):
+            b.advantages = self.estimator(rewards, groups, counts)[rows]
             return
         # rows outside the batch (unscored, dropped groups) take no part in their group's baseline
-        keep = b.row_mask
-        adv = torch.zeros_like(b.rewards)
+        adv = torch.zeros_like(rewards)
         if bool(keep.any()):
-            adv[keep] = self.estimator(b.rewards[keep], group_index[keep], counts[keep])
-        b.advantages = adv
+            adv[keep] = self.estimator(rewards[keep], groups[keep], counts[keep])
+        b.advantages = adv[rows]
 
 
 @register_stage("advantages", "consistency_split", priority=10)

@@ -76,8 +76,9 @@ class InUpdateCredit(_CreditStage):
         cfg, rollouts = self.cfg, b.rollouts
         pert = None
         if self.scheme.needs_perturbed:
-            pert = response_hidden(self.rt.policy, self.perturbed_inputs(b), rollouts.prompt_length,
-                                   rollouts.response_ids.shape[1], rows_per_prompt=cfg.rollout.group_size)
+            with self.rt.unsharded():  # the backbone is called directly (FSDP2: its root weights gathered first)
+                pert = response_hidden(self.rt.policy, self.perturbed_inputs(b), rollouts.prompt_length,
+                                       rollouts.response_ids.shape[1], rows_per_prompt=cfg.rollout.group_size)
         b.deferred = DeferredCredit(self.scheme, pert, b.token_weights.clone(), b.advantages.clone(),
                                     cfg.credit.chunk_size, cfg.rollout.temperature)
 
@@ -97,7 +98,7 @@ class SeparateCredit(_CreditStage):
         # the clean full-vocabulary pass is needed for entropy/JSD (VEPO, entropy top-k, RSI); VPPO and
         # PAPO read only the perturbed pass's sampled-token log-probs
         distribution = scheme.needs_distribution or not scheme.needs_perturbed
-        with torch.no_grad():
+        with torch.no_grad(), rt.unsharded():  # hidden-state passes call the backbone (FSDP2: gathered first)
             signals = token_signals_from_model(
                 rt.policy, clean if distribution else None, pert_inputs, rollouts.prompt_length,
                 rollouts.response_ids, rollouts.response_mask, chunk_size=cfg.credit.chunk_size,

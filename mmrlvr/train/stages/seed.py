@@ -55,7 +55,7 @@ class HiddenStateCredit(Stage):
         from mmrlvr.credit.signals import response_hidden
 
         rollouts = b.rollouts
-        with torch.no_grad():
+        with torch.no_grad(), self.rt.unsharded():  # the backbone is called directly (FSDP2: gathered first)
             hidden = response_hidden(self.rt.policy, _all_rows(self.rt, b), rollouts.prompt_length,
                                      rollouts.response_ids.shape[1], rows_per_prompt=self.cfg.rollout.group_size)
         dev, home = hidden.states.device, b.token_weights.device  # [N, L, H] stays on the model's device
