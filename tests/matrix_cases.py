@@ -143,7 +143,7 @@ def cases() -> list[Case]:
             case.expect, case.why = "refused", refused
         elif key in NOT_EQUAL:
             case.expect, case.why = "runs", NOT_EQUAL[key]
-        elif (kind == "credit" and name in CREDIT_PER_RANK_SCHEMES) or _uses(base)["credit"] & CREDIT_PER_RANK_SCHEMES:
+        elif name in CREDIT_PER_RANK_SCHEMES if kind == "credit" else _uses(base)["credit"] & CREDIT_PER_RANK_SCHEMES:
             case.expect, case.why = "runs", CREDIT_PER_RANK
         out.append(case)
     seen: dict[tuple, str] = {}
