@@ -31,10 +31,10 @@ COMMON = ["max_steps=2", "save_every=0", "eval.every=0", "eval.at_start=false", 
 NOT_EQUAL = {
     "shape:dynamic_sampling": "refill rounds fill each rank's shard from its own refill prompts (docs/scaling.md)",
 }
-#: vision credit's batch-level statistics (token selection quantiles, normalisers) are per rank: 2 ranks differ
-#: from 1 process by ~2e-4 after 2 steps (measured by this matrix); open work, docs/scaling.md says so
-CREDIT_PER_RANK_SCHEMES = {"vepo", "vppo", "papo", "delta"}  # entropy_topk and rsi are equal within 1e-5
-CREDIT_PER_RANK = "credit statistics are computed over each rank's share of the batch (open: docs/scaling.md)"
+#: the perturbed pass's image noise is drawn per rank (and VPPO's advantage scale is a min-max over the rank's
+#: rows): 2 ranks differ from 1 process by ~2e-4 after 2 steps (measured by this matrix); open, docs/scaling.md
+CREDIT_PER_RANK_SCHEMES = {"vepo", "vppo", "papo"}  # entropy_topk, rsi and delta are equal within 1e-5
+CREDIT_PER_RANK = "the perturbed pass's noise (and VPPO's scale) are per rank (open: docs/scaling.md)"
 
 
 @dataclass

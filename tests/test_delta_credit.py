@@ -115,3 +115,45 @@ def test_scheme_is_registered_and_gives_token_weights_with_a_token_count_normali
         scheme(None, mask, adv, old_logprobs=logp)
     with pytest.raises(UserError, match="lambda_w"):
         build_scheme("delta", lambda_w=0)
+
+
+def test_two_shards_with_a_reducer_give_the_global_batch_coefficients():
+    """Several processes: DelTA's centroids, spreads and mean are batch-wide; with ``reduce`` summing over
+    processes each shard's coefficients equal the rows of the one-batch computation. Two threads stand in
+    for two ranks (the reducer sums what both hand in at each call, as all-reduce does)."""
+    import threading
+
+    gen = torch.Generator().manual_seed(3)
+    N, L, H = 6, 5, 8
+    h = torch.randn(N, L, H, generator=gen)
+    logp = -torch.rand(N, L, generator=gen)
+    adv = torch.tensor([1.0, -0.5, 0.7, -1.2, 0.3, -0.1])
+    mask = (torch.rand(N, L, generator=gen) > 0.2).float()
+    want = delta_coefficients(h, logp, adv, mask)
+    shards = [slice(0, 2), slice(2, 6)]  # uneven on purpose: 2 rows and 4 rows
+    slots: list = [None, None]
+    barrier = threading.Barrier(2)
+
+    def reducer(rank: int):
+        def reduce(t: torch.Tensor) -> torch.Tensor:
+            slots[rank] = t.clone()
+            barrier.wait()
+            total = slots[0] + slots[1]
+            barrier.wait()
+            return total
+        return reduce
+
+    got: list = [None, None]
+
+    def run(rank: int) -> None:
+        r = shards[rank]
+        got[rank] = delta_coefficients(h[r], logp[r], adv[r], mask[r], reduce=reducer(rank))
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    torch.testing.assert_close(torch.cat(got), want, rtol=0, atol=1e-5)
+    assert not torch.allclose(delta_coefficients(h[2:], logp[2:], adv[2:], mask[2:]), want[2:], atol=1e-4), \
+        "the premise: a shard alone gives other coefficients"

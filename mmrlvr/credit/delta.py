@@ -26,7 +26,7 @@ the middle, 1.0 before the rescaling (see docs/methods.md, "DelTA").
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import torch
 
@@ -36,32 +36,52 @@ from mmrlvr.errors import UserError
 LOW, SPAN = 0.8, 0.4  # c_t = LOW + SPAN·σ(m/γ)
 
 
-def _centroid(v: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Σ w v / Σ w over tokens: v [T, H], weight [T] -> [H]."""
-    return (weight[:, None] * v).sum(0) / weight.sum().clamp_min(1e-12)
+Reduce = Callable[[torch.Tensor], torch.Tensor]  # a tensor summed over processes (identity in one process)
+
+
+def _centroid(v: torch.Tensor, weight: torch.Tensor, reduce: Reduce | None = None) -> torch.Tensor:
+    """Σ w v / Σ w over tokens: v [T, H], weight [T] -> [H] (sums over every process's tokens with ``reduce``)."""
+    num, den = (weight[:, None] * v).sum(0), weight.sum()
+    if reduce is not None:
+        num, den = reduce(num), reduce(den)
+    return num / den.clamp_min(1e-12)
+
+
+def _side_std(m: torch.Tensor, reduce: Reduce) -> float:
+    """Population std of ``m`` over every process's tokens (from summed count, sum and sum of squares)."""
+    stats = reduce(torch.stack([torch.tensor(float(m.numel()), dtype=torch.float64, device=m.device),
+                                m.double().sum(), (m.double() ** 2).sum()]))
+    n, s, s2 = (float(x) for x in stats)
+    return max(s2 / n - (s / n) ** 2, 0.0) ** 0.5 if n > 1 else 0.0
 
 
 def _margins(v: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor, mu_p: torch.Tensor, mu_n: torch.Tensor,
-             lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+             lam: float, reduce: Reduce | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(m [T], m/γ [T]) for tokens v [T, H]; pos/neg [T] bool sides; γ = population std per side."""
     d_p = ((v - mu_p) ** 2).sum(-1)
     d_n = ((v - mu_n) ** 2).sum(-1)
     m = torch.where(pos, lam * d_n - d_p, lam * d_p - d_n)
     z = torch.zeros_like(m)
     for side in (pos, neg):
-        if side.any():
+        if reduce is not None:  # every process takes part, with or without tokens on this side
+            gamma = _side_std(m[side], reduce)
+        elif side.any():
             gamma = float(m[side].std(unbiased=False)) if int(side.sum()) > 1 else 0.0
-            z[side] = m[side] / (gamma if gamma > 1e-12 else 1.0)
+        else:
+            continue
+        z[side] = m[side] / (gamma if gamma > 1e-12 else 1.0)
     return m, z
 
 
 @torch.no_grad()
 def delta_coefficients(hidden: torch.Tensor, logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                       *, lambda_w: float = 1.0) -> torch.Tensor:
+                       *, lambda_w: float = 1.0, reduce: Reduce | None = None) -> torch.Tensor:
     """DelTA token coefficients c [N, L] (0 at masked tokens, mean 1 over valid ones).
 
     hidden: [N, L, H] LM-head input states predicting each response token; logp: [N, L] log-prob of the
-    sampled token (p_t = exp); advantages: [N] or [N, L]; mask: [N, L] (> 0 counts)."""
+    sampled token (p_t = exp); advantages: [N] or [N, L]; mask: [N, L] (> 0 counts).
+    ``reduce`` (several processes): sums a tensor over processes, so the centroids, the per-side spreads and the
+    final mean are those of the global batch — the coefficients then equal one process's on the same batch."""
     valid = mask > 0
     adv = advantages[:, None].expand_as(logp) if advantages.dim() == 1 else advantages
     adv = adv.float()
@@ -70,19 +90,26 @@ def delta_coefficients(hidden: torch.Tensor, logp: torch.Tensor, advantages: tor
     c = torch.zeros_like(p)
     c[valid] = LOW
     pos, neg = valid & (adv > 0), valid & (adv < 0)
-    if not pos.any() or not neg.any():
+    sides = torch.stack([pos.sum(), neg.sum()]).to(p.device)
+    if reduce is not None:
+        sides = reduce(sides)
+    if int(sides[0]) == 0 or int(sides[1]) == 0:
         return valid.to(p.dtype)
     sel = pos | neg
     v, a = v_all[sel], adv[sel]  # [T, H], [T]
     side_p, side_n = a > 0, a < 0
     w_p, w_n = torch.where(side_p, a, 0.0), torch.where(side_n, a.abs(), 0.0)
-    mu_p, mu_n = _centroid(v, w_p), _centroid(v, w_n)
-    _, z = _margins(v, side_p, side_n, mu_p, mu_n, lambda_w)
+    mu_p, mu_n = _centroid(v, w_p, reduce), _centroid(v, w_n, reduce)
+    _, z = _margins(v, side_p, side_n, mu_p, mu_n, lambda_w, reduce)
     s = torch.sigmoid(z)
-    mu_p, mu_n = _centroid(v, s * w_p), _centroid(v, s * w_n)  # one refinement
-    _, z = _margins(v, side_p, side_n, mu_p, mu_n, lambda_w)
+    mu_p, mu_n = _centroid(v, s * w_p, reduce), _centroid(v, s * w_n, reduce)  # one refinement
+    _, z = _margins(v, side_p, side_n, mu_p, mu_n, lambda_w, reduce)
     c[sel] = LOW + SPAN * torch.sigmoid(z)
-    mean = c[valid].mean()
+    if reduce is None:
+        mean = c[valid].mean()
+    else:
+        tot = reduce(torch.stack([c[valid].double().sum(), valid.sum().double()]).to(c.device))
+        mean = (tot[0] / tot[1].clamp_min(1)).to(c.dtype)
     return torch.where(valid, c / mean, torch.zeros_like(c))
 
 
@@ -103,14 +130,16 @@ class DelTA(CreditScheme):
         if self.lambda_w <= 0:
             raise UserError(f"credit.lambda_w must be > 0, got {self.lambda_w}")
 
-    def __call__(self, signals, mask, advantages, *, old_logprobs=None, hidden=None, **params) -> CreditResult:
+    def __call__(self, signals, mask, advantages, *, old_logprobs=None, hidden=None, reduce=None,
+                 **params) -> CreditResult:
+        """``reduce``: sums a tensor over processes (the credit stage passes it with several processes)."""
         scheme = self.with_params(**params) if params else self
-        return scheme._apply_hidden(signals, mask, advantages, old_logprobs, hidden)
+        return scheme._apply_hidden(signals, mask, advantages, old_logprobs, hidden, reduce)
 
     def _apply(self, signals, mask, advantages, old_logprobs) -> CreditResult:
         return self._apply_hidden(signals, mask, advantages, old_logprobs, None)
 
-    def _apply_hidden(self, signals, mask, advantages, old_logprobs, hidden) -> CreditResult:
+    def _apply_hidden(self, signals, mask, advantages, old_logprobs, hidden, reduce=None) -> CreditResult:
         if hidden is None:
             raise UserError("credit scheme delta needs the LM-head input states of the response tokens "
                             "(hidden=[N, L, H]); the credit stage computes them when the scheme says needs_hidden")
@@ -119,7 +148,7 @@ class DelTA(CreditScheme):
                                  signals.old_logp if signals is not None else None) if x is not None), None)
         if logp is None:
             raise UserError("credit scheme delta needs the sampled tokens' log-probs (old_logprobs)")
-        c = delta_coefficients(hidden, logp, advantages, mask, lambda_w=self.lambda_w)
+        c = delta_coefficients(hidden, logp, advantages, mask, lambda_w=self.lambda_w, reduce=reduce)
         valid = mask > 0
         vals = c[valid]
         from mmrlvr.credit.signals import TokenSignals

@@ -77,6 +77,13 @@ class Runtime:
         t = torch.tensor([value], dtype=torch.float64, device=self.accel.device)
         return float(self.accel.reduce(t, reduction="sum").item())
 
+    def sum_over_processes(self):
+        """A function summing a tensor over processes (all-reduce), or None in one process: for statistics of
+        the global batch inside a pure function (DelTA's centroids)."""
+        if self.accel.num_processes == 1:
+            return None
+        return lambda t: self.accel.reduce(t.contiguous(), reduction="sum")
+
     def unsharded(self):
         """A context in which every FSDP2 block of the policy is gathered (a no-op for an unsharded model).
 
