@@ -31,10 +31,6 @@ COMMON = ["max_steps=2", "save_every=0", "eval.every=0", "eval.at_start=false", 
 NOT_EQUAL = {
     "shape:dynamic_sampling": "refill rounds fill each rank's shard from its own refill prompts (docs/scaling.md)",
 }
-#: the perturbed pass's image noise is drawn per rank (and VPPO's advantage scale is a min-max over the rank's
-#: rows): 2 ranks differ from 1 process by ~2e-4 after 2 steps (measured by this matrix); open, docs/scaling.md
-CREDIT_PER_RANK_SCHEMES = {"vepo", "vppo", "papo"}  # entropy_topk, rsi and delta are equal within 1e-5
-CREDIT_PER_RANK = "the perturbed pass's noise (and VPPO's scale) are per rank (open: docs/scaling.md)"
 
 
 @dataclass
@@ -127,9 +123,7 @@ def options() -> list[tuple[str, str]]:
 
 
 def cases() -> list[Case]:
-    out = [Case(f"config-{c.stem}", c, [], ("ddp", "fsdp2"),
-                *(("runs", CREDIT_PER_RANK) if _uses(c)["credit"] & CREDIT_PER_RANK_SCHEMES else ()))
-           for c in [*TINY_CONFIGS, DEMO_CONFIG]]
+    out = [Case(f"config-{c.stem}", c, [], ("ddp", "fsdp2")) for c in [*TINY_CONFIGS, DEMO_CONFIG]]
     out.append(Case("split-advantage", ROOT / "configs" / "consistency-tiny.yaml",
                     ["consistency.split_advantage=true"]))  # the consistency_split advantages stage
     for kind, name in options():
@@ -143,8 +137,6 @@ def cases() -> list[Case]:
             case.expect, case.why = "refused", refused
         elif key in NOT_EQUAL:
             case.expect, case.why = "runs", NOT_EQUAL[key]
-        elif name in CREDIT_PER_RANK_SCHEMES if kind == "credit" else _uses(base)["credit"] & CREDIT_PER_RANK_SCHEMES:
-            case.expect, case.why = "runs", CREDIT_PER_RANK
         out.append(case)
     seen: dict[tuple, str] = {}
     unique = []

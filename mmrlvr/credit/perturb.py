@@ -28,6 +28,7 @@ layouts other than Qwen's flattened patches (LLaVA-style ``[B, C, H, W]`` pixel 
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import math
 from dataclasses import dataclass
@@ -281,15 +282,27 @@ def distinct_images(pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple
     return unique, source
 
 
-def _per_distinct(fn: Perturbation, pv: torch.Tensor, grid: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-    """Apply ``fn`` once per distinct image and copy the result to every copy of that image."""
+def image_seed(seed: int, block: torch.Tensor, grid_row: torch.Tensor) -> int:
+    """The perturbation seed of one image: a function of (``seed``, the image's content and grid), not of its
+    position in the batch, so an image gets the same perturbation whichever rank, row or batch it is in."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(int(seed).to_bytes(8, "little", signed=True))
+    h.update(grid_row.detach().cpu().to(torch.int64).numpy().tobytes())
+    h.update(block.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return int.from_bytes(h.digest(), "little") & ((1 << 63) - 1)
+
+
+def _per_distinct(fn: Perturbation, pv: torch.Tensor, grid: torch.Tensor, *, seed: int, **kwargs: Any) -> torch.Tensor:
+    """Apply ``fn`` once per distinct image, each with its own generator seeded by ``image_seed``, and copy the
+    result to every copy of that image."""
     unique, source = distinct_images(pv, grid)
-    if len(unique) == grid.shape[0]:
-        return fn(pv, grid, **kwargs)
     blocks = torch.split(pv, grid.prod(-1).tolist())
-    sub = fn(torch.cat([blocks[i] for i in unique]), grid[unique], **kwargs)
-    sub_blocks = torch.split(sub, grid[unique].prod(-1).tolist())
-    return torch.cat([sub_blocks[u] for u in source])
+    out = []
+    for i in unique:
+        gen = torch.Generator(device=pv.device)
+        gen.manual_seed(image_seed(seed, blocks[i], grid[i]))
+        out.append(fn(blocks[i], grid[i:i + 1], generator=gen, **kwargs))
+    return torch.cat([out[u] for u in source])
 
 
 def perturb_vision(vision: dict[str, Any], name: str, *, seed: int, layout: PatchLayout | None = None,
@@ -298,10 +311,12 @@ def perturb_vision(vision: dict[str, Any], name: str, *, seed: int, layout: Patc
     perturbed by the registered perturbation ``name``; every other entry is passed through unchanged.
 
     vision: e.g. ``RolloutBatch.vision`` = {"pixel_values": [n, C*Tp*P*P], "image_grid_thw": [k, 3], ...}.
-    The same seed gives the same perturbation (a fresh ``torch.Generator`` on the tensor's device).
-    Identical images (the G rollouts of one prompt) get the identical perturbation: the counterfactual
-    is "this prompt with image I'", and the extra forward can then run the vision tower once per
-    distinct image (``signals.final_hidden_states``)."""
+    Each distinct image is perturbed with its own generator (on the tensor's device) seeded by ``seed`` and
+    the image's content (``image_seed``): the same seed gives the same perturbation, identical images (the G
+    rollouts of one prompt) get the identical perturbation — the counterfactual is "this prompt with image
+    I'", and the extra forward can run the vision tower once per distinct image — and an image's
+    perturbation does not depend on which other images share the batch, so N processes, each with its share
+    of the step's prompts, perturb exactly what one process does."""
     fn = PERTURBATIONS.get(name)
     accepted = [k for k, v in inspect.signature(fn).parameters.items()
                 if v.kind is v.KEYWORD_ONLY and k not in ("generator", "layout", "processor")]
@@ -315,8 +330,5 @@ def perturb_vision(vision: dict[str, Any], name: str, *, seed: int, layout: Patc
             continue
         if vision.get(grid_key) is None:
             raise UserError(f"vision inputs have {key!r} but no {grid_key!r}; cannot perturb them")
-        gen = torch.Generator(device=pv.device)
-        gen.manual_seed(int(seed))
-        out[key] = _per_distinct(fn, pv, vision[grid_key], generator=gen, layout=layout, processor=processor,
-                                 **params)
+        out[key] = _per_distinct(fn, pv, vision[grid_key], seed=seed, layout=layout, processor=processor, **params)
     return out

@@ -104,28 +104,51 @@ def vepo_score(jsd: torch.Tensor, entropy: torch.Tensor, entropy_shift: torch.Te
     return (1.0 - (1.0 - j) ** alpha * (1.0 - g) ** (1.0 - alpha)) * h
 
 
-def vppo_advantage_scale(dependency: torch.Tensor, mask: torch.Tensor, beta_min: float = 0.9) -> torch.Tensor:
+def vppo_advantage_scale(dependency: torch.Tensor, mask: torch.Tensor, beta_min: float = 0.9,
+                         reduce: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
     """VPPO trajectory shaping (METHODS.md §2, [code]): [N, L] S_t -> [N] scale_i.
 
     S̄_i = mean_t S_t over valid tokens; n_i = min-max of S̄ over the mini-batch;
     β_max = β_min + (1 − β_min)/mean(n); scale_i = β_min + n_i (β_max − β_min), so mean(scale) = 1.
     [ours] Rows without valid tokens are left out of the min-max and get 1; when mean(n) = 0 (one row,
-    or all S̄ equal) there is no signal and every scale is 1 (the formula would divide by 0)."""
+    or all S̄ equal) there is no signal and every scale is 1 (the formula would divide by 0).
+    ``reduce(t, op)`` (several processes: all-reduce with op sum | min | max): the min, max and mean are
+    over the global batch's rows, so each process scales its rows as one process would."""
     valid = mask > 0
     count = valid.sum(-1)  # [N]
     has = count > 0
     scale = torch.ones(dependency.shape[0], device=dependency.device)
-    if int(has.sum()) == 0:
-        return scale
     s_bar = torch.where(valid, dependency, torch.zeros_like(dependency)).sum(-1) / count.clamp(min=1)
     sb = s_bar[has]
-    span = sb.max() - sb.min()
-    n = (sb - sb.min()) / span if span > 0 else torch.zeros_like(sb)
-    if float(n.mean()) <= 0:
+    if reduce is None:
+        if int(has.sum()) == 0:
+            return scale
+        lo, hi = sb.min(), sb.max()
+    else:
+        if int(reduce(has.sum().to(s_bar.device))) == 0:
+            return scale
+        inf = torch.tensor(float("inf"), dtype=s_bar.dtype, device=s_bar.device)
+        lo = reduce(sb.min() if sb.numel() else inf, "min")
+        hi = reduce(sb.max() if sb.numel() else -inf, "max")
+    span = hi - lo
+    n = (sb - lo) / span if span > 0 else torch.zeros_like(sb)
+    if reduce is None:
+        n_mean = n.mean()
+    else:
+        tot = reduce(torch.stack([n.sum(), torch.tensor(float(n.numel()), dtype=n.dtype, device=n.device)]))
+        n_mean = tot[0] / tot[1]
+    if float(n_mean) <= 0:
         return scale
-    beta_max = beta_min + (1.0 - beta_min) / n.mean()
+    beta_max = beta_min + (1.0 - beta_min) / n_mean
     scale[has] = beta_min + n * (beta_max - beta_min)
     return scale
+
+
+def takes_reduce(scheme: Any) -> bool:
+    """Whether a credit scheme's call accepts ``reduce=`` (batch-wide statistics over processes)."""
+    import inspect
+
+    return "reduce" in inspect.signature(scheme.__call__).parameters
 
 
 def _below_row_median(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -368,14 +391,20 @@ class VPPO(CreditScheme):
         if self.entropy_coef < 0:
             raise UserError(f"credit.entropy_coef must be >= 0, got {self.entropy_coef}")
 
-    def _apply(self, signals, mask, advantages, old_logprobs) -> CreditResult:
+    def __call__(self, signals, mask, advantages, *, old_logprobs=None, reduce=None, **params) -> CreditResult:
+        """``reduce(t, op)``: all-reduce over processes (the credit stage passes it with several processes), so
+        the advantage scale's min-max runs over the global batch."""
+        scheme = self.with_params(**params) if params else self
+        return scheme._apply(signals, mask, advantages, old_logprobs, reduce)
+
+    def _apply(self, signals, mask, advantages, old_logprobs, reduce=None) -> CreditResult:
         self._require_perturbed(signals)
         old = next((x for x in (old_logprobs, signals.old_logp, signals.logp) if x is not None), None)
         if old is None:
             raise UserError("credit scheme VPPO needs log pi_old: pass old_logprobs or clean signals")
         dep = vppo_dependency(signals.logq, old, mask)  # [N, L]
         sel = topk_per_row(dep, mask, topk_count(mask, self.k), tiebreak=signals.entropy)
-        scale = vppo_advantage_scale(dep, mask, self.beta_min)
+        scale = vppo_advantage_scale(dep, mask, self.beta_min, reduce)
         valid = mask > 0
         extra_loss = None
         if self.entropy_coef > 0:

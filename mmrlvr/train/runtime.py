@@ -77,12 +77,22 @@ class Runtime:
         t = torch.tensor([value], dtype=torch.float64, device=self.accel.device)
         return float(self.accel.reduce(t, reduction="sum").item())
 
-    def sum_over_processes(self):
-        """A function summing a tensor over processes (all-reduce), or None in one process: for statistics of
-        the global batch inside a pure function (DelTA's centroids)."""
+    def reduce_fn(self):
+        """``reduce(t, op="sum")``: a tensor reduced over processes (all-reduce; op sum | min | max), or None in
+        one process — for statistics of the global batch inside pure functions (DelTA's centroids, VPPO's
+        min-max scale)."""
         if self.accel.num_processes == 1:
             return None
-        return lambda t: self.accel.reduce(t.contiguous(), reduction="sum")
+        import torch.distributed as dist
+
+        ops = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+
+        def reduce(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+            out = t.detach().clone().contiguous()
+            dist.all_reduce(out, op=ops[op])
+            return out
+
+        return reduce
 
     def unsharded(self):
         """A context in which every FSDP2 block of the policy is gathered (a no-op for an unsharded model).

@@ -105,7 +105,11 @@ class SeparateCredit(_CreditStage):
                 temperature=cfg.rollout.temperature, old_logprobs=rollouts.old_logprobs,
                 distribution=distribution, rows_per_prompt=cfg.rollout.group_size,
             )
-        credit = scheme(signals, b.token_weights, b.advantages, old_logprobs=rollouts.old_logprobs)
+        from mmrlvr.credit.schemes import takes_reduce
+
+        reduce = rt.reduce_fn()  # several processes: a scheme's batch-wide statistics (VPPO's scale) are global
+        extra = {"reduce": reduce} if reduce is not None and takes_reduce(scheme) else {}
+        credit = scheme(signals, b.token_weights, b.advantages, old_logprobs=rollouts.old_logprobs, **extra)
         b.signals = signals
         b.token_weights = b.token_weights * credit.token_weights
         adv = b.advantages

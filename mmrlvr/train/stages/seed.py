@@ -30,12 +30,6 @@ from mmrlvr.train.stages.base import Stage, register_stage
 from mmrlvr.train.stages.update import PolicyGradient
 
 
-def _takes(fn: Any, name: str) -> bool:
-    import inspect
-
-    return name in inspect.signature(fn.__call__ if not inspect.isfunction(fn) else fn).parameters
-
-
 def _all_rows(rt, b: StepBatch) -> dict[str, Any]:
     return rt.inputs(b.rollouts, b.vision, b.images_per_row, slice(0, b.rollouts.num_rows))
 
@@ -65,8 +59,10 @@ class HiddenStateCredit(Stage):
             hidden = response_hidden(self.rt.policy, _all_rows(self.rt, b), rollouts.prompt_length,
                                      rollouts.response_ids.shape[1], rows_per_prompt=self.cfg.rollout.group_size)
         dev, home = hidden.states.device, b.token_weights.device  # [N, L, H] stays on the model's device
-        reduce = self.rt.sum_over_processes()  # several processes: batch-wide statistics of the global batch
-        extra = {"reduce": reduce} if reduce is not None and _takes(self.scheme, "reduce") else {}
+        reduce = self.rt.reduce_fn()  # several processes: batch-wide statistics of the global batch
+        from mmrlvr.credit.schemes import takes_reduce
+
+        extra = {"reduce": reduce} if reduce is not None and takes_reduce(self.scheme) else {}
         credit = self.scheme(None, b.token_weights.to(dev), b.advantages.to(dev),
                              old_logprobs=rollouts.old_logprobs.to(dev), hidden=hidden.states, **extra)
         b.token_weights = b.token_weights * credit.token_weights.to(home)
