@@ -126,6 +126,9 @@ def cases() -> list[Case]:
     out = [Case(f"config-{c.stem}", c, [], ("ddp", "fsdp2")) for c in [*TINY_CONFIGS, DEMO_CONFIG]]
     out.append(Case("split-advantage", ROOT / "configs" / "consistency-tiny.yaml",
                     ["consistency.split_advantage=true"]))  # the consistency_split advantages stage
+    # dynamic sampling without refill rounds: the rank-agreed filtering alone, held to equality
+    out.append(Case("dynamic-sampling-no-refill", ROOT / "configs" / "demo-tiny.yaml",
+                    ["stages.shape=[dynamic_sampling]", "algo.dynamic_sampling_max_rounds=1"]))
     for kind, name in options():
         base = _config_for(kind, name)
         overrides = [] if base != ROOT / "configs" / "demo-tiny.yaml" and kind == "reward" else _option(kind, name)
