@@ -147,7 +147,8 @@ _TWO_RANKS = textwrap.dedent("""
     m = {f"offpolicy/bin{b}/tokens": float(b + 1) for b in range(3 + 5 * rank)}
     m.update({"reward/mean": 0.25 + rank, "ratio/max": 1.0 + rank, "skipped": 0.0, "where": f"rank{rank}"})
     out = reduce_over_processes(m, {"rows": 4.0 * (1 + 2 * rank)}, dist.get_world_size())
-    print(json.dumps({"rank": rank, "world": dist.get_world_size(), "out": out}))
+    with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:  # one file per rank (stdout interleaves)
+        json.dump({"rank": rank, "world": dist.get_world_size(), "out": out}, f)
     dist.destroy_process_group()
 """)
 
@@ -157,11 +158,12 @@ def test_two_gloo_processes_with_different_keys_reduce_without_a_size_mismatch(t
 
     script = tmp_path / "two.py"
     script.write_text(_TWO_RANKS)
-    p = subprocess.run(torchrun_cmd(str(script)), env=env(), capture_output=True, text=True, timeout=300)
+    p = subprocess.run(torchrun_cmd(str(script), str(tmp_path)), env=env(), capture_output=True, text=True,
+                       timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     import json
 
-    outs = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    outs = [json.loads(f.read_text()) for f in sorted(tmp_path.glob("rank*.json"))]
     assert sorted(o["rank"] for o in outs) == [0, 1] and all(o["world"] == 2 for o in outs)
     assert outs[0]["out"] == outs[1]["out"], "every rank logs the same metrics"
     out = outs[0]["out"]
