@@ -399,6 +399,7 @@ def test_an_accelerate_fsdp_config_trains_with_fsdp2_and_equals_one_process(tiny
     assert_same_params(one_process(False), final_params(tmp_path / "run", tiny_dir))
 
 
+@pytest.mark.matrix  # run beside the multi-process matrix, after the suite (.ci/run)
 def test_an_accelerate_fsdp1_config_exits_2_naming_the_key(tiny_dir, tmp_path):
     acc = tmp_path / "accelerate_fsdp1.yaml"
     acc.write_text(_ACCELERATE_FSDP.format(port=free_port(), version=1))

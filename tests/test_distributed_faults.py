@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from multiproc import env, torchrun_cmd, train_cli
 
+pytestmark = pytest.mark.matrix  # multi-process runs: beside the matrix, after the suite (.ci/run)
 ROOT = Path(__file__).resolve().parents[1]
 FAULTS = str(ROOT / "tests" / "scripts" / "plugin_rank_faults.py")
 

@@ -116,7 +116,7 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     QWEN_3B: (GPU, (T_DRY, T_CFG_LOAD, *T_GPU_CPU)),
     QWEN_7B: (ON_8_GPUS, (T_DRY, T_CFG_LOAD, T_TWO_PROC, *T_GPU_CPU)),
     "python -m pytest -q -n 0 -m matrix tests/test_multiprocess_matrix.py tests/test_distributed_demo.py "
-    "tests/test_distributed.py":
+    "tests/test_distributed.py tests/test_distributed_faults.py":
         (RUN + " (by CI after the suite: .ci/run)",
          ("tests/test_multiprocess_matrix.py::test_the_matrix_covers_every_registered_option", T_OPTS)),
     "mmrlvr demo [--out runs/demo] [--steps N] [--eval-size N] [--inspect]":
