@@ -1,6 +1,6 @@
 """Evaluate a policy on Samples: greedy accuracy, avg@k and pass@k at a temperature, format rate.
 
-avg@k (the MathVista / EasyR1 protocol, METHODS.md §6) is the mean accuracy over k samples per prompt at
+avg@k (the MathVista / EasyR1 protocol) is the mean accuracy over k samples per prompt at
 temperature T; pass@k is the fraction of prompts with at least one correct sample among the k. Both come
 from the same k draws. Greedy accuracy is one argmax decode per prompt.
 

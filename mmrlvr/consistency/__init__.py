@@ -1,4 +1,4 @@
-"""Thinking–answer consistency (METHODS.md §3): measure it, judge it, reward it safely.
+"""Thinking–answer consistency (docs/consistency.md): measure it, judge it, reward it safely.
 
 - ``extract``: the conclusion the thinking states (per answer type, per-task hooks), with spans;
 - ``verify``: the one adapter onto the accuracy verifiers of ``mmrlvr.rewards``;

@@ -1,12 +1,12 @@
 """Group-level consistency shaping: the GRPO-CARE bonus, CORA's split advantages and their β schedule.
 
-Pure tensor functions (METHODS.md §3), no model and no config inside. Rows are rollouts; rollouts of
+Pure tensor functions (formulas and papers: docs/consistency.md), no model and no config inside. Rows are rollouts; rollouts of
 the same prompt share a ``group_index`` value (any integers, need not be contiguous or sorted).
 
 - ``care_bonus``: GRPO-CARE [code]. Among the *accurate* rollouts of a group (acc > 0.1 and at least
   the group's mean accuracy), those whose consistency probability p is at least the accurate rollouts'
   mean p minus a margin earn ``scale * acc``. Inaccurate rollouts never earn it, so the bonus cannot
-  pay for "consistent but wrong" — the failure STACK.md measured for a plain consistency reward.
+  pay for "consistent but wrong" — the failure docs/consistency.md ("The study") measured for a plain consistency reward.
 - ``cora_split_advantages``: CORA's HRAS [paper]. The task reward and the consistency reward are
   normalised separately within each group and then combined, A = α·A_task + β·A_cons, so a reward with
   a small spread is not drowned by the other one.

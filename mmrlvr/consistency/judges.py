@@ -1,4 +1,4 @@
-"""Judges of thinking–answer consistency behind one interface (METHODS.md §3).
+"""Judges of thinking–answer consistency behind one interface (docs/consistency.md).
 
 ``judge.p_consistent(completions, samples) -> list[float | None]``: P(the answer follows from the
 thinking) per rollout, in [0, 1]; ``None`` when the judge cannot tell (no thinking, no answer, no

@@ -9,7 +9,7 @@
   ``consistency/think_right_answer_right``, ``…/think_right_answer_wrong``,
   ``…/think_wrong_answer_right``, ``…/think_wrong_answer_wrong``;
 - ``consistency/both_wrong_consistent``: of the same set, thinking and answer wrong *and* agreeing —
-  the shortcut a plain consistency reward pays for (STACK.md);
+  the shortcut a plain consistency reward pays for (docs/consistency.md, "The study");
 - ``consistency/thinking_accuracy``: thinking's conclusion correct / conclusions that could be checked;
 - ``consistency/verifiable_fraction``: share of rollouts in the four-way set.
 

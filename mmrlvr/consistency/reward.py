@@ -16,7 +16,7 @@ p (rule judge: 0/1) and the rule analysis (``mmrlvr.consistency.analysis``) into
   (``score_batch``); default judge ``likelihood`` (EMA reference), the rule judge works too.
 
 Why the default is ``accurate_only`` and not ``plain``: a plain consistency reward pays as much for
-"both wrong but consistent" as for "both right". STACK.md measured it on a warm start whose thinking was
+"both wrong but consistent" as for "both right". docs/consistency.md ("The study") measured it on a warm start whose thinking was
 right 80% of the time but whose answers were right only 41%: plain consistency (λ 0.5, summed or
 CORA-split) cut the inconsistency rate 0.49 → 0.23–0.26 mostly by rewriting correct thinking to match
 wrong answers (thinking accuracy 0.80 → 0.67–0.73, both-wrong-consistent 0.12 → 0.27–0.32) and did not

@@ -2,7 +2,7 @@
 
 Why: a sequence-level consistency reward pays every token of a rollout, thinking included. When the
 thinking and the answer disagree, the cheapest way to agree is often to rewrite the *thinking* to match
-the answer — the known failure of a plain consistency reward (STACK.md). Restricting the consistency
+the answer — the known failure of a plain consistency reward (measured in docs/consistency.md, "The study"). Restricting the consistency
 advantage to the answer span (``consistency.scope: answer``) leaves the thinking tokens to the task
 reward alone: the only way the consistency term can be earned is for the answer to follow the thinking.
 

@@ -1,4 +1,4 @@
-"""DelTA: discriminative token credit from the LM-head input states (arXiv 2605.21467, METHODS.md §5 [code]).
+"""DelTA: discriminative token credit from the LM-head input states (arXiv 2605.21467 [code]; docs/credit.md).
 
 Each response token gets a coefficient c_t in [0.8, 1.2] that multiplies its advantage (the loss uses
 A·c_t), from how much its gradient direction tells correct from incorrect responses apart:

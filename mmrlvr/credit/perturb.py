@@ -1,6 +1,6 @@
 """Perturbations of the visual input, applied to the processor's ``pixel_values`` directly.
 
-Vision-sensitive credit (METHODS.md §2) compares the policy on the real image I with the policy on a
+Vision-sensitive credit (docs/credit.md) compares the policy on the real image I with the policy on a
 perturbed image I'. The trainer already holds the processed inputs of every rollout, so perturbing
 ``pixel_values`` in place of the decoded image avoids a second run of the processor, and the token layout
 (number of image tokens, position ids) stays identical between the two passes — only what the vision tower

@@ -2,8 +2,8 @@
 
 - ``group`` (default): the estimator ``algo.advantage`` from ``mmrlvr.algos.ADVANTAGES`` (GRPO, Dr.GRPO, RLOO,
   REINFORCE++, plug-ins).
-- ``consistency_split`` (``consistency.split_advantage``): CORA-style split (arXiv:2507.11662 as in
-  METHODS.md): A = alpha * A_task + beta(t) * A_cons, each normalised within its group; with
+- ``consistency_split`` (``consistency.split_advantage``): CORA-style split (arXiv:2507.11662; docs/consistency.md):
+  A = alpha * A_task + beta(t) * A_cons, each normalised within its group; with
   ``consistency.scope: answer`` the consistency term reaches only the final answer's tokens ([N, L]).
 """
 
