@@ -102,30 +102,28 @@ class RolloutConfig:
     top_p: float = _f(1.0, "nucleus sampling")
     top_k: int = _f(0, "top-k sampling (0 = off)")
     vllm_gpu_memory_utilization: float = _f(0.35, "vLLM: share of GPU memory for the colocated engine")
+    sampler: str = _f("shuffle", "which prompts each step draws (parameters: rollout.sampler_params): shuffle (a fresh "
+                      "permutation per epoch) | plug-ins")
+    sampler_params: dict[str, Any] = _f({}, "parameters of rollout.sampler")
 
 
 @dataclass
 class AlgoConfig:
     preset: str | None = _f(None, "grpo | dapo | dr_grpo | gspo | cispo: fills the fields below unless set explicitly")
-    advantage: str = _f("grpo", "advantage estimator: grpo | dr_grpo | rloo | reinforce_pp | poise (online probe baseline, a stage)")
-    loss: str = _f("ppo_clip", "policy loss: ppo_clip | gspo | cispo | nsr | popo (positive-only)")
+    advantage: str = _f("grpo", "advantage estimator (parameters: algo.advantage_params): grpo | dr_grpo | rloo | "
+                        "reinforce_pp | poise | plug-ins")
+    loss: str = _f("ppo_clip", "policy loss (parameters: algo.loss_params): ppo_clip | gspo | cispo | nsr | popo | "
+                   "plug-ins")
     eps_low: float = _f(0.2, "lower clip range (ratio >= 1 - eps_low)")
     eps_high: float = _f(0.2, "upper clip range (DAPO clip-higher: 0.28)")
     dual_clip: float | None = _f(None, "dual-clip constant c for A < 0 (e.g. 3.0); None = off")
-    nsr_noise: float = _f(0.2, "NSR: relative noise of the stochastic rescue of near-boundary ratios")
+    loss_params: dict[str, Any] = _f({}, "parameters of algo.loss, e.g. nsr {noise: 0.2}, popo {threshold: 0.5} "
+                                     "(mmrlvr train --help-config lists each loss's)")
+    advantage_params: dict[str, Any] = _f({}, "parameters of algo.advantage, e.g. grpo {unbiased: false}, "
+                                          "reinforce_pp {baseline: false}, poise {lr: 1e-3}")
     clip: str = _f("fixed", "clip rule of ppo_clip/nsr: fixed (eps_low/eps_high) | acpo (variance-adaptive per probability bin, arXiv 2606.22570)")
-    acpo_eps0: float = _f(0.2, "ACPO: base clip range eps0 of eps_b = clamp(eps0 + alpha*sigma_b, eps_min, eps_max)")
-    acpo_alpha: float = _f(3.0, "ACPO: weight alpha of the per-bin ratio std sigma_b")
-    acpo_eps_min: float = _f(0.0, "ACPO: smallest clip range")
-    acpo_eps_max: float = _f(3.0, "ACPO: largest clip range")
-    popo_temperature: float = _f(1.0, "POPO: temperature T of the softmax weights over a group's positives")
-    popo_threshold: float = _f(1.0, "POPO: a rollout is positive when its reward >= this")
-    popo_sim_coef: float = _f(0.1, "POPO: weight of the similarity term (predictor vs EMA target features)")
-    popo_ent_coef: float = _f(0.01, "POPO: weight of the entropy bonus on positive tokens")
-    popo_ema_tau: float = _f(0.995, "POPO: EMA rate of the target parameters")
-    poise_lr: float = _f(1e-3, "POISE: learning rate of the online probe (Adam)")
-    poise_buffer_steps: int = _f(4, "POISE: the probe trains on the rollouts of the last N steps")
-    poise_train_iters: int = _f(20, "POISE: probe optimisation steps per training step")
+    clip_params: dict[str, Any] = _f({}, "parameters of algo.clip, e.g. acpo {eps0: 0.2, alpha: 3.0, eps_min: 0, "
+                                     "eps_max: 3.0}")
     agg: str = _f("token-mean", "loss aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm")
     kl_coef: float = _f(0.0, "beta: weight of the KL penalty to the reference policy (0 = no reference pass)")
     kl_estimator: str = _f("k3", "KL estimator: k1 | k2 | k3")
@@ -524,7 +522,9 @@ def _merge_preset(data: dict[str, Any], problems: list[str] | None = None, where
     for key in ("eps_low", "eps_high", "dual_clip"):
         if key in lp:
             merged[key] = lp[key]
-    merged.update(algo)
+    if p.get("advantage_params") and algo.get("advantage", p["advantage"]) == p["advantage"]:
+        merged["advantage_params"] = {**p["advantage_params"], **(algo.get("advantage_params") or {})}
+    merged.update({k: v for k, v in algo.items() if k != "advantage_params" or "advantage_params" not in merged})
     data["algo"] = merged
     return data
 
@@ -597,18 +597,6 @@ def range_problems(cfg: RunConfig, where: str = "config") -> list[str]:
     need("algo.eps_high", a.eps_high, a.eps_high >= 0, ">= 0")
     if a.dual_clip is not None:
         need("algo.dual_clip", a.dual_clip, a.dual_clip > 1, "> 1 (e.g. 3.0) or null")
-    need("algo.nsr_noise", a.nsr_noise, a.nsr_noise >= 0, ">= 0")
-    need("algo.acpo_eps0", a.acpo_eps0, a.acpo_eps0 >= 0, ">= 0")
-    need("algo.acpo_alpha", a.acpo_alpha, a.acpo_alpha >= 0, ">= 0")
-    need("algo.acpo_eps_min", a.acpo_eps_min, a.acpo_eps_min >= 0, ">= 0")
-    need("algo.acpo_eps_max", a.acpo_eps_max, a.acpo_eps_max >= a.acpo_eps_min, f">= algo.acpo_eps_min ({a.acpo_eps_min})")
-    need("algo.popo_temperature", a.popo_temperature, a.popo_temperature > 0, "> 0")
-    need("algo.popo_ema_tau", a.popo_ema_tau, 0 <= a.popo_ema_tau < 1, "in [0, 1)")
-    need("algo.popo_sim_coef", a.popo_sim_coef, a.popo_sim_coef >= 0, ">= 0")
-    need("algo.popo_ent_coef", a.popo_ent_coef, a.popo_ent_coef >= 0, ">= 0")
-    need("algo.poise_lr", a.poise_lr, a.poise_lr > 0, "> 0")
-    need("algo.poise_buffer_steps", a.poise_buffer_steps, a.poise_buffer_steps >= 1, ">= 1")
-    need("algo.poise_train_iters", a.poise_train_iters, a.poise_train_iters >= 1, ">= 1")
     need("algo.kl_coef", a.kl_coef, a.kl_coef >= 0, ">= 0 (0 = no KL term)")
     need("algo.epochs", a.epochs, a.epochs >= 1, ">= 1")
     need("algo.micro_batch_size", a.micro_batch_size, a.micro_batch_size >= 1, ">= 1")
@@ -630,8 +618,6 @@ def range_problems(cfg: RunConfig, where: str = "config") -> list[str]:
     if hasattr(rb, "warn_unknown_rate"):
         need("rubric.warn_unknown_rate", rb.warn_unknown_rate, 0 <= rb.warn_unknown_rate <= 1, "in [0, 1]")
     need("credit.chunk_size", cfg.credit.chunk_size, cfg.credit.chunk_size >= 1, ">= 1")
-    if not cfg.rewards:
-        out.append(f"{where}: rewards: at least one reward component is needed")
     for i, spec in enumerate(cfg.rewards):
         if not spec.name:
             out.append(f"{where}: rewards[{i}].name: missing (a registered reward name, e.g. format)")
@@ -698,24 +684,110 @@ def collect_config(path: str | Path | None = None, overrides: list[str] | None =
         raw = {**raw, **json.loads(json.dumps(data))}
     problems: list[str] = []
     raw = apply_overrides(raw, list(overrides or []), problems)
+    notes: list[str] = []
+    _move_method_keys(raw, notes, problems, where)
+    user_keys = set(leaf_keys(raw))
     user_algo = raw.get("algo") if isinstance(raw.get("algo"), dict) else {}
     user_algo_keys = set(user_algo)
     raw = _merge_preset(raw, problems, where)
-    notes = _apply_loss_defaults(raw, user_algo_keys)
+    preset_keys = set(leaf_keys(raw)) - user_keys
+    loss_notes, defaulted = _apply_loss_defaults(raw, user_algo_keys)
+    notes += loss_notes
+    loss_default_keys = {f"algo.{k}" for k in defaulted} - user_keys
     cfg = _build(RunConfig, raw, where, "", problems)
     problems += range_problems(cfg, where)
-    cfg.notes = notes  # not a config key: log lines for the run (loss defaults applied)
+    problems += _builtin_method_problems(cfg, where)
+    cfg.notes = notes  # not a config key: log lines for the run (loss defaults applied, renamed keys)
+    #: not a config key: where each value set in the file or overrides came from (the plan shows it); every
+    #: other key has its default
+    cfg.sources = {**{k: "preset" for k in preset_keys}, **{k: "loss default" for k in loss_default_keys},
+                   **{k: "user" for k in user_keys}}
     return cfg, problems
 
 
-def _apply_loss_defaults(raw: dict[str, Any], user_algo_keys: set[str]) -> list[str]:
+def _builtin_method_problems(cfg: RunConfig, where: str) -> list[str]:
+    """Parameters of the built-in methods the config names (``mmrlvr.methods``), checked at load; a name that is
+    not built in may be a plug-in's: ``mmrlvr.validation.method_problems`` checks it once plug-ins are loaded."""
+    from mmrlvr.methods import METHOD_KINDS, _declared, _dotted, resolve_method
+
+    out: list[str] = []
+    for kind, mk in METHOD_KINDS.items():
+        name = _dotted(cfg, mk.name_key)
+        if mk.params_key and name in _declared(kind):
+            out += resolve_method(kind, name, _dotted(cfg, mk.params_key), where)[1]
+    return out
+
+
+def leaf_keys(data: Any, prefix: str = "") -> list[str]:
+    """Dotted keys of every value in a nested mapping (``{"algo": {"loss_params": {"noise": 0.1}}}`` ->
+    ``["algo.loss_params.noise"]``); lists are values (``rewards`` is one key)."""
+    if not isinstance(data, dict) or (prefix and not data):
+        return [prefix] if prefix else []
+    out: list[str] = []
+    for k, v in data.items():
+        out += leaf_keys(v, f"{prefix}.{k}" if prefix else str(k))
+    return out
+
+
+#: method parameters that were ``algo`` fields before parameters moved beside their method:
+#: old key -> (method kind, method, parameter); they work for one release, with a note naming the new key
+MOVED_METHOD_KEYS: dict[str, tuple[str, str, str]] = {
+    "nsr_noise": ("loss", "nsr", "noise"),
+    "acpo_eps0": ("clip", "acpo", "eps0"), "acpo_alpha": ("clip", "acpo", "alpha"),
+    "acpo_eps_min": ("clip", "acpo", "eps_min"), "acpo_eps_max": ("clip", "acpo", "eps_max"),
+    "popo_temperature": ("loss", "popo", "temperature"), "popo_threshold": ("loss", "popo", "threshold"),
+    "popo_sim_coef": ("loss", "popo", "sim_coef"), "popo_ent_coef": ("loss", "popo", "ent_coef"),
+    "popo_ema_tau": ("loss", "popo", "ema_tau"),
+    "poise_lr": ("advantage", "poise", "lr"), "poise_buffer_steps": ("advantage", "poise", "buffer_steps"),
+    "poise_train_iters": ("advantage", "poise", "train_iters"),
+}
+_KIND_KEY = {"loss": ("loss", "ppo_clip"), "advantage": ("advantage", "grpo"), "clip": ("clip", "fixed")}
+
+
+def _move_method_keys(raw: dict[str, Any], notes: list[str], problems: list[str], where: str) -> None:
+    """Old method-prefixed ``algo`` keys (``algo.popo_threshold``) move to their method's parameters
+    (``algo.loss_params.threshold``), with a note; a value set both ways is a problem naming both keys. An old key
+    of a method the run does not use is checked, noted as inert and dropped."""
+    algo = raw.get("algo")
+    if not isinstance(algo, dict):
+        return
+    from mmrlvr.methods import METHOD_KINDS, method_spec
+
+    for old in [k for k in algo if k in MOVED_METHOD_KEYS]:
+        kind, method, param = MOVED_METHOD_KEYS[old]
+        value = algo.pop(old)
+        name_field, default = _KIND_KEY[kind]
+        params_key = METHOD_KINDS[kind].params_key
+        new = f"{params_key}.{param}"
+        spec = method_spec(kind, method)
+        why = spec.param(param).problem(value) if spec is not None and spec.param(param) else None
+        if why:
+            problems.append(f"{where}: algo.{old}: {why} (now {new})")
+            continue
+        chosen = algo.get(name_field, default)
+        if chosen != method:
+            notes.append(f"algo.{old} is inert: it is a parameter of {METHOD_KINDS[kind].name_key}: {method}, and this "
+                         f"run uses {chosen!r} (the key is now {new})")
+            continue
+        params = algo.setdefault(f"{kind}_params", {})
+        if not isinstance(params, dict):
+            continue  # the type check reports it
+        if param in params:
+            problems.append(f"{where}: algo.{old} and {new} are the same parameter; keep {new}")
+            continue
+        params[param] = value
+        notes.append(f"algo.{old} is now {new} (the old key works until the next release)")
+
+
+def _apply_loss_defaults(raw: dict[str, Any], user_algo_keys: set[str]) -> tuple[list[str], set[str]]:
     """Each policy loss owns its defaults (``mmrlvr.algos.presets.LOSS_DEFAULTS``): ``algo.loss: gspo`` without a
     preset gets GSPO's clip range and aggregation, not PPO's. Keys the user wrote (or the loss's own preset filled)
-    win. Returns one note per loss whose defaults were applied, for the run's log."""
+    win. Returns one note per loss whose defaults were applied, for the run's log, and the keys set from the
+    loss's defaults (the plan's "loss default" source)."""
     algo = raw.get("algo") if isinstance(raw.get("algo"), dict) else {}
     loss = algo.get("loss", AlgoConfig().loss)
     if not isinstance(loss, str):
-        return []  # the type check reports it
+        return [], set()  # the type check reports it
     from mmrlvr.algos.presets import explicit_algo_keys, resolve_loss_params
 
     values = {**{f.name: getattr(AlgoConfig(), f.name) for f in dataclasses.fields(AlgoConfig)}, **algo}
@@ -723,7 +795,7 @@ def _apply_loss_defaults(raw: dict[str, Any], user_algo_keys: set[str]) -> list[
     params, notes = resolve_loss_params(loss, values, explicit)
     if params:
         raw["algo"] = {**algo, **params}
-    return notes
+    return notes, set(params) - explicit
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,

@@ -38,26 +38,17 @@ from urllib.parse import urlparse
 from mmrlvr.config import RunConfig, collect_config, validate
 from mmrlvr.errors import ConfigErrors, UserError, did_you_mean
 
-#: config key -> (what, module, attribute, built-in names). The names of registries whose modules import
-#: torch; ``tests/test_bad_inputs.py`` checks them against the live registries.
+#: config key -> (what, module, attribute, built-in names) of the registries whose built-ins are not declared
+#: torch-free yet (``mmrlvr.methods`` declares losses, advantage estimators, clip rules, KL estimators, aggregation
+#: modes and samplers); ``tests/test_bad_inputs.py`` checks these lists against the live registries.
 BUILTIN_NAMES: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
-    "algo.loss": ("policy loss", "mmrlvr.algos.losses", "POLICY_LOSSES", ("cispo", "gspo", "nsr", "popo", "ppo_clip")),
-    "algo.advantage": ("advantage estimator", "mmrlvr.algos.advantages", "ADVANTAGES",
-                       ("dr_grpo", "grpo", "reinforce_pp", "rloo")),
-    "algo.agg": ("loss aggregation mode", "mmrlvr.algos.aggregation", "AGG_MODES",
-                 ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-mean")),
-    "algo.kl_estimator": ("KL estimator", "mmrlvr.algos.kl", "KL_ESTIMATORS", ("k1", "k2", "k3")),
     "credit.scheme": ("credit scheme", "mmrlvr.credit.schemes", "CREDIT_SCHEMES",
                       ("delta", "entropy_topk", "none", "papo", "rsi", "vepo", "vppo")),
     "credit.perturbation": ("perturbation", "mmrlvr.credit.perturb", "PERTURBATIONS",
                             ("blur", "gaussian", "patch_blackout", "zero")),
     "model.lora.init": ("LoRA init", "mmrlvr.models.lora", "INITS",
                         ("default", "gaussian", "mica", "milora", "olora", "orthogonal", "pissa", "rlmo", "rlpo")),
-    "algo.clip": ("clip rule", "mmrlvr.algos.clipping", "CLIP_RULES", ("acpo", "fixed")),
 }
-
-#: ``algo.advantage`` names served by an advantages stage instead of ``ADVANTAGES`` (mmrlvr.train.stages.seed)
-STAGE_ADVANTAGES: tuple[str, ...] = ("poise",)
 
 #: prompt template -> the answer shape its instruction asks for (the rewards' ``template`` parameter);
 #: templates missing here ask for no particular shape and are not cross-checked
@@ -139,22 +130,42 @@ def load_plugins_checked(plugins: list[str], where: str) -> list[str]:
     return problems
 
 
-def name_problems(cfg: RunConfig, where: str) -> list[str]:
-    """Registry names in the config: losses, advantages, aggregation, KL, credit, perturbation, LoRA init,
-    judge, prompt template, column preset."""
+def method_problems(cfg: RunConfig, where: str) -> list[str]:
+    """Every method the config names (``mmrlvr.methods``: loss, advantage estimator, clip rule, KL estimator,
+    aggregation, sampler) is registered — built-ins, plug-ins and methods a stage serves —, its parameters are
+    ones it declares, of the right type and range, and a plug-in method's own ``validate_config(cfg, params)``
+    accepts the run (e.g. an estimator whose k must not exceed the group size)."""
+    from mmrlvr.methods import METHOD_KINDS, _dotted, _live, method_names, resolve_method
+
     out: list[str] = []
-    values = {
-        "algo.loss": cfg.algo.loss, "algo.advantage": cfg.algo.advantage, "algo.agg": cfg.algo.agg,
-        "algo.kl_estimator": cfg.algo.kl_estimator, "credit.scheme": cfg.credit.scheme,
-        "credit.perturbation": cfg.credit.perturbation, "model.lora.init": cfg.model.lora.init,
-        "algo.clip": getattr(cfg.algo, "clip", None),
-    }
+    for kind, mk in METHOD_KINDS.items():
+        name = _dotted(cfg, mk.name_key)
+        known = method_names(kind)
+        if name not in known:
+            out.append(_unknown(where, mk.name_key, mk.what, name, known))
+            continue
+        if not mk.params_key:
+            continue
+        params, problems = resolve_method(kind, name, _dotted(cfg, mk.params_key), where)
+        out += problems
+        live = _live(kind)
+        obj = live.get(name) if live is not None and name in live else None
+        check = getattr(obj, "validate_config", None)
+        if not problems and callable(check):
+            out += [f"{where}: {mk.params_key}: {mk.what} {name!r}: {p}" for p in check(cfg, params)]
+    return out
+
+
+def name_problems(cfg: RunConfig, where: str) -> list[str]:
+    """Registry names in the config: methods (``method_problems``), credit, perturbation, LoRA init, judge, prompt
+    template, column preset, trackers."""
+    out: list[str] = method_problems(cfg, where)
+    values = {"credit.scheme": cfg.credit.scheme, "credit.perturbation": cfg.credit.perturbation,
+              "model.lora.init": cfg.model.lora.init}
     for key, value in values.items():
         if value is None:
             continue
         known = registry_names(key)
-        if key == "algo.advantage":  # estimators that read hidden states run as stages, not registry functions
-            known = sorted({*known, *STAGE_ADVANTAGES})
         if value not in known:
             out.append(_unknown(where, key, BUILTIN_NAMES[key][0], value, known))
     from mmrlvr.rubric.judges import JUDGES
@@ -492,6 +503,10 @@ def preflight_problems(cfg: RunConfig, where: str, *, dry_run: bool = False, res
     """
     from mmrlvr.train.run_dir import check_run_dir
 
+    if resume and environment and cfg.plugins:  # a plug-in file gone from here: the run folder's start folder / copy
+        from mmrlvr.plugins import use_run_plugins
+
+        use_run_plugins(cfg.output_dir, list(cfg.plugins), resume=True)
     if environment or not cfg.plugins:
         problems = load_plugins_checked(cfg.plugins, where)
         checks = [name_problems, reward_problems]
@@ -525,4 +540,12 @@ def check_run(path: str | Path | None = None, overrides: list[str] | None = None
     problems = list(dict.fromkeys(problems))  # a problem found by two checks is listed once
     if problems:
         raise ConfigErrors(problems)
-    return validate(cfg, where)
+    cfg = validate(cfg, where)
+    # the stages (torch): only once the config's own checks pass, so a config mistake is reported in milliseconds
+    from mmrlvr.train.plan import build_plan
+
+    try:
+        cfg.plan = build_plan(cfg)  # not a config key: what will run (printed by --dry-run)
+    except ConfigErrors as exc:
+        raise ConfigErrors([p if p.startswith(where) else f"{where}: {p}" for p in exc.problems]) from None
+    return cfg

@@ -67,11 +67,10 @@ def test_acpo_uses_dual_clip_three_for_negative_advantages():
 
 
 def test_clip_rule_reaches_the_loss_from_config_values_and_is_refused_where_it_cannot_apply():
-    values = {"eps_low": 0.2, "eps_high": 0.2, "dual_clip": None, "clip": "acpo", "acpo_eps0": 0.1,
-              "acpo_alpha": 2.0, "acpo_eps_min": 0.0, "acpo_eps_max": 1.0}
+    values = {"eps_low": 0.2, "eps_high": 0.2, "dual_clip": None, "clip": "acpo",
+              "clip_params": {"eps0": 0.1, "alpha": 2.0, "eps_max": 1.0}}
     kw = loss_kwargs("ppo_clip", values)
-    assert kw["clip"] == "acpo" and kw["clip_params"] == {"acpo_eps0": 0.1, "acpo_alpha": 2.0,
-                                                         "acpo_eps_min": 0.0, "acpo_eps_max": 1.0}
+    assert kw["clip"] == "acpo" and kw["clip_params"] == {"eps0": 0.1, "alpha": 2.0, "eps_min": 0.0, "eps_max": 1.0}
     logp, old, mask = _batch([0.9, 0.9], [1.0, 1.5])
     # bin 4, ratios 1 and 1.5: sigma 0.25 -> eps 0.1 + 2 * 0.25 = 0.6: r = 1.5 is inside [0.4, 1.6]
     loss, _ = call_policy_loss("ppo_clip", logp, old, torch.ones(1), mask, **kw)
@@ -107,11 +106,17 @@ def test_config_ranges_of_the_seed_method_keys_are_checked():
 
     base = {"model": {"path": "x"}, "data": {"train": "synth:count"}, "rewards": [{"name": "format"}]}
     with pytest.raises(UE) as e:
-        load_config(data={**base, "algo": {"clip": "acpo", "acpo_eps_min": 0.5, "acpo_eps_max": 0.1,
-                                           "popo_ema_tau": 1.0, "poise_buffer_steps": 0}})
+        load_config(data={**base, "algo": {"clip": "acpo", "clip_params": {"eps_min": 0.5, "eps_max": 0.1},
+                                           "loss": "popo", "loss_params": {"ema_tau": 1.0},
+                                           "advantage": "poise", "advantage_params": {"buffer_steps": 0}}})
     text = str(e.value)
-    for key in ("algo.acpo_eps_max", "algo.popo_ema_tau", "algo.poise_buffer_steps"):
+    for key in ("algo.clip_params: clip rule 'acpo': eps_max (0.1) must be >= eps_min (0.5)",
+                "algo.loss_params.ema_tau: policy loss 'popo': must be in [0, 1), got 1.0",
+                "algo.advantage_params.buffer_steps: advantage estimator 'poise': must be >= 1, got 0"):
         assert key in text
+    # the old keys are checked too, and named as written
+    with pytest.raises(UE, match="algo.popo_ema_tau: must be in"):
+        load_config(data={**base, "algo": {"popo_ema_tau": 1.0}})
     from mmrlvr.validation import name_problems
 
     problems = name_problems(load_config(data={**base, "algo": {"clip": "acp"}}), "config")

@@ -87,7 +87,7 @@ PATHS: list[tuple[str, str, list[str]]] = [
     ("rubric", "configs/rubric-tiny.yaml", []),
     ("lora-dapo", "configs/demo-tiny.yaml", ["model.lora.enabled=true", "algo.preset=dapo"]),
     ("cispo-rpp", "configs/demo-tiny.yaml", ["algo.preset=cispo", "algo.advantage=reinforce_pp"]),
-    ("popo", "configs/demo-tiny.yaml", ["algo.loss=popo", "algo.popo_threshold=0.5"]),
+    ("popo", "configs/demo-tiny.yaml", ["algo.loss=popo", "algo.loss_params.threshold=0.5"]),
     ("poise", "configs/demo-tiny.yaml", ["algo.advantage=poise", "rollout.group_size=2"]),
     ("acpo", "configs/demo-tiny.yaml", ["algo.clip=acpo", "algo.epochs=2"]),
     ("prefix-sharing", "configs/demo-tiny.yaml", ["model.prefix_sharing=true"]),

@@ -91,7 +91,7 @@ def test_delta_credit_trains_20_steps(tiny_dir, tmp_path):
 
 def test_popo_trains_20_steps_and_counts_groups_without_a_positive(tiny_dir, tmp_path):
     # distinct_tokens (plugin) + format give rewards in [0, 2.2]: a threshold of 0.5 makes some rollouts positive
-    rows, before, after = train(config(tiny_dir, tmp_path / "popo", algo={"loss": "popo", "popo_threshold": 0.5}))
+    rows, before, after = train(config(tiny_dir, tmp_path / "popo", algo={"loss": "popo", "loss_params": {"threshold": 0.5}}))
     _check(rows, before, after)
     assert all("popo/groups_without_positive" in r and r["popo/groups"] == 2 for r in rows)
     assert any("popo/sim_loss" in r and r["popo/sim_loss"] != 0 for r in rows)

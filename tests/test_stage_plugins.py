@@ -65,7 +65,7 @@ def test_a_registered_stage_runs_in_its_slot(tmp_path):
     cfg = load_config(ROOT / "configs" / "demo-tiny.yaml",
                       [f"output_dir={tmp_path}", *QUICK, "max_steps=1", "stages.shape=[test_double]"])
     t = Trainer(cfg)
-    assert t.pipeline.names["shape"] == ["test_double"]
+    assert t.pipeline.names["shape"] == ["drop_unscored", "test_double"]  # an explicit list extends the automatic one
     b = t.pipeline.run(0, upto="advantages")
     torch.testing.assert_close(b.rewards, 2 * seen["before"])
     assert t.run_step(0)["test/doubled"] == 1.0

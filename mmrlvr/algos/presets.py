@@ -19,7 +19,8 @@ Sources (the numbers each preset uses):
            the upper bound, the reference implementations (ScaleRL arXiv:2510.13786, TRL, SkyRL)
            truncate at 5: eps_high = 4.
 
-Tiny CPU runs need a KL anchor (STACK.md: k3 with beta 0.05 kept a warm-started model stable); the
+Tiny CPU runs need a KL anchor (on the tiny warm-started model, without a KL term lr 3e-4 destroyed the
+thinking in under 20 steps; with a k3 KL of beta 0.05 to the warm start, lr 1e-4 trained stably); the
 demo config sets ``kl_coef`` on top of its preset.
 """
 
@@ -97,14 +98,11 @@ LOSS_DEFAULTS: dict[str, dict[str, Any]] = {
     # CISPO (MiniMax-M1 eq. 4, token-level 1/sum|o_i|): no lower bound; upper truncation at 5 as the
     # reference implementations (ScaleRL, TRL, SkyRL) — MiniMax did not publish theirs
     "cispo": {"eps_low": 1.0, "eps_high": 4.0, "agg": "token-mean"},
-    # NSR (METHODS §5, built on DAPO): DAPO's clip-higher range, noise 0.2 [ours]
-    "nsr": {"eps_low": 0.2, "eps_high": 0.28, "dual_clip": None, "nsr_noise": 0.2, "agg": None},
+    # NSR (docs/methods.md, built on DAPO): DAPO's clip-higher range, noise 0.2 [ours]
+    "nsr": {"eps_low": 0.2, "eps_high": 0.28, "dual_clip": None, "agg": None},
     # POPO (arXiv 2605.06650): an NLL over positive tokens, normalised by their count; no clip range
     "popo": {"agg": "token-mean"},
 }
-
-#: config name -> the loss function's keyword (the rest are the same name)
-_LOSS_KWARG = {"nsr_noise": "noise"}
 
 _WHY = {
     "ppo_clip": "PPO's clip range",
@@ -171,10 +169,17 @@ def explicit_algo_keys(user_algo_keys: set[str] | list[str] | dict[str, Any], pr
 def loss_kwargs(loss_name: str, algo_cfg_values: dict[str, Any]) -> dict[str, Any]:
     """Keyword arguments for the policy loss ``loss_name`` from resolved ``algo`` values (config names).
 
-    Only the keys the loss owns in ``LOSS_DEFAULTS`` are passed (``agg`` is not a loss argument);
-    ``nsr_noise`` becomes NSR's ``noise``. For a plugin loss: ``eps_low``/``eps_high`` as before."""
+    The clip range keys the loss owns in ``LOSS_DEFAULTS`` (``agg`` is not a loss argument; a plug-in loss gets
+    ``eps_low``/``eps_high``), then the loss's own parameters in force (``algo.loss_params`` over the declared
+    defaults, ``mmrlvr.methods``), then the clip rule for losses that take one."""
+    from mmrlvr.methods import resolve_method
+
     keys = [k for k in LOSS_DEFAULTS.get(loss_name, {"eps_low": 0, "eps_high": 0}) if k != "agg"]
-    out = {_LOSS_KWARG.get(k, k): algo_cfg_values[k] for k in keys if k in algo_cfg_values}
+    out = {k: algo_cfg_values[k] for k in keys if k in algo_cfg_values}
+    params, problems = resolve_method("loss", loss_name, algo_cfg_values.get("loss_params") or {})
+    if problems:
+        raise UserError("; ".join(problems))
+    out.update(params)
     out.update(clip_kwargs(loss_name, algo_cfg_values))
     return out
 
@@ -183,11 +188,12 @@ def clip_kwargs(loss_name: str, algo_cfg_values: dict[str, Any]) -> dict[str, An
     """``clip``/``clip_params`` for a loss that takes a clip rule (``algo.clip``: fixed | acpo), else {}.
 
     A loss that cannot take the rule (gspo, cispo, a plugin without a ``clip`` keyword) with
-    ``algo.clip`` other than fixed raises UserError: the rule would otherwise be silently ignored."""
+    ``algo.clip`` other than fixed raises UserError: the rule would otherwise be silently ignored.
+    ``clip_params`` are the rule's parameters in force (``algo.clip_params`` over its declared defaults)."""
     import inspect
 
-    from mmrlvr.algos.clipping import ACPO_PARAMS
     from mmrlvr.algos.losses import POLICY_LOSSES
+    from mmrlvr.methods import resolve_method
 
     rule = algo_cfg_values.get("clip", "fixed") or "fixed"
     fn = POLICY_LOSSES.get(loss_name) if loss_name in POLICY_LOSSES else None
@@ -199,7 +205,10 @@ def clip_kwargs(loss_name: str, algo_cfg_values: dict[str, Any]) -> dict[str, An
         return {}
     if rule == "fixed":
         return {"clip": "fixed"}
-    return {"clip": rule, "clip_params": {k: algo_cfg_values[k] for k in ACPO_PARAMS if k in algo_cfg_values}}
+    params, problems = resolve_method("clip", rule, algo_cfg_values.get("clip_params") or {})
+    if problems:
+        raise UserError("; ".join(problems))
+    return {"clip": rule, "clip_params": params}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -229,9 +238,12 @@ def preset_table_markdown() -> str:
 
 def loss_defaults_table_markdown() -> str:
     """The per-loss defaults table of docs/training.md, from ``LOSS_DEFAULTS``."""
+    from mmrlvr.methods import method_spec
+
     rows = ["| `algo.loss` | ε low / high | other | aggregation it applies | why |", "|---|---|---|---|---|"]
     for name, d in LOSS_DEFAULTS.items():
-        other = ", ".join(f"`{k}` {_num(v)}" for k, v in d.items() if k not in ("eps_low", "eps_high", "agg"))
+        other = ", ".join([f"`{k}` {_num(v)}" for k, v in d.items() if k not in ("eps_low", "eps_high", "agg")]
+                          + [f"`loss_params.{p.name}` {_num(p.default)}" for p in method_spec("loss", name).params])
         agg = f"`{d['agg']}`" if d.get("agg") else "(config's `algo.agg`)"
         eps = f"{_num(d['eps_low'])} / {_num(d['eps_high'])}" if "eps_low" in d else "— (no clip)"
         rows.append(f"| `{name}` | {eps} | {other or '—'} | {agg} | "

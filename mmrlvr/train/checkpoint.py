@@ -59,6 +59,7 @@ _STEP_DIR = re.compile(r"^step-(\d{8})$")
 _TMP_DIR = re.compile(r"^\.tmp-step-\d{8}-(\d+)$")
 MANIFEST = "manifest.json"
 STATE = "state.json"
+STAGE_STATE = "stage_state.pt"
 TRAINING_STATE = "training_state"
 SHARDED = "sharded"  # torch.distributed.checkpoint folder of a sharded (FSDP2) run
 FORMAT_VERSION = 2
@@ -334,11 +335,14 @@ def _step_folders(run_dir: Path) -> list[Path]:
 
 
 def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    scheduler: Any, extra: dict[str, Any], keep: int = 2, *, processor: Any = None) -> Path:
+                    scheduler: Any, extra: dict[str, Any], keep: int = 2, *, processor: Any = None,
+                    stage_state: dict[str, Any] | None = None) -> Path:
     """Write ``checkpoints/step-{step}`` atomically (manifest last); prune all but the newest ``keep``.
 
     ``processor``: saved with ``save_pretrained``; when None, the processor / tokenizer / chat template
-    files are copied from the folder the model was loaded from.
+    files are copied from the folder the model was loaded from. ``stage_state``: the state of the step's stages
+    and methods (samplers, POPO's predictor, POISE's probe: ``Pipeline.state_dict``), in
+    ``training_state/stage_state.pt``.
     """
     from accelerate.checkpointing import save_accelerator_state
 
@@ -354,6 +358,8 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, optimizer:
     save_processor(tmp, processor, source)
     (tmp / TRAINING_STATE).mkdir()
     save_accelerator_state(str(tmp / TRAINING_STATE), [], [optimizer], [scheduler], [], process_index=0, step=step)
+    if stage_state:
+        torch.save(stage_state, tmp / TRAINING_STATE / STAGE_STATE)
     info = {"step": step, "format": FORMAT_VERSION, "weights": kind, **extra}
     if source and Path(source).is_dir():
         info.setdefault("base_model", str(Path(source).resolve()))
@@ -366,6 +372,12 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, optimizer:
         for old in _step_folders(run_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def load_stage_state(path: Path) -> dict[str, Any] | None:
+    """The stages' state saved with checkpoint ``path`` (``save_checkpoint(stage_state=)``), or None."""
+    f = Path(path) / TRAINING_STATE / STAGE_STATE
+    return torch.load(f, map_location="cpu", weights_only=False) if f.is_file() else None
 
 
 def list_checkpoints(run_dir: Path, *, verify: bool = True) -> list[Path]:
@@ -549,7 +561,7 @@ def _random_states() -> dict[str, Any]:
 
 def save_distributed(run_dir: Path, step: int, model: torch.nn.Module, optimizer: Any, scheduler: Any,
                      extra: dict[str, Any], keep: int = 2, *, processor: Any = None,
-                     strategy: str | None = None) -> Path | None:
+                     strategy: str | None = None, stage_state: dict[str, Any] | None = None) -> Path | None:
     """Save from EVERY rank: a sharded model (DTensor parameters) writes a DCP checkpoint with each rank's
     shards; an unsharded one is saved by rank 0 alone (``save_checkpoint``). Returns the folder (rank 0) or
     None. Temporary folder, manifest last, one rename and pruning as ``save_checkpoint``."""
@@ -558,7 +570,7 @@ def save_distributed(run_dir: Path, step: int, model: torch.nn.Module, optimizer
         final = None
         if rank == 0:
             final = save_checkpoint(run_dir, step, model, _bare_optimizer(optimizer), scheduler, extra, keep=keep,
-                                    processor=processor)
+                                    processor=processor, stage_state=stage_state)
         _barrier()
         return final
     import torch.distributed.checkpoint as dcp
@@ -578,6 +590,8 @@ def save_distributed(run_dir: Path, step: int, model: torch.nn.Module, optimizer
     torch.save(_random_states(), tmp / TRAINING_STATE / f"random_states_{rank}.pkl")
     if rank == 0:
         torch.save(scheduler.state_dict(), tmp / TRAINING_STATE / "scheduler.bin")
+        if stage_state:
+            torch.save(stage_state, tmp / TRAINING_STATE / STAGE_STATE)
         source = model_source(model)
         save_processor(tmp, processor, source)
         info = {"step": step, "format": FORMAT_VERSION, "weights": "dcp", "world_size": world,

@@ -29,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --resume: accept a config that differs from the run's in keys that break exactness")
     p.add_argument("--help-config", action="store_true", help="list every config key with its default and help")
     p.add_argument("--dry-run", action="store_true",
-                   help="check the config, data, rewards, run folder and judge endpoints; print the config and exit")
+                   help="check the config, data, rewards, stages, run folder and judge endpoints; print the config and the "
+                        "plan (what runs, why, with which settings) and exit")
     p.add_argument("--config-only", action="store_true",
                    help="with --dry-run: check only what the config decides (names, types, ranges, rewards), not "
                         "the model, data, packages or run folder of this machine (a config for another machine)")
@@ -39,7 +40,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_intermixed_args(argv)  # flags before, between or after overrides
     if args.help_config:
+        from mmrlvr.methods import help_lines
+
+        if args.config and Path(args.config).is_file():  # plug-ins the config names list their methods too
+            from mmrlvr.config import collect_config
+            from mmrlvr.plugins import load_run_plugins
+
+            cfg = collect_config(args.config)[0]
+            load_run_plugins(cfg.output_dir, cfg.plugins, quiet=True)  # a run's config.yaml: its copies too
         print("\n".join(describe()))
+        print("\nmethods and their parameters (set them under the params key beside the name):")
+        print("\n".join(help_lines()))
         return 0
     if args.config and "=" in args.config and not Path(args.config).is_file():
         # overrides written before the config file: the first word without "=" is the config
@@ -59,6 +70,9 @@ def main(argv: list[str]) -> int:
                     environment=not args.config_only)
     if args.dry_run:
         print(cfg.to_yaml())  # secrets redacted
+        # the plan as YAML comments: stdout stays the resolved config, readable by yaml.safe_load
+        lines = [f"note: {n}" for n in getattr(cfg, "notes", [])] + cfg.plan.lines()
+        print("\n".join(f"# {ln}" for ln in lines))
         return 0
     from mmrlvr.train.run_dir import prepare_run_dir
 

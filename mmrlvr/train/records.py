@@ -82,6 +82,11 @@ def build_records(step: int, data, processor, writer, cfg) -> list[RolloutRecord
     tok = getattr(processor, "tokenizer", processor)
     sig = data.signals
     run_id, chash, commit = str(getattr(writer, "run_id", "")), cfg.hash(), git_commit()
+    fields = getattr(data, "record_fields", {}) or {}
+    for name, values in fields.items():
+        if len(values) != batch.num_rows:
+            raise ValueError(f"record field {name!r}: {len(values)} values for {batch.num_rows} rows (a stage must "
+                             f"give one value per row of the batch the record stage sees)")
     records = []
     for i in range(batch.num_rows):
         sample, comp, res = batch.samples[i], batch.completions[i], data.results[i]
@@ -117,7 +122,8 @@ def build_records(step: int, data, processor, writer, cfg) -> list[RolloutRecord
             consistency=_consistency(cons),
             config_hash=chash, git_commit=commit,
             extra={"task": sample.meta.get("task", ""), "answer_type": sample.answer_type,
-                   **(_video_extra(sample, refs.ref) if sample.meta.get("videos") else {})},
+                   **(_video_extra(sample, refs.ref) if sample.meta.get("videos") else {}),
+                   **{k: v[i] for k, v in fields.items()}},
         ))
     return records
 

@@ -22,7 +22,7 @@ from mmrlvr.config import RunConfig
 from mmrlvr.train.batch import StepBatch
 from mmrlvr.train.metrics import MetricsWriter
 from mmrlvr.train.runtime import build_runtime
-from mmrlvr.train.stages import Pipeline, validate_stages
+from mmrlvr.train.stages import Pipeline
 from mmrlvr.train.stages.record import PROGRESS_KEYS
 
 StepData = StepBatch  # the name older code and plug-ins use
@@ -33,18 +33,21 @@ class Trainer:
         self.cfg = cfg
         self.run_dir = Path(cfg.output_dir)
         self.resume = resume
-        from mmrlvr.errors import ConfigErrors
-        from mmrlvr.plugins import load_plugins
+        from mmrlvr.plugins import load_plugins, load_run_plugins
 
-        load_plugins(cfg.plugins)  # plug-in stages validate too
+        if resume:  # a plug-in file gone since the run: the run folder's copy (mmrlvr.plugins)
+            load_run_plugins(self.run_dir, cfg.plugins, resume=True)
+        else:
+            load_plugins(cfg.plugins)  # plug-in stages validate too
         from mmrlvr.train.distributed import honour_launcher, print_rank0
 
         note = honour_launcher(cfg)  # an accelerate FSDP config runs FSDP2, never a silent DDP
         if note:
             print_rank0(f"note: {note}")
-        problems = validate_stages(cfg)  # each selected stage checks its own config section, before any model load
-        if problems:
-            raise ConfigErrors(problems)
+        from mmrlvr.train.plan import build_plan
+
+        # stage selection and each selected stage's checks, before any model load (ConfigErrors)
+        self.plan = build_plan(cfg)
         self.rt = build_runtime(cfg)
         self.pipeline = Pipeline(self.rt)
         self.rt.metrics_writer = MetricsWriter(self.run_dir, tensorboard=cfg.tensorboard, enabled=self.is_main)
@@ -77,6 +80,12 @@ class Trainer:
             from mmrlvr.store.atomic import atomic_write_text
 
             atomic_write_text(self.run_dir / "config.yaml", cfg.to_yaml())
+            atomic_write_text(self.run_dir / "plan.json", self.plan.to_json())  # what runs, why, with which settings
+            if cfg.progress:
+                print("\n".join(self.plan.lines()))
+            from mmrlvr.plugins import save_run_plugins
+
+            save_run_plugins(self.run_dir, cfg.plugins, resume=self.resume)  # plugins/: copies + manifest.json
         if self.resume:
             self._resume()
         if self.start_step == 0 and self.rt.topology is not None:  # the run's topology, once (dist/*, step 1)
@@ -136,7 +145,7 @@ class Trainer:
                          {"config_hash": self.cfg.hash(), "lora": self.rt.lora_info(),
                           "reward_state": self.rt.reward_state()},
                          keep=self.cfg.keep_checkpoints, processor=self.processor,
-                         strategy=self.cfg.distributed.strategy)
+                         strategy=self.cfg.distributed.strategy, stage_state=self.pipeline.state_dict())
         self.rt.accel.wait_for_everyone()
 
     def _resume(self) -> None:
@@ -149,6 +158,9 @@ class Trainer:
             return
         state = load_checkpoint(found[-1], self.policy, self.optimizer, self.scheduler)
         self.start_step = int(state["step"])
+        from mmrlvr.train.checkpoint import load_stage_state
+
+        self.pipeline.load_state_dict(load_stage_state(found[-1]) or {})  # samplers, probes, predictors
         self.rt.load_reward_state(state.get("reward_state"))  # e.g. POW3R criterion weights
         self.metrics.truncate_after(self.start_step)
         if self.is_main:

@@ -123,7 +123,8 @@ def test_every_registered_loss_has_defaults_equal_to_its_signature():
     for name, defaults in LOSS_DEFAULTS.items():
         sig = inspect.signature(POLICY_LOSSES.get(name)).parameters
         for key, value in loss_kwargs(name, {k: v for k, v in defaults.items()}).items():
-            assert sig[key].default == value, (name, key)
+            if key in sig:  # POPO's temperature, coefficients ... are read by its stages, not by the loss function
+                assert sig[key].default == value, (name, key)
 
 
 def test_gspo_without_a_preset_gets_gspo_values_and_says_so():

@@ -1,20 +1,31 @@
 """Advantages: from [N] rewards and the group layout to [N] (or [N, L]) advantages.
 
 - ``group`` (default): the estimator ``algo.advantage`` from ``mmrlvr.algos.ADVANTAGES`` (GRPO, Dr.GRPO, RLOO,
-  REINFORCE++, plug-ins).
+  REINFORCE++, plug-ins) with its parameters ``algo.advantage_params``. An estimator may return
+  ``(advantages, diagnostics)``: the diagnostics are logged with the step's metrics.
 - ``consistency_split`` (``consistency.split_advantage``): CORA-style split (arXiv:2507.11662; docs/consistency.md):
   A = alpha * A_task + beta(t) * A_cons, each normalised within its group; with
   ``consistency.scope: answer`` the consistency term reaches only the final answer's tokens ([N, L]).
+- ``poise`` (``algo.advantage: poise``, arXiv 2605.07579): A = r − b̂, b̂ an online probe's prediction from the
+  *other* rollouts of the prompt (pooled hidden states and entropies from one no-grad forward); the probe's
+  held-out MSE/AUC go to ``batch.diagnostics`` (``poise/...``); the probe is in checkpoints.
+- ``popo`` (``algo.loss: popo``, arXiv 2605.06650): POPO's group-softmax weights over positive rollouts become the
+  advantages; non-positive rows leave the loss and its normaliser (``popo/...`` counts groups without one).
+
+Several processes: POISE and POPO are refused at validation (their probe / predictor learn from one process's
+rollouts); the others compute the global batch's advantages on every rank (``global_rows``).
 """
 
 from __future__ import annotations
 
 import torch
 
+from typing import Any
+
 from mmrlvr.algos import ADVANTAGES, split_advantages, token_split_advantages
 from mmrlvr.algos.advantages import call_advantage
 from mmrlvr.train.batch import StepBatch
-from mmrlvr.train.stages.base import Stage, register_stage
+from mmrlvr.train.stages.base import Stage, all_rows, register_stage
 
 
 def global_rows(rt, b: StepBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, slice]:
@@ -42,35 +53,61 @@ def global_rows(rt, b: StepBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 
 @register_stage("advantages", "group")
 class GroupAdvantage(Stage):
+    """The registered estimator ``algo.advantage`` with ``algo.advantage_params``, over the global batch."""
+
+    selected_by = ("algo.advantage",)
+    fallback = True
+    reads = ("algo.advantage", "algo.advantage_params.")
+
     @classmethod
     def validate(cls, cfg) -> list[str]:
         if cfg.algo.advantage not in ADVANTAGES:
-            return [f"algo.advantage: unknown advantage estimator {cfg.algo.advantage!r}; "
-                    f"known: {', '.join(ADVANTAGES.names())}"]
+            return [f"algo.advantage: {cfg.algo.advantage!r} is not a registered advantage estimator (known: "
+                    f"{', '.join(ADVANTAGES.names())}) and no advantages stage serves it"]
         return []
+
+    @classmethod
+    def plan_params(cls, cfg) -> dict[str, Any]:
+        from mmrlvr.methods import configured
+
+        name, params = configured(cfg, "advantage")
+        return {"algo.advantage": name, **{f"algo.advantage_params.{k}": v for k, v in params.items()}}
 
     def __init__(self, rt) -> None:
         super().__init__(rt)
-        name = self.cfg.algo.advantage
+        from mmrlvr.methods import configured
+
+        name, params = configured(self.cfg, "advantage")
         ADVANTAGES.get(name)  # an unknown name fails here, listing the known ones
         # token_counts reach only the estimators that take them (REINFORCE++'s token-level whitening)
         self.estimator = lambda rewards, group_index, token_counts=None: call_advantage(
-            name, rewards, group_index, token_counts=token_counts)
+            name, rewards, group_index, token_counts=token_counts, **params)
+
+    def estimate(self, b: StepBatch, *args) -> Any:
+        out = self.estimator(*args)
+        if isinstance(out, tuple):  # (advantages, diagnostics)
+            out, diag = out
+            b.diagnostics.update({k: float(v) for k, v in diag.items()})
+        return out
 
     def __call__(self, b: StepBatch) -> None:
         rewards, groups, counts, keep, rows = global_rows(self.rt, b)
         if bool(keep.all()):
-            b.advantages = self.estimator(rewards, groups, counts)[rows]
+            b.advantages = self.estimate(b, rewards, groups, counts)[rows]
             return
         # rows outside the batch (unscored, dropped groups) take no part in their group's baseline
         adv = torch.zeros_like(rewards)
         if bool(keep.any()):
-            adv[keep] = self.estimator(rewards[keep], groups[keep], counts[keep])
+            adv[keep] = self.estimate(b, rewards[keep], groups[keep], counts[keep])
         b.advantages = adv[rows]
 
 
 @register_stage("advantages", "consistency_split", priority=10)
 class ConsistencySplit(Stage):
+    selected_by = ("consistency.split_advantage",)
+    reads = ("consistency.",)
+    when_text = "consistency.split_advantage: true"
+
     @classmethod
     def when(cls, cfg) -> bool:
         return cfg.consistency.split_advantage
@@ -99,3 +136,110 @@ class ConsistencySplit(Stage):
             b.advantages = token_split_advantages(task, cons, rollouts.group_index, m, cc.alpha, beta)
         else:
             b.advantages = split_advantages(task, cons, rollouts.group_index, cc.alpha, beta)
+
+
+@register_stage("advantages", "poise", priority=20)
+class PoiseAdvantage(Stage):
+    """POISE (arXiv 2605.07579): r − b̂, b̂ an online probe on *other* rollouts' states of the same prompt."""
+
+    selected_by = ("algo.advantage",)
+    serves = ("advantage", "poise")
+    reads = ("algo.advantage", "algo.advantage_params.")
+    when_text = "algo.advantage: poise"
+
+    @classmethod
+    def when(cls, cfg) -> bool:
+        return cfg.algo.advantage == "poise"
+
+    @classmethod
+    def validate(cls, cfg) -> list[str]:
+        from mmrlvr.train.distributed import one_process_only
+
+        # each rank's probe would learn from its own shard only: the baselines would differ from one process's
+        return one_process_only("algo.advantage: poise", "its online probe is trained on one process's rollouts")
+
+    @classmethod
+    def plan_params(cls, cfg) -> dict[str, Any]:
+        from mmrlvr.methods import configured
+
+        return {f"algo.advantage_params.{k}": v for k, v in configured(cfg, "advantage")[1].items()}
+
+    def __init__(self, rt) -> None:
+        super().__init__(rt)
+        from mmrlvr.methods import configured
+
+        self.params = configured(self.cfg, "advantage")[1]
+        self.probe = None  # built on the first step, when the feature width is known
+        self._pending: dict[str, Any] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"probe": self.probe.state_dict() if self.probe is not None else self._pending}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("probe") is None:
+            return
+        if self.probe is None:
+            self._pending = state["probe"]
+        else:
+            self.probe.load_state_dict(state["probe"])
+
+    def __call__(self, b: StepBatch) -> None:
+        from mmrlvr.algos.poise import PoiseProbe, poise_advantages, poise_features_from_model
+
+        rollouts = b.rollouts
+        feats = poise_features_from_model(self.rt.policy, all_rows(self.rt, b), rollouts.prompt_length,
+                                          rollouts.response_mask, temperature=self.cfg.rollout.temperature)
+        if self.probe is None:
+            self.probe = PoiseProbe(feats.shape[1], lr=self.params["lr"], buffer_steps=self.params["buffer_steps"],
+                                    train_iters=self.params["train_iters"], seed=self.cfg.seed)
+            if self._pending is not None:  # resumed: the probe's state from the checkpoint
+                self.probe.load_state_dict(self._pending)
+                self._pending = None
+        adv, stats = poise_advantages(b.rewards, rollouts.group_index, feats.cpu(), self.probe)
+        b.advantages = adv.to(b.rewards.device)
+        b.diagnostics.update(stats)
+
+
+@register_stage("advantages", "popo", priority=15)
+class PopoAdvantage(Stage):
+    """POPO's weights over positive rollouts as the advantages; other rows leave the loss (counted)."""
+
+    selected_by = ("algo.loss",)
+    reads = ("algo.loss_params.",)
+    when_text = "algo.loss: popo"
+
+    @classmethod
+    def plan_params(cls, cfg) -> dict[str, Any]:
+        from mmrlvr.methods import configured
+
+        p = configured(cfg, "loss")[1]
+        return {f"algo.loss_params.{k}": p[k] for k in ("temperature", "threshold")}
+
+    @classmethod
+    def when(cls, cfg) -> bool:
+        return cfg.algo.loss == "popo"
+
+    @classmethod
+    def validate(cls, cfg) -> list[str]:
+        from mmrlvr.train.distributed import one_process_only
+
+        # the update's extra backward runs on the unwrapped model (DDP would not average its gradients), skips
+        # micro-batches without positive rows (FSDP2 ranks would wait in each other's all-gathers), and its
+        # predictor and EMA target live outside the wrapper
+        return one_process_only("algo.loss: popo", "its similarity pass and predictor are not synchronised "
+                                "across processes")
+
+    def __call__(self, b: StepBatch) -> None:
+        from mmrlvr.algos.masked import masked_mean
+        from mmrlvr.algos.popo import popo_weights
+
+        from mmrlvr.methods import configured
+
+        p, rollouts = configured(self.cfg, "loss")[1], b.rollouts
+        valid = (rollouts.response_mask > 0).to(torch.float32)
+        ell = masked_mean(torch.where(valid > 0, rollouts.old_logprobs, 0.0), valid, dim=-1)
+        adv, positive, stats = popo_weights(b.rewards, rollouts.group_index, ell, temperature=p["temperature"],
+                                            threshold=p["threshold"])
+        b.advantages = adv
+        b.token_weights = b.token_weights * positive[:, None].to(b.token_weights.dtype)
+        b.diagnostics.update(stats)

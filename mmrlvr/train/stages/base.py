@@ -2,26 +2,33 @@
 
     generate -> score -> shape -> advantages -> reference -> credit -> update -> record
 
+(reference before credit: the credit schemes read pi_old, which the reference kind may recompute.)
+
 A stage is a small class registered under its kind and a name::
 
     @register_stage("advantages", "my_baseline", priority=5)
     class MyBaseline(Stage):
+        selected_by = ("algo.advantage",)   # the key whose value chooses it (the plan's "why")
+        serves = ("advantage", "my_baseline")  # algo.advantage: my_baseline is accepted by validation
         @classmethod
         def when(cls, cfg):            # auto-selection: does the config ask for this stage?
             return cfg.algo.advantage == "my_baseline"
         def __call__(self, batch):     # read and write StepBatch fields
             batch.advantages = ...
 
-For every kind the config may name the stage(s) explicitly (``stages.<kind>: name``); otherwise the
-registered stages whose ``when(cfg)`` holds are chosen: the one with the highest priority for single kinds,
-all of them in priority order for the ``shape`` kind (reward transforms and row filters compose).
-``validate(cfg)`` returns the problems with the stage's own config section (checked before any model load).
+The registered stages whose ``when(cfg)`` holds are chosen: the one that applies for single kinds (two that
+apply for different config keys are an error naming both keys), all of them in priority order for the
+``shape`` and ``reference`` kinds (reward transforms and row filters compose). ``stages.<kind>`` names stages
+explicitly: it adds to the automatic ones for those two kinds and replaces a default for the others
+(``select_stages``). ``validate(cfg)`` returns the problems with the stage's own config section (checked before
+any model load); ``mmrlvr.train.plan`` turns the selection into the plan a run prints and writes.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from mmrlvr.errors import UserError
 from mmrlvr.registry import Registry
 
 if TYPE_CHECKING:
@@ -38,11 +45,32 @@ MULTI_KINDS: frozenset[str] = frozenset({"shape", "reference"})
 
 
 class Stage:
-    """One step of the pipeline over a ``StepBatch``. Subclasses set up what they need in ``__init__``."""
+    """One step of the pipeline over a ``StepBatch``. Subclasses set up what they need in ``__init__``.
+
+    What a stage declares (class attributes), so the plan can say what runs and why:
+
+    - ``selected_by``: the config keys whose values choose it (``("algo.loss",)`` for POPO's stages); two stages of
+      one kind chosen by *different* keys are a conflict (an error naming both), never a silent winner;
+    - ``fallback``: runs only when no other stage of its kind applies (plain group advantages, the policy-gradient
+      update); a user-set key of a fallback that another stage overrides is a conflict too;
+    - ``reads``: the config keys it reads (a key ending in ``.`` covers the section); a key the user set that only
+      unselected stages read is reported as inert;
+    - ``when_text``: when auto-selection picks it, in words (for the inert-key note);
+    - ``serves``: ``(method kind, name)`` when the stage *is* a method (POISE's estimator is a stage), so the name
+      is accepted where the method is named (``algo.advantage: poise``).
+
+    Hooks: ``after_step(batch)`` runs once the step is recorded (a sampler learns from the step's rewards);
+    ``state_dict()`` / ``load_state_dict(state)`` put a stage's state in checkpoints, so resume is exact.
+    """
 
     kind: ClassVar[str] = ""
     name: ClassVar[str] = ""
     priority: ClassVar[int] = 0
+    selected_by: ClassVar[tuple[str, ...]] = ()
+    fallback: ClassVar[bool] = False
+    reads: ClassVar[tuple[str, ...]] = ()
+    when_text: ClassVar[str] = ""
+    serves: ClassVar[tuple[str, str] | None] = None
 
     def __init__(self, rt: "Runtime") -> None:
         self.rt = rt
@@ -58,8 +86,45 @@ class Stage:
         """Problems with this stage's config section, one line each ("key: what is wrong")."""
         return []
 
+    @classmethod
+    def reason(cls, cfg: "RunConfig") -> str:
+        """Why this stage runs, in config terms (``algo.loss: popo``)."""
+        if not cls.selected_by:
+            return "always" if not cls.fallback else "default"
+        return ", ".join(f"{k}: {_show(_value(cfg, k))}" for k in cls.selected_by)
+
+    @classmethod
+    def plan_params(cls, cfg: "RunConfig") -> dict[str, Any]:
+        """The settings in force for this stage, by config key (the plan prints them with their source)."""
+        return {k: _value(cfg, k) for k in cls.reads if not k.endswith(".")}
+
+    def after_step(self, batch: "StepBatch") -> None:
+        """Called once per step after every stage ran (refill rounds excluded)."""
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """This stage's state for checkpoints (None: stateless)."""
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()``'s output on resume."""
+
     def __call__(self, batch: "StepBatch") -> None:  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+def all_rows(rt: "Runtime", b: "StepBatch") -> dict[str, Any]:
+    """Model inputs of every row of the batch (for a stage's own no-grad pass over the whole batch)."""
+    return rt.inputs(b.rollouts, b.vision, b.images_per_row, slice(0, b.rollouts.num_rows))
+
+
+def _value(cfg: Any, key: str) -> Any:
+    for part in key.split("."):
+        cfg = getattr(cfg, part, None)
+    return cfg
+
+
+def _show(v: Any) -> str:
+    return "true" if v is True else "false" if v is False else "null" if v is None else str(v)
 
 
 STAGES: dict[str, Registry[type[Stage]]] = {kind: Registry(f"{kind} stage") for kind in STAGE_KINDS}
@@ -83,20 +148,65 @@ def _candidates(kind: str) -> list[type[Stage]]:
     return sorted((reg.get(n) for n in reg.names()), key=lambda c: -c.priority)
 
 
+class StageConflict(UserError):
+    """Two stages claim one job, or an explicit stage list drops one the config enables."""
+
+
+def _user_set(cfg: Any, key: str) -> bool:
+    return getattr(cfg, "sources", {}).get(key) == "user"
+
+
+def _claim(cls: type[Stage], cfg: Any) -> str:
+    return f"{cls.reason(cfg)} (the {cls.kind} stage {cls.name!r})"
+
+
+def _auto(kind: str, cfg: Any) -> list[type[Stage]]:
+    """Auto-selection for one kind: every applicable stage (multi kinds), or the one that applies (single kinds),
+    raising ``StageConflict`` when stages chosen by different config keys both apply."""
+    hits = [c for c in _candidates(kind) if c.when(cfg)]
+    if kind in MULTI_KINDS:
+        return hits
+    specific = [c for c in hits if not c.fallback]
+    if not specific:
+        return hits[:1]
+    winner = specific[0]
+    for other in specific[1:] + [c for c in hits if c.fallback]:
+        if set(other.selected_by) & set(winner.selected_by):
+            continue  # variants of one choice (credit in the update or in its own pass): priority decides
+        if other.fallback and not any(_user_set(cfg, k) for k in other.selected_by):
+            continue  # a default the run did not ask for
+        raise StageConflict(f"{_claim(winner, cfg)} and {_claim(other, cfg)} both choose the {kind} stage; "
+                            f"unset one of {', '.join(winner.selected_by + other.selected_by)}")
+    return [winner]
+
+
 def select_stages(cfg: "RunConfig") -> dict[str, list[str]]:
-    """The stage names each kind runs for ``cfg``: explicit ``stages.<kind>`` entries, else auto-selection."""
+    """The stage names each kind runs for ``cfg``.
+
+    Auto-selection (``when``; conflicts are errors), extended by explicit ``stages.<kind>`` entries: for the kinds
+    where every selected stage runs (shape, reference) the named stages are *added* to the automatic ones and all
+    run in priority order; for the others the named stage replaces the automatic one — unless the config enables a
+    specific one (``consistency.split_advantage: true``), which an explicit name may not silently drop."""
     chosen: dict[str, list[str]] = {}
     explicit = getattr(cfg, "stages", None)
     for kind in STAGE_KINDS:
+        auto = _auto(kind, cfg)
         named = getattr(explicit, kind, None) if explicit is not None else None
         if named:
             names = [named] if isinstance(named, str) else list(named)
-            for n in names:
-                STAGES[kind].get(n)  # unknown name: RegistryError listing the known ones
+            classes = [STAGES[kind].get(n) for n in names]  # unknown name: RegistryError listing the known ones
+            if kind in MULTI_KINDS:
+                merged = {c.name: c for c in [*auto, *classes]}
+                chosen[kind] = [c.name for c in sorted(merged.values(), key=lambda c: -c.priority)]
+                continue
+            if len(names) != 1:
+                raise StageConflict(f"stages.{kind}: one {kind} stage runs, got {names}")
+            if auto and not auto[0].fallback and auto[0].name != names[0]:
+                raise StageConflict(f"stages.{kind}: {names[0]} would drop {_claim(auto[0], cfg)}; unset "
+                                    f"{', '.join(auto[0].selected_by)} or remove stages.{kind}")
             chosen[kind] = names
             continue
-        hits = [c.name for c in _candidates(kind) if c.when(cfg)]
-        chosen[kind] = hits if kind in MULTI_KINDS else hits[:1]
+        chosen[kind] = [c.name for c in auto]
         if not chosen[kind] and kind not in MULTI_KINDS:
             raise ValueError(f"no {kind} stage applies to this config (registered: {', '.join(STAGES[kind].names())})")
     return chosen
@@ -110,6 +220,8 @@ def validate_stages(cfg: "RunConfig") -> list[str]:
         chosen = select_stages(cfg)
     except (RegistryError, ValueError) as exc:
         return [f"stages: {exc}"]
+    except StageConflict as exc:
+        return [str(exc)]
     problems: list[str] = []
     for kind, names in chosen.items():
         for n in names:
@@ -152,9 +264,37 @@ class Pipeline:
                 stage(batch)
             batch.timings[kind] = time.perf_counter() - t0
             if kind == upto:
-                break
+                return batch
+        if round == 0:
+            self.after_step(batch)
         return batch
 
     def describe(self) -> str:
         """One line: the stage chosen for each kind."""
         return " -> ".join(f"{k}[{','.join(self.names.get(k, [])) or '-'}]" for k in STAGE_KINDS)
+
+    def all_stages(self) -> list[Stage]:
+        return [st for _, stages in self.stages for st in stages]
+
+    def after_step(self, batch: "StepBatch") -> None:
+        """Every stage's ``after_step`` hook, in step order (a sampler observes the step's rewards)."""
+        for st in self.all_stages():
+            st.after_step(batch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"kind/name": state}`` of every stage with state (checkpoints)."""
+        out = {}
+        for st in self.all_stages():
+            state = st.state_dict()
+            if state is not None:
+                out[f"{st.kind}/{st.name}"] = state
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore each stage's state; a stage with state the checkpoint lacks starts afresh (say so)."""
+        for st in self.all_stages():
+            key = f"{st.kind}/{st.name}"
+            if key in state:
+                st.load_state_dict(state[key])
+            elif st.state_dict() is not None and self.rt.is_main:
+                print(f"note: resume: the checkpoint has no state for the {st.kind} stage {st.name!r}; it starts afresh")

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from mmrlvr.train.batch import StepBatch
-from mmrlvr.train.stages.base import Stage, register_stage
+from mmrlvr.train.stages.base import Stage, all_rows, register_stage
 
 
 def _scheme(cfg):
@@ -53,6 +53,9 @@ class _CreditStage(Stage):
 
 @register_stage("credit", "none")
 class NoCredit(Stage):
+    selected_by = ("credit.scheme",)
+    fallback = True
+
     @classmethod
     def when(cls, cfg) -> bool:
         return cfg.credit.scheme == "none"
@@ -63,6 +66,12 @@ class NoCredit(Stage):
 
 @register_stage("credit", "in_update", priority=20)
 class InUpdateCredit(_CreditStage):
+    """Schemes that read the clean distribution take it from the update's first forward (one forward less)."""
+
+    selected_by = ("credit.scheme", "credit.in_update")
+    reads = ("credit.",)
+    when_text = "a credit.scheme that reads the clean distribution, with credit.in_update: true"
+
     @classmethod
     def when(cls, cfg) -> bool:
         from mmrlvr.train.deferred_credit import can_defer
@@ -85,6 +94,12 @@ class InUpdateCredit(_CreditStage):
 
 @register_stage("credit", "separate", priority=10)
 class SeparateCredit(_CreditStage):
+    """The scheme's signals from their own no-grad passes (clean and/or perturbed) before the update."""
+
+    selected_by = ("credit.scheme",)
+    reads = ("credit.",)
+    when_text = "credit.scheme other than none"
+
     @classmethod
     def when(cls, cfg) -> bool:
         return cfg.credit.scheme != "none"
@@ -118,4 +133,44 @@ class SeparateCredit(_CreditStage):
             b.aux_losses.append(credit.extra_loss)
         if getattr(credit, "norm_weights", None) is not None:  # e.g. VPPO: divide by all response tokens
             b.norm_weights = credit.norm_weights
+        b.credit_stats = dict(credit.stats)
+
+
+@register_stage("credit", "hidden_credit", priority=30)
+class HiddenStateCredit(Stage):
+    """Credit schemes that read the LM-head input states (``needs_hidden``), e.g. DelTA: one no-grad forward for
+    the response tokens' states, then the scheme's token coefficients multiply the loss weights (A·c_t)."""
+
+    selected_by = ("credit.scheme",)
+    reads = ("credit.scheme", "credit.params.")
+    when_text = "a credit.scheme that reads hidden states (delta)"
+
+    @classmethod
+    def when(cls, cfg) -> bool:
+        from mmrlvr.credit import CREDIT_SCHEMES
+
+        name = cfg.credit.scheme
+        return name in CREDIT_SCHEMES and bool(getattr(CREDIT_SCHEMES.get(name), "needs_hidden", False))
+
+    def __init__(self, rt) -> None:
+        super().__init__(rt)
+        from mmrlvr.credit import build_scheme
+
+        self.scheme = build_scheme(self.cfg.credit.scheme, **self.cfg.credit.params)
+
+    def __call__(self, b: StepBatch) -> None:
+        from mmrlvr.credit.signals import response_hidden
+
+        rollouts = b.rollouts
+        with torch.no_grad(), self.rt.unsharded():  # the backbone is called directly (FSDP2: gathered first)
+            hidden = response_hidden(self.rt.policy, all_rows(self.rt, b), rollouts.prompt_length,
+                                     rollouts.response_ids.shape[1], rows_per_prompt=self.cfg.rollout.group_size)
+        dev, home = hidden.states.device, b.token_weights.device  # [N, L, H] stays on the model's device
+        reduce = self.rt.reduce_fn()  # several processes: batch-wide statistics of the global batch
+        from mmrlvr.credit.schemes import takes_reduce
+
+        extra = {"reduce": reduce} if reduce is not None and takes_reduce(self.scheme) else {}
+        credit = self.scheme(None, b.token_weights.to(dev), b.advantages.to(dev),
+                             old_logprobs=rollouts.old_logprobs.to(dev), hidden=hidden.states, **extra)
+        b.token_weights = b.token_weights * credit.token_weights.to(home)
         b.credit_stats = dict(credit.stats)

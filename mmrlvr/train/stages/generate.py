@@ -1,8 +1,10 @@
 """Generate: which prompts (the sampler), their G responses each (the rollout strategy), the vision cache.
 
-``groups`` (the default) takes this process's contiguous share of the step's global prompt batch (a pure
-function of seed and step, ``mmrlvr.train.data.DataOrder``), samples G responses per prompt with the rollout
-engine (seeded per seed, step, prompt and sample), and starts the loss weights as the response mask.
+``groups`` (the default) takes this process's contiguous share of the step's global prompt batch (the sampler
+``rollout.sampler``, ``mmrlvr.train.samplers``; the default ``shuffle`` is a pure function of seed and step),
+samples G responses per prompt with the rollout engine (seeded per seed, step, prompt and sample), and starts the
+loss weights as the response mask. After the step the sampler observes every prompt's rewards (gathered from
+every process) and its state goes into checkpoints.
 With a frozen vision tower it also builds the step's ``VisionFeatureCache``: the tower runs once per distinct
 prompt and every later pass (credit, reference, update) reuses its features (exact while the tower is frozen).
 """
@@ -13,7 +15,7 @@ import time
 
 from mmrlvr.rollout.base import SamplingParams
 from mmrlvr.train.batch import StepBatch
-from mmrlvr.train.data import DataOrder, shard
+from mmrlvr.train.data import shard
 from mmrlvr.train.forward import VisionFeatureCache
 from mmrlvr.train.stages.base import Stage, register_stage
 
@@ -22,15 +24,19 @@ from mmrlvr.train.stages.base import Stage, register_stage
 class FlatGroups(Stage):
     """Flat groups: G independent samples per prompt."""
 
+    fallback = True
+    reads = ("rollout.",)
+
     @classmethod
-    def validate(cls, cfg) -> list[str]:
+    def plan_params(cls, cfg) -> dict[str, Any]:
+        from mmrlvr.methods import configured
+
         r = cfg.rollout
-        out = []
-        if r.group_size < 1:
-            out.append(f"rollout.group_size: must be >= 1 (got {r.group_size})")
-        if r.max_new_tokens < 1:
-            out.append(f"rollout.max_new_tokens: must be >= 1 (got {r.max_new_tokens})")
-        return out
+        name, params = configured(cfg, "sampler")
+        return {"rollout.sampler": name, **{f"rollout.sampler_params.{k}": v for k, v in params.items()},
+                "rollout.prompts_per_step": r.prompts_per_step, "rollout.group_size": r.group_size,
+                "rollout.engine": r.engine, "rollout.max_new_tokens": r.max_new_tokens,
+                "rollout.temperature": r.temperature}
 
     #: refill round r samples with the engine's seed key step + r * ROUND_KEY, so its responses never repeat
     #: round 0's (the engine seeds per seed, step, prompt and sample)
@@ -38,20 +44,44 @@ class FlatGroups(Stage):
 
     def __init__(self, rt) -> None:
         super().__init__(rt)
-        self._refill_orders: dict[int, DataOrder] = {}
+        from mmrlvr.methods import configured
+        from mmrlvr.train.samplers import build_sampler
+
+        name, params = configured(self.cfg, "sampler")
+        self.sampler = build_sampler(name, len(rt.train_samples), self.cfg.rollout.prompts_per_step, self.cfg.seed,
+                                     params)
+        self._index = {id(s): i for i, s in enumerate(rt.train_samples)}  # sample -> dataset index
 
     def prompts(self, step: int, round: int = 0) -> list:
-        """The sampler: this process's share of step ``step``'s prompts; refill round r > 0 draws from an order
-        of its own (a pure function of seed, round and step, so every process and a resumed run agree)."""
+        """This process's share of step ``step``'s prompts (round r > 0: a refill round's)."""
         rt = self.rt
-        order = rt.order
-        if round > 0:
-            if round not in self._refill_orders:
-                self._refill_orders[round] = DataOrder(len(rt.train_samples), rt.order.batch_size,
-                                                       self.cfg.seed * 1_000_003 + round)
-            order = self._refill_orders[round]
-        idx = shard(order.indices(step), rt.accel.process_index, rt.accel.num_processes)
+        idx = shard(self.sampler.indices(step, round), rt.accel.process_index, rt.accel.num_processes)
         return [rt.train_samples[i] for i in idx]
+
+    def after_step(self, b: StepBatch) -> None:
+        """The sampler observes the step's prompts and rewards, gathered from every process (in rank order)."""
+        from mmrlvr.train.distributed import _all_gather
+        from mmrlvr.train.samplers import Sampler, StepOutcome
+
+        if type(self.sampler).observe is Sampler.observe or b.rollouts is None or b.rewards is None:
+            return  # a sampler that learns nothing needs no gather
+        G, rows = self.cfg.rollout.group_size, b.rollouts.samples
+        prompts = [self._index.get(id(rows[i]), -1) for i in range(0, len(rows), G)]
+        rewards = b.rewards.reshape(-1, G).tolist()
+        from mmrlvr.train.stages.shape import row_accuracy
+
+        acc = row_accuracy(b)
+        mine = (prompts, rewards, acc.reshape(-1, G).tolist() if acc is not None else None)
+        parts = _all_gather(mine, self.rt.accel.num_processes)
+        accuracy = None if any(p[2] is None for p in parts) else [a for p in parts for a in p[2]]
+        self.sampler.observe(StepOutcome(b.step, [i for p in parts for i in p[0]], [r for p in parts for r in p[1]],
+                                         accuracy))
+
+    def state_dict(self):
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state) -> None:
+        self.sampler.load_state_dict(state)
 
     def __call__(self, b: StepBatch) -> None:
         cfg, rt = self.cfg, self.rt

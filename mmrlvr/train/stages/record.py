@@ -35,6 +35,9 @@ def update_metrics(stats: dict[str, float]) -> dict[str, float]:
 
 @register_stage("record", "metrics_and_rollouts")
 class Record(Stage):
+    fallback = True
+    reads = ("log_rollouts",)
+
     def step_metrics(self, b: StepBatch) -> dict[str, Any]:
         stats = b.update_stats
         m = rollout_metrics(b.rollouts, b.rewards, b.results, self.cfg.rollout.group_size)

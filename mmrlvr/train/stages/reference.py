@@ -55,6 +55,21 @@ def rollout_correction_weights(train_logp: torch.Tensor, rollout_logp: torch.Ten
 
 @register_stage("reference", "old_policy", priority=20)
 class OldPolicy(Stage):
+    """pi_old recomputed by the training model (off-policy passes, or a vLLM sampler), with the rollout correction."""
+
+    selected_by = ("algo.recompute_old_logprobs",)
+    reads = ("algo.recompute_old_logprobs", "algo.rollout_correction", "algo.rollout_correction_cap",
+             "algo.rollout_correction_level")
+    when_text = ("algo.epochs > 1, rollout.engine: vllm or algo.recompute_old_logprobs: true (the default HF engine "
+                 "with one epoch samples with the training weights, so its pi_old needs no recompute)")
+
+    @classmethod
+    def reason(cls, cfg) -> str:
+        a = cfg.algo
+        if a.recompute_old_logprobs:
+            return "algo.recompute_old_logprobs: true"
+        return f"algo.epochs: {a.epochs}" if a.epochs > 1 else f"rollout.engine: {cfg.rollout.engine}"
+
     @classmethod
     def when(cls, cfg) -> bool:
         return recompute_enabled(cfg)
@@ -106,6 +121,12 @@ class OldPolicy(Stage):
 
 @register_stage("reference", "frozen", priority=10)
 class FrozenReference(Stage):
+    """pi_ref for the KL term: the adapter disabled (LoRA) or a frozen copy (full fine-tuning)."""
+
+    selected_by = ("algo.kl_coef",)
+    reads = ("algo.kl_estimator",)
+    when_text = "algo.kl_coef > 0"
+
     @classmethod
     def when(cls, cfg) -> bool:
         return cfg.algo.kl_coef > 0

@@ -6,6 +6,8 @@ for the record stage.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from mmrlvr.rewards.base import score_batch
@@ -15,6 +17,14 @@ from mmrlvr.train.stages.base import Stage, register_stage
 
 @register_stage("score", "rewards")
 class Rewards(Stage):
+    fallback = True
+    reads = ("rewards",)
+
+    @classmethod
+    def plan_params(cls, cfg) -> dict[str, Any]:
+        return {f"rewards[{i}]": {"name": s.name, "weight": s.weight, **({"params": s.params} if s.params else {})}
+                for i, s in enumerate(cfg.rewards)}
+
     @classmethod
     def validate(cls, cfg) -> list[str]:
         return [] if cfg.rewards else ["rewards: at least one reward component is needed"]

@@ -37,6 +37,10 @@ class DropUnscored(Stage):
 
 @register_stage("shape", "overlong", priority=30)
 class Overlong(Stage):
+    selected_by = ("algo.overlong_cache",)
+    reads = ("algo.overlong_cache", "algo.overlong_penalty")
+    when_text = "algo.overlong_cache > 0"
+
     @classmethod
     def when(cls, cfg) -> bool:
         return cfg.algo.overlong_cache > 0
@@ -57,6 +61,9 @@ class Overlong(Stage):
 
 @register_stage("shape", "mask_truncated", priority=20)
 class MaskTruncated(Stage):
+    selected_by = ("algo.mask_truncated",)
+    when_text = "algo.mask_truncated: true"
+
     @classmethod
     def when(cls, cfg) -> bool:
         return cfg.algo.mask_truncated
@@ -66,7 +73,7 @@ class MaskTruncated(Stage):
         b.token_weights[trunc] = 0.0
 
 
-def _accuracy(b: StepBatch) -> torch.Tensor | None:
+def row_accuracy(b: StepBatch) -> torch.Tensor | None:
     """[N] 1.0 where the verifier judges the answer right (the ``accuracy`` metric), or None when the rows have
     no gold answer to judge (e.g. grounding: boxes only) — then the filter reads the total reward."""
     from mmrlvr.rewards.combine import answer_judge
@@ -96,6 +103,10 @@ class DynamicSampling(Stage):
     Metrics: ``dynamic_sampling/rounds``, ``/kept_groups``, ``/fill_groups``.
     """
 
+    selected_by = ("algo.dynamic_sampling",)
+    reads = ("algo.dynamic_sampling_metric", "algo.dynamic_sampling_max_rounds")
+    when_text = "algo.dynamic_sampling: true"
+
     @classmethod
     def when(cls, cfg) -> bool:
         return cfg.algo.dynamic_sampling
@@ -112,7 +123,7 @@ class DynamicSampling(Stage):
     def keep_groups(self, b: StepBatch) -> torch.Tensor:
         """[groups] bool: the groups whose metric varies."""
         metric = self.cfg.algo.dynamic_sampling_metric
-        acc = _accuracy(b) if metric == "accuracy" else None
+        acc = row_accuracy(b) if metric == "accuracy" else None
         if acc is None:
             metric = "reward"
         return dynamic_sampling_filter(b.rewards, b.rollouts.group_index, accuracy=acc, metric=metric)

@@ -64,6 +64,36 @@ def policy_loss_params(algo: Any) -> dict[str, Any]:
 
 @register_stage("update", "policy_gradient")
 class PolicyGradient(Stage):
+    """``algo.epochs`` passes of ``algo.loss`` (with ``algo.loss_params``) over the batch, one optimizer step each."""
+
+    selected_by = ("algo.loss",)
+    fallback = True
+    reads = ("algo.loss", "algo.loss_params.", "algo.eps_low", "algo.eps_high", "algo.dual_clip", "algo.clip",
+             "algo.clip_params.", "algo.agg", "algo.kl_coef", "algo.epochs", "algo.micro_batch_size")
+
+    @classmethod
+    def plan_params(cls, cfg) -> dict[str, Any]:
+        from mmrlvr.methods import configured
+
+        a = cfg.algo
+        loss, params = configured(cfg, "loss")
+        out: dict[str, Any] = {"algo.loss": loss}
+        from mmrlvr.algos.presets import LOSS_DEFAULTS
+
+        for k in LOSS_DEFAULTS.get(loss, {"eps_low": 0, "eps_high": 0}):
+            if k != "agg":
+                out[f"algo.{k}"] = getattr(a, k)
+        out.update({f"algo.loss_params.{k}": v for k, v in params.items()})
+        if a.clip != "fixed":
+            rule, cp = configured(cfg, "clip")
+            out["algo.clip"] = rule
+            out.update({f"algo.clip_params.{k}": v for k, v in cp.items()})
+        out.update({"algo.agg": a.agg, "algo.kl_coef": a.kl_coef, "algo.epochs": a.epochs,
+                    "algo.micro_batch_size": a.micro_batch_size})
+        if a.kl_coef > 0:
+            out["algo.kl_estimator"] = a.kl_estimator
+        return out
+
     @classmethod
     def validate(cls, cfg) -> list[str]:
         a, out = cfg.algo, []
@@ -253,3 +283,96 @@ class PolicyGradient(Stage):
         for hook in self.after_step_hooks:
             hook(rt.policy, rt.counters["optimizer_steps"])
         return float(norm)
+
+
+@register_stage("update", "popo", priority=10)
+class PopoUpdate(PolicyGradient):
+    """The policy-gradient update with POPO's similarity (0.1) and entropy (0.01) terms on positive rows, from one
+    extra forward (with gradient) per micro-batch for the final-norm states, one no-grad forward with the EMA target
+    parameters, and the predictor's own optimizer (``mmrlvr.algos.popo``). The predictor, its optimizer and the EMA
+    target are in checkpoints."""
+
+    selected_by = ("algo.loss",)
+    reads = PolicyGradient.reads + ("algo.loss_params.",)
+    when_text = "algo.loss: popo"
+
+    @classmethod
+    def when(cls, cfg) -> bool:
+        return cfg.algo.loss == "popo"
+
+    def __init__(self, rt) -> None:
+        super().__init__(rt)
+        from mmrlvr.algos.popo import PopoSimilarity
+
+        core = rt.policy.get_base_model() if hasattr(rt.policy, "get_base_model") else rt.policy
+        hidden = core.get_output_embeddings().weight.shape[1]
+        from mmrlvr.methods import configured
+        from mmrlvr.models.placement import model_device
+
+        self.popo = configured(self.cfg, "loss")[1]
+        self.sim = PopoSimilarity(hidden, tau=self.popo["ema_tau"]).to(model_device(core))
+        self.sim_opt = torch.optim.AdamW(self.sim.parameters(), lr=self.cfg.optim.lr)
+        self.sim_stats: dict[str, float] = {}
+
+    def update(self, b: StepBatch) -> dict[str, float]:
+        w_rows = b.advantages * (b.token_weights.sum(-1) > 0)
+        self._w_total = float(w_rows.sum())
+        self._tok_total = float(b.token_weights.gt(0).sum())
+        self.sim_stats = {"popo/sim_loss": 0.0, "popo/entropy": 0.0}
+        stats = super().update(b)
+        passes = max(self.cfg.algo.epochs, 1)
+        b.diagnostics.update({k: v / passes for k, v in self.sim_stats.items()})
+        return stats
+
+    def micro_step(self, b: StepBatch, rows: slice, global_den, norm_constant: float) -> dict[str, float]:
+        stats = super().micro_step(b, rows, global_den, norm_constant)
+        w = (b.advantages[rows] * (b.token_weights[rows].sum(-1) > 0)).float()
+        mask = b.token_weights[rows] > 0
+        if float(w.sum()) <= 0 or self._w_total <= 0:
+            return stats
+        from mmrlvr.algos.popo import masked_mean_features
+
+        rt = self.rt
+        inputs = rt.inputs(b.rollouts, b.vision, b.images_per_row, rows)
+        P, L = b.rollouts.prompt_length, b.rollouts.response_ids.shape[1]
+        core = rt.policy.get_base_model() if hasattr(rt.policy, "get_base_model") else rt.policy
+        # the target first: swapping the EMA parameters in and out writes the weights in place, which must not
+        # happen between the online forward and its backward
+        device = inputs["input_ids"].device  # the model's (rt.inputs); the batch's weights are on the CPU
+        mask, w = mask.to(device), w.to(device)
+        with torch.no_grad(), self.sim.target(rt.policy):
+            target = core.model(**inputs, use_cache=False).last_hidden_state[:, P - 1:P - 1 + L]
+            f_target = masked_mean_features(target, mask)
+        states = core.model(**inputs, use_cache=False).last_hidden_state[:, P - 1:P - 1 + L]  # with grad
+        f_online = masked_mean_features(states, mask)
+        gen = torch.Generator().manual_seed(self.cfg.seed * 104_729 + b.step * 31 + rows.start)
+        l_sim = self.sim.loss(f_online, f_target, w, generator=gen) * (float(w.sum()) / self._w_total)
+        head = core.get_output_embeddings()
+        logp = torch.log_softmax(head(states.to(head.weight.dtype)).float() / self.cfg.rollout.temperature, -1)
+        ent = -(logp.exp() * logp).sum(-1)  # [n, L], with grad
+        l_ent = -(ent * mask).sum() / max(self._tok_total, 1.0)
+        loss = (self.popo["sim_coef"] * l_sim + self.popo["ent_coef"] * l_ent) * rt.accel.num_processes
+        if not torch.isfinite(loss):
+            raise NonFiniteLoss(f"popo auxiliary loss is {loss.item()}")
+        rt.accel.backward(loss)
+        self.sim_stats["popo/sim_loss"] += float(l_sim.detach())
+        self.sim_stats["popo/entropy"] += float(-l_ent.detach())
+        stats["loss"] += float(loss.detach()) / rt.accel.num_processes
+        return stats
+
+    def optimizer_step(self) -> float:
+        norm = super().optimizer_step()
+        self.sim_opt.step()
+        self.sim_opt.zero_grad(set_to_none=True)
+        self.sim.update_target(self.rt.policy)
+        return norm
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sim": {k: v.detach().cpu() for k, v in self.sim.state_dict().items()},
+                "ema": {k: v.detach().cpu() for k, v in self.sim._ema.items()}, "opt": self.sim_opt.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        device = next(self.sim.parameters()).device
+        self.sim.load_state_dict(state["sim"])
+        self.sim._ema = {k: v.to(device) for k, v in state["ema"].items()}
+        self.sim_opt.load_state_dict(state["opt"])

@@ -1,0 +1,85 @@
+"""The algorithm's built-in methods and their parameters, declared without torch (``mmrlvr.methods``).
+
+This is where a config's ``algo.loss_params``, ``algo.advantage_params`` and ``algo.clip_params`` are checked
+against (names, types, ranges) at load time, in milliseconds. The implementations take the same keyword
+parameters with the same defaults (``tests/test_methods.py`` compares every declaration with its function), and
+the docs' parameter tables (``docs/methods.md``) and ``mmrlvr train --help-config`` are read from here.
+
+The clip range ``algo.eps_low`` / ``algo.eps_high`` / ``algo.dual_clip`` stays a top-level ``algo`` key: every
+clipped loss reads it and the presets set it, so it is not a parameter of one loss.
+"""
+
+from __future__ import annotations
+
+from mmrlvr.methods import Param, declare
+
+
+def _pos(v) -> bool:
+    return v > 0
+
+
+def _nonneg(v) -> bool:
+    return v >= 0
+
+
+# --------------------------------------------------------------------------------------------- policy losses
+declare("loss", "ppo_clip", "PPO-clip per token, the GRPO/DAPO loss; reads algo.eps_low/eps_high/dual_clip and "
+        "algo.clip", source="arXiv:1707.06347; clip-higher arXiv:2503.14476")
+declare("loss", "gspo", "clip the sequence ratio exp(mean log r) (its own range: 3e-4 / 4e-4 by default)",
+        source="arXiv:2507.18071")
+declare("loss", "cispo", "truncated, detached importance weight times log pi: no token loses its gradient",
+        source="arXiv:2506.13585")
+declare("loss", "nsr", "PPO-clip whose near-boundary clipped tokens are rescued at random",
+        Param("noise", 0.2, "relative noise of the rescue: r' = r(1 -/+ noise*u), u ~ U(0,1) [ours]", "in (0, 1]",
+              lambda v: 0 < v <= 1),
+        source="ours: the paper's exact rule is not public")
+declare("loss", "popo", "positive-only: a weighted NLL on a group's correct rollouts, plus a similarity and an "
+        "entropy term (brings its own advantages and update stages)",
+        Param("temperature", 1.0, "T of the softmax weights over a group's positives", "> 0", _pos),
+        Param("threshold", 1.0, "a rollout is positive when its reward >= this [ours]"),
+        Param("sim_coef", 0.1, "weight of the similarity term (predictor vs EMA target features)", ">= 0", _nonneg),
+        Param("ent_coef", 0.01, "weight of the entropy bonus on positive tokens", ">= 0", _nonneg),
+        Param("ema_tau", 0.995, "EMA rate of the target parameters", "in [0, 1)", lambda v: 0 <= v < 1),
+        source="arXiv:2605.06650")
+
+# -------------------------------------------------------------------------------------- advantage estimators
+declare("advantage", "grpo", "(R - mean_g R) / (std_g R + eps)",
+        Param("eps", 1e-6, "added to the group std", "> 0", _pos),
+        Param("unbiased", True, "n-1 sample std (verl, TRL); false: population std"),
+        source="arXiv:2402.03300")
+declare("advantage", "dr_grpo", "R - mean_g R, no std division (pair with seq-mean-token-sum-norm)",
+        source="arXiv:2503.20783")
+declare("advantage", "rloo", "R - mean of the other rollouts of the group (leave-one-out)", source="arXiv:2402.14740")
+declare("advantage", "reinforce_pp", "group-centred reward whitened over the whole batch",
+        Param("baseline", True, "subtract the group mean first (REINFORCE++-baseline); false: whiten raw rewards"),
+        Param("eps", 1e-6, "added to the std in the sequence scope", "> 0", _pos),
+        Param("whiten_scope", "batch_tokens", "batch_tokens: weighted by response tokens (verl) | sequence: each "
+              "rollout once", choices=("batch_tokens", "sequence")),
+        source="arXiv:2501.03262")
+declare("advantage", "poise", "r - b, b an online probe's prediction from other rollouts' hidden states "
+        "(a stage: one no-grad forward per step)",
+        Param("lr", 1e-3, "learning rate of the probe (Adam)", "> 0", _pos),
+        Param("buffer_steps", 4, "the probe trains on the rollouts of the last N steps", ">= 1", lambda v: v >= 1),
+        Param("train_iters", 20, "probe optimisation steps per training step", ">= 1", lambda v: v >= 1),
+        source="arXiv:2605.07579")
+
+# ---------------------------------------------------------------------------------------------- clip rules
+declare("clip", "fixed", "PPO's constant range algo.eps_low / algo.eps_high")
+declare("clip", "acpo", "eps_b = clamp(eps0 + alpha * sigma_b, eps_min, eps_max) per probability bin, symmetric; "
+        "dual clip 3 unless algo.dual_clip is set",
+        Param("eps0", 0.2, "base clip range", ">= 0", _nonneg),
+        Param("alpha", 3.0, "weight of the bin's ratio std sigma_b", ">= 0", _nonneg),
+        Param("eps_min", 0.0, "smallest clip range", ">= 0", _nonneg),
+        Param("eps_max", 3.0, "largest clip range", ">= eps_min", _nonneg),
+        source="arXiv:2606.22570",
+        cross=lambda v: None if v["eps_max"] >= v["eps_min"] else
+        f"eps_max ({v['eps_max']}) must be >= eps_min ({v['eps_min']})")
+
+# ------------------------------------------------------------------------------- KL estimators, aggregation
+declare("kl", "k1", "log(pi/pi_ref)")
+declare("kl", "k2", "(log(pi/pi_ref))^2 / 2")
+declare("kl", "k3", "pi_ref/pi - log(pi_ref/pi) - 1 (unbiased, >= 0; GRPO's)")
+declare("agg", "token-mean", "mean over every response token of the batch (DAPO)")
+declare("agg", "seq-mean-token-mean", "mean over tokens per sequence, then over sequences (GRPO)")
+declare("agg", "seq-mean-token-sum", "sum over tokens per sequence, mean over sequences")
+declare("agg", "seq-mean-token-sum-norm", "sum over tokens / max_new_tokens, mean over sequences (Dr.GRPO)")

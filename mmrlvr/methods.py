@@ -1,0 +1,338 @@
+"""Methods and their parameters, declared once: the contract of every loss, advantage estimator, clip rule and sampler.
+
+A *method* is a registered implementation chosen by name in a config (``algo.loss: gspo``); its *parameters*
+sit beside that name, under one key per kind, addressed the same way for built-ins and plug-ins::
+
+    algo.loss + algo.loss_params                 policy losses        (mmrlvr.algos.losses.POLICY_LOSSES)
+    algo.advantage + algo.advantage_params       advantage estimators (mmrlvr.algos.advantages.ADVANTAGES)
+    algo.clip + algo.clip_params                 clip rules           (mmrlvr.algos.clipping.CLIP_RULES)
+    rollout.sampler + rollout.sampler_params     prompt samplers      (mmrlvr.train.samplers.SAMPLERS)
+
+(credit schemes and rewards already took a ``params`` mapping: ``credit.params``, ``rewards[i].params``.)
+
+Each built-in declares its parameters here, without torch, as ``Param`` values — name, default, one line of help
+and the accepted range — so a misspelt parameter, a wrong type or a value out of range is reported at config
+load, before torch is imported (``mmrlvr.algos.params`` holds the algorithm's declarations; a test keeps them
+equal to the functions' keyword defaults). A plug-in's parameters are read from its signature: the
+keyword parameters after the positional inputs, their defaults, and a help line per parameter from
+``@describe_params(name="help", ...)`` when it gives one.
+
+Deliberately not here: the implementations (torch) and the choice of stages (``mmrlvr.train.stages.base``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+from mmrlvr.errors import did_you_mean
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of a method: its default, a line of help, and what values it accepts.
+
+    The type is the default's (bool, int, float — ints are accepted for floats —, str); a ``None`` default
+    accepts anything or None. ``choices`` lists the allowed values; ``check`` + ``rule`` a range
+    (``check=lambda v: v > 0, rule="> 0"``)."""
+
+    name: str
+    default: Any
+    help: str = ""
+    rule: str = ""
+    check: Callable[[Any], bool] | None = field(default=None, compare=False)
+    choices: tuple[Any, ...] | None = None
+    kind: type | None = None  # the accepted type when the default is None (e.g. float for an optional cap)
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` is not accepted (a phrase), or None."""
+        tp = self.kind if self.default is None else type(self.default)
+        if value is None:
+            return None if self.default is None else f"expected {_type_word(tp)}, got null"
+        if tp is bool and not isinstance(value, bool):
+            return f"expected true/false, got {value!r}"
+        if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
+            if not (isinstance(value, float) and value.is_integer()):
+                return f"expected an integer, got {value!r}"
+        if tp is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            return f"expected a number, got {value!r}"
+        if tp is str and not isinstance(value, str):
+            return f"expected a string, got {value!r}"
+        if self.choices is not None and value not in self.choices:
+            return f"must be one of {', '.join(map(str, self.choices))}, got {value!r}{did_you_mean(value, self.choices)}"
+        if self.check is not None:
+            try:
+                ok = bool(self.check(value))
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                return f"must be {self.rule or 'valid'}, got {value!r}"
+        return None
+
+    def coerce(self, value: Any) -> Any:
+        """The value in the parameter's type (an integral float for an int, an int for a float)."""
+        tp = self.kind if self.default is None else type(self.default)
+        if value is None or isinstance(value, bool):
+            return value
+        if tp is int and isinstance(value, float):
+            return int(value)
+        if tp is float and isinstance(value, int):
+            return float(value)
+        return value
+
+    def line(self) -> str:
+        """``name = default  # help [rule]`` for ``--help-config``."""
+        extra = f" [{self.rule}]" if self.rule else (f" [{' | '.join(map(str, self.choices))}]" if self.choices else "")
+        return f"{self.name} = {self.default!r}  # {self.help}{extra}".rstrip()
+
+
+def _type_word(tp: type | None) -> str:
+    return {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(tp, "a value")
+
+
+@dataclass(frozen=True)
+class Method:
+    """A registered method's public face: its name, a line of help, its parameters and its source (paper id).
+
+    ``open_params``: the implementation takes ``**kwargs`` and accepts parameters it does not declare."""
+
+    kind: str
+    name: str
+    help: str = ""
+    params: tuple[Param, ...] = ()
+    source: str = ""
+    open_params: bool = False
+    #: a check across parameters: the resolved values -> a problem phrase or None (e.g. eps_min <= eps_max)
+    cross: Callable[[dict[str, Any]], str | None] | None = field(default=None, compare=False)
+
+    def defaults(self) -> dict[str, Any]:
+        return {p.name: p.default for p in self.params}
+
+    def param(self, name: str) -> Param | None:
+        return next((p for p in self.params if p.name == name), None)
+
+    def resolve(self, given: Mapping[str, Any] | None, key: str) -> tuple[dict[str, Any], list[str]]:
+        """(the parameters in force: defaults updated by ``given``, problems naming ``key``.<param>)."""
+        values, problems = self.defaults(), []
+        what = METHOD_KINDS[self.kind].what if self.kind in METHOD_KINDS else self.kind
+        names = [p.name for p in self.params]
+        for k, v in (given or {}).items():
+            p = self.param(k)
+            if p is None:
+                if self.open_params:
+                    values[k] = v
+                    continue
+                problems.append(f"{key}.{k}: unknown parameter of {what} {self.name!r}; accepted: "
+                                f"{', '.join(names) or '(none)'}{did_you_mean(k, names)}")
+                continue
+            why = p.problem(v)
+            if why:
+                problems.append(f"{key}.{k}: {what} {self.name!r}: {why}")
+                continue
+            values[k] = p.coerce(v)
+        if not problems and self.cross is not None:
+            why = self.cross(values)
+            if why:
+                problems.append(f"{key}: {what} {self.name!r}: {why}")
+        return values, problems
+
+    def lines(self) -> list[str]:
+        """``--help-config`` lines: the method, then one indented line per parameter."""
+        head = f"{self.name}: {self.help}" + (f" ({self.source})" if self.source else "")
+        return [head, *(f"    {p.line()}" for p in self.params)] + (["    (also accepts other keyword parameters)"]
+                                                                     if self.open_params else [])
+
+
+@dataclass(frozen=True)
+class MethodKind:
+    """One extension point whose methods take parameters: the config keys that name a method and hold its
+    parameters, where built-ins are declared, and the live registry plug-ins add to."""
+
+    kind: str
+    what: str
+    name_key: str
+    params_key: str
+    declared_in: str  # torch-free module whose import declares the built-ins (``declare``)
+    registry: tuple[str, str]  # (module, attribute) of the live registry (may import torch)
+    #: keyword parameters of an implementation that the runtime supplies (not user parameters)
+    runtime_args: frozenset[str] = frozenset()
+    #: positional inputs of an implementation (not parameters)
+    positional: int = 0
+
+
+METHOD_KINDS: dict[str, MethodKind] = {
+    "loss": MethodKind("loss", "policy loss", "algo.loss", "algo.loss_params", "mmrlvr.algos.params",
+                       ("mmrlvr.algos.losses", "POLICY_LOSSES"),
+                       frozenset({"generator", "clip", "clip_params", "eps_low", "eps_high", "dual_clip"}), 4),
+    "advantage": MethodKind("advantage", "advantage estimator", "algo.advantage", "algo.advantage_params",
+                            "mmrlvr.algos.params", ("mmrlvr.algos.advantages", "ADVANTAGES"),
+                            frozenset({"token_counts", "reduce"}), 2),
+    "clip": MethodKind("clip", "clip rule", "algo.clip", "algo.clip_params", "mmrlvr.algos.params",
+                       ("mmrlvr.algos.clipping", "CLIP_RULES"), frozenset({"bins"}), 5),
+    "kl": MethodKind("kl", "KL estimator", "algo.kl_estimator", "", "mmrlvr.algos.params",
+                     ("mmrlvr.algos.kl", "KL_ESTIMATORS")),
+    "agg": MethodKind("agg", "loss aggregation mode", "algo.agg", "", "mmrlvr.algos.params",
+                      ("mmrlvr.algos.aggregation", "AGG_MODES")),
+    "sampler": MethodKind("sampler", "prompt sampler", "rollout.sampler", "rollout.sampler_params",
+                          "mmrlvr.train.samplers", ("mmrlvr.train.samplers", "SAMPLERS"),
+                          frozenset({"n", "batch_size", "seed"}), 0),
+}
+
+_DECLARED: dict[str, dict[str, Method]] = {k: {} for k in METHOD_KINDS}
+
+
+def declare(kind: str, name: str, help: str, *params: Param, source: str = "",
+            cross: Callable[[dict[str, Any]], str | None] | None = None) -> Method:
+    """Declare built-in method ``name`` of ``kind`` with its parameters (torch-free modules only)."""
+    if kind not in METHOD_KINDS:
+        raise ValueError(f"unknown method kind {kind!r}; kinds: {', '.join(METHOD_KINDS)}")
+    m = Method(kind, name, help, tuple(params), source, cross=cross)
+    _DECLARED[kind][name] = m
+    return m
+
+
+def describe_params(**help: str) -> Callable[[Any], Any]:
+    """Decorator for a plug-in method: one line of help per keyword parameter (shown by ``--help-config``)::
+
+        @describe_params(k="samples whose best counts (k <= G)")
+        @ADVANTAGES.register("pass_at_k")
+        def pass_at_k(rewards, group_index, *, k: int = 4): ...
+    """
+
+    def deco(obj: Any) -> Any:
+        obj.param_help = dict(help)
+        return obj
+
+    return deco
+
+
+def _declared(kind: str) -> dict[str, Method]:
+    importlib.import_module(METHOD_KINDS[kind].declared_in)  # torch-free: declares the built-ins
+    return _DECLARED[kind]
+
+
+def _live(kind: str) -> Any:
+    """The live registry of ``kind`` if its module is imported (a plug-in registering a method imports it)."""
+    module, attr = METHOD_KINDS[kind].registry
+    mod = sys.modules.get(module)
+    return getattr(mod, attr, None) if mod is not None else None
+
+
+def _stage_served(kind: str) -> dict[str, Any]:
+    """Methods of ``kind`` served by a registered stage (``Stage.serves = (kind, name)``), e.g. POISE's estimator."""
+    base = sys.modules.get("mmrlvr.train.stages.base")
+    out: dict[str, Any] = {}
+    if base is None:
+        return out
+    for reg in base.STAGES.values():
+        for n in reg.names():
+            cls = reg.get(n)
+            served = getattr(cls, "serves", None)
+            if served and served[0] == kind:
+                out[served[1]] = cls
+    return out
+
+
+def method_names(kind: str) -> list[str]:
+    """Every name ``kind`` accepts: built-ins, the live registry's (plug-ins) and stage-served methods."""
+    names = set(_declared(kind))
+    live = _live(kind)
+    if live is not None:
+        names |= set(live.names())
+    names |= set(_stage_served(kind))
+    return sorted(names)
+
+
+def method_spec(kind: str, name: str) -> Method | None:
+    """The declaration of ``name``: a built-in's, a plug-in's ``method`` attribute, or read from its signature."""
+    declared = _declared(kind)
+    if name in declared:
+        return declared[name]
+    live = _live(kind)
+    obj = live.get(name) if live is not None and name in live else _stage_served(kind).get(name)
+    if obj is None:
+        return None
+    if isinstance(getattr(obj, "method", None), Method):
+        return obj.method
+    return spec_from_signature(kind, name, obj)
+
+
+def spec_from_signature(kind: str, name: str, obj: Any) -> Method:
+    """A plug-in's parameters from its signature: keyword parameters with defaults after the positional inputs,
+    minus the ones the runtime supplies; help from ``@describe_params``."""
+    mk = METHOD_KINDS[kind]
+    fn = obj.__init__ if isinstance(obj, type) else obj
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return Method(kind, name, _first_line(obj), (), open_params=True)
+    helps = getattr(obj, "param_help", {}) or {}
+    params, open_params, skipped = [], False, 0
+    for p in sig.parameters.values():
+        if p.name == "self":
+            continue
+        if p.kind is p.VAR_KEYWORD:
+            open_params = True
+            continue
+        if p.kind is p.VAR_POSITIONAL:
+            continue
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty and skipped < mk.positional:
+            skipped += 1
+            continue
+        if p.name in mk.runtime_args or p.default is p.empty:
+            continue
+        kind_hint = type(p.default) if p.default is not None else None
+        params.append(Param(p.name, p.default, helps.get(p.name, ""), kind=kind_hint))
+    return Method(kind, name, _first_line(obj), tuple(params), open_params=open_params)
+
+
+def _first_line(obj: Any) -> str:
+    doc = inspect.getdoc(obj) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def resolve_method(kind: str, name: str, given: Mapping[str, Any] | None, where: str = "config"
+                   ) -> tuple[dict[str, Any], list[str]]:
+    """(parameters in force for method ``name`` of ``kind``, problems). An unknown name is reported by the
+    name check, not here (returns the given parameters unchecked)."""
+    spec = method_spec(kind, name)
+    if spec is None:
+        return dict(given or {}), []
+    values, problems = spec.resolve(given, METHOD_KINDS[kind].params_key)
+    return values, [f"{where}: {p}" for p in problems]
+
+
+def _dotted(cfg: Any, key: str) -> Any:
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def configured(cfg: Any, kind: str) -> tuple[str, dict[str, Any]]:
+    """(the method ``cfg`` names for ``kind``, its parameters in force): what a stage builds the method with.
+    Config load has validated them; a problem here (a config built in code) raises ``UserError``."""
+    from mmrlvr.errors import ConfigErrors
+
+    mk = METHOD_KINDS[kind]
+    name = _dotted(cfg, mk.name_key)
+    given = _dotted(cfg, mk.params_key) if mk.params_key else {}
+    values, problems = resolve_method(kind, name, given)
+    if problems:
+        raise ConfigErrors(problems)
+    return name, values
+
+
+def help_lines(kinds: Iterable[str] | None = None) -> list[str]:
+    """``--help-config``: every registered method of each kind with its parameters (plug-ins included)."""
+    out: list[str] = []
+    for kind in kinds or METHOD_KINDS:
+        mk = METHOD_KINDS[kind]
+        where = f"; parameters under {mk.params_key}" if mk.params_key else ""
+        out.append(f"{mk.name_key} ({mk.what}s{where}):")
+        for name in method_names(kind):
+            spec = method_spec(kind, name)
+            out.extend(f"  {ln}" for ln in (spec.lines() if spec else [name]))
+    return out
