@@ -176,9 +176,9 @@ def main(argv: list[str]) -> int:
         run_dir = _run_dir_for(Path(args.run))
     cfg = load_config(Path(run_dir) / "config.yaml") if run_dir is not None else RunConfig()
     if run_dir is not None:
-        from mmrlvr.plugins import load_plugins
+        from mmrlvr.plugins import load_run_plugins
 
-        load_plugins(cfg.plugins)  # plugin rewards the run's config names
+        load_run_plugins(run_dir, cfg.plugins)  # plugin rewards the run's config names (the run's copy if gone)
     # the model: --model wins; then RUN_DIR (its newest verified checkpoint, or the folder itself)
     if args.model is not None:
         folder = resolve_model_path(args.model) if args.model.startswith("tiny:") else args.model

@@ -9,7 +9,8 @@
   a half-deleted run under the run's name.
 - ``--resume`` compares the stored ``config.yaml`` with the new config and refuses changes that break
   exactness (the resumed run would differ from an uninterrupted one), listing the keys;
-  ``--allow-config-change`` accepts them. Keys in ``SAFE_TO_CHANGE`` never break it.
+  ``--allow-config-change`` accepts them. Keys in ``SAFE_TO_CHANGE`` never break it. A file plug-in whose
+  sha256 differs from the one in ``plugins/manifest.json`` is refused the same way (``mmrlvr.plugins``).
 - One writer per run folder: ``.mmrlvr.lock`` holds the pid, host and start time of the run that owns
   the folder and an ``fcntl.flock`` on it for the run's lifetime. A second run is refused with that
   information; the lock of a dead process (its flock is gone, and on this host its pid is not running)
@@ -313,7 +314,8 @@ def check_run_dir(cfg: Any, *, resume: bool = False, overwrite: bool = False, al
         return [f"{key}: {held}"]
     if is_run_dir(run_dir):
         if resume:
-            return _resume_problems(cfg, run_dir, key, allow_config_change)
+            return (_resume_problems(cfg, run_dir, key, allow_config_change)
+                    + _plugin_resume_problems(cfg, run_dir, where, allow_config_change))
         if not overwrite:
             return [f"{key}: {run_dir} already holds a run; add --resume to continue it, or --overwrite to "
                     f"replace it (or choose another output_dir)"]
@@ -342,6 +344,25 @@ def _resume_problems(cfg: Any, run_dir: Path, key: str, allow_config_change: boo
     more = f" and {len(changed) - 12} more" if len(changed) > 12 else ""
     return [f"{key}: --resume with a changed config breaks exactness: {shown}{more}; resume with the run's "
             f"config ({stored}), or add --allow-config-change to accept the change"]
+
+
+def _plugin_resume_problems(cfg: Any, run_dir: Path, where: str, allow_config_change: bool) -> list[str]:
+    """A file plug-in whose content (sha256) differs from the one the run recorded breaks exactness, as a
+    changed config key does; ``--allow-config-change`` continues with the current file (the trainer notes it).
+    A plug-in file gone from here is no problem: the run folder's copy is loaded (``mmrlvr.plugins``)."""
+    plugins = list(getattr(cfg, "plugins", None) or [])
+    if allow_config_change or not plugins:
+        return []
+    from mmrlvr.plugins import changed_run_plugins
+
+    out = []
+    for p in changed_run_plugins(run_dir, plugins):
+        i = plugins.index(p.spec)
+        out.append(f"{where}: plugins[{i}]: --resume with a changed plug-in breaks exactness: {p.spec} "
+                   f"({p.path}) has sha256 {p.current_sha[:12]}, the run recorded {p.recorded_sha[:12]} "
+                   f"(its copy: {p.copy}); restore the run's file, or add --allow-config-change to continue "
+                   f"with the current one")
+    return out
 
 
 def _is_rank_zero() -> bool:
