@@ -238,13 +238,16 @@ def _signature_problems(factory: Any, params: dict[str, Any], key: str) -> list[
 
 
 def reward_params(cfg: RunConfig, index: int) -> dict[str, Any]:
-    """The params reward ``index`` will be built with: the trainer adds the rubric judge and group size."""
+    """The params reward ``index`` will be built with: the trainer adds the rubric judge, and the run-wide settings
+    (group size) a reward takes (``mmrlvr.train.reward_setup``)."""
+    from mmrlvr.rewards.base import REWARDS, takes_param
+
     spec = cfg.rewards[index]
     params = dict(spec.params)
     if spec.name == "rubric" and cfg.rubric.judge != "none":
         params.setdefault("judge", cfg.rubric.judge)
         params.setdefault("judge_params", dict(cfg.rubric.judge_params))
-    if spec.name in ("rubric", "consistency"):
+    if spec.name in REWARDS and takes_param(REWARDS.get(spec.name), "group_size"):
         params.setdefault("group_size", cfg.rollout.group_size)
     return params
 
@@ -273,7 +276,11 @@ def reward_problems(cfg: RunConfig, where: str) -> list[str]:
             out += sig
             continue
         try:
-            with _no_heavy_imports():
+            from mmrlvr.rewards.base import run_settings
+            from mmrlvr.train.reward_setup import run_reward_settings
+
+            with _no_heavy_imports(), run_settings(group_size=cfg.rollout.group_size,
+                                                   template=run_reward_settings(cfg)["template"] if expected else None):
                 built = factory(**params)
             rubric = getattr(built, "rubric", None)
             if spec.name == "rubric" and getattr(rubric, "needs_judge", False) and not params.get("judge"):

@@ -335,6 +335,8 @@ class TestBoxes:
 class GroupProbe:
     """A group-aware reward: needs whole groups of 2 (a DataError otherwise) and crashes on "boom"."""
 
+    group_aware = True
+
     def __call__(self, completion, sample):
         raise UserError("score_batch only")
 
@@ -351,4 +353,14 @@ def test_a_crashing_group_reward_scores_its_batch_as_errors_not_dropped_rows():
     out = score_batch(fn, [Completion("ok"), Completion("boom")], [sample("1")] * 2)
     assert [r.score for r in out] == [0.0, 0.0] and not any(r.dropped for r in out)
     assert all("RecursionError" in r.parsed["error"] for r in out)
+    assert guard_metrics(fn)["reward/errors"] == 2.0
+
+
+def test_a_group_aware_reward_is_retried_group_by_group_never_row_by_row():
+    fn = build_reward("test_group_probe")
+    texts = ["ok", "ok", "ok", "boom"]  # group 0 fine, group 1 crashes
+    out = score_batch(fn, [Completion(t) for t in texts], [sample("1")] * 2 + [sample("2")] * 2,
+                      group_index=[0, 0, 1, 1])
+    assert [r.score for r in out] == [1.0, 1.0, 0.0, 0.0]
+    assert all(r.parsed["error"].startswith("group: RecursionError") for r in out[2:])
     assert guard_metrics(fn)["reward/errors"] == 2.0

@@ -94,6 +94,8 @@ class ConsistencyReward:
     1.0
     """
 
+    group_aware = True  # the CARE variant normalises within the group (mmrlvr.rewards.base: never split)
+
     def __init__(self, variant: str = DEFAULT_VARIANT, judge: "str | ConsistencyJudge | None" = None,
                  judge_params: dict[str, Any] | None = None, *, think_credit: float = 0.5,
                  acc_threshold: float = 0.1, margin: float = 0.01, care_scale: float = 0.5,

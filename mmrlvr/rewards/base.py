@@ -40,9 +40,58 @@ class RewardFn(Protocol):
 REWARDS: Registry[Callable[..., RewardFn]] = Registry("reward")
 
 
+#: run-wide settings every reward built inside ``run_settings(...)`` receives when its factory takes the parameter
+#: and its params do not set it: the answer convention (``template``), the group size (``group_size``), ...
+_RUN_SETTINGS: list[dict[str, Any]] = []
+
+
+class run_settings:
+    """Context manager: rewards built inside it (``build_reward``, at any depth — a combinator that builds its own
+    rewards passes them on too) get these settings for the parameters their factory takes and their params leave
+    unset. The trainer builds the run's reward inside ``run_settings(template=..., group_size=...)``."""
+
+    def __init__(self, **settings: Any) -> None:
+        self.settings = {k: v for k, v in settings.items() if v is not None}
+
+    def __enter__(self) -> "run_settings":
+        _RUN_SETTINGS.append(self.settings)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _RUN_SETTINGS.pop()
+
+
+def takes_param(factory: Any, name: str) -> bool:
+    """Whether ``factory`` (a class or function) accepts keyword ``name`` explicitly."""
+    import inspect
+
+    try:
+        return name in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def with_run_settings(factory: Any, params: dict[str, Any], skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``params`` plus the active run settings ``factory`` takes and ``params`` does not set."""
+    out = dict(params)
+    for settings in _RUN_SETTINGS[-1:]:
+        for k, v in settings.items():
+            if k not in out and k not in skip and takes_param(factory, k):
+                out[k] = v
+    return out
+
+
 def build_reward(name: str, **params: Any) -> RewardFn:
-    """Instantiate a registered reward by name (unknown names list the known ones)."""
-    return REWARDS.get(name)(**params)
+    """Instantiate a registered reward by name (unknown names list the known ones), with the active run settings
+    (``run_settings``) for the parameters it takes and ``params`` leaves unset."""
+    factory = REWARDS.get(name)
+    return factory(**with_run_settings(factory, params))
+
+
+def is_group_aware(fn: Any) -> bool:
+    """A reward that scores a row against its group (``group_aware = True``): majority votes, group-normalised
+    judges, rubric saturation. The guard hands it whole groups and never splits one."""
+    return bool(getattr(fn, "group_aware", False))
 
 
 _STATS_ATTR = "_mmrlvr_guard_stats"
@@ -126,15 +175,43 @@ def _guarded(call: Callable[[], Any], n: int, budget_s: float, stats: Counter) -
     return out, None
 
 
-def score_batch(fn: RewardFn, completions: Sequence[Completion], samples: Sequence[Sample]) -> list[RewardResult]:
+def groups_of(n: int, group_index: Sequence[int] | None, samples: Sequence[Sample]) -> list[list[int]]:
+    """Row indices of each group: runs of equal ``group_index`` (the trainer's), else runs of equal sample ids."""
+    keys = list(group_index) if group_index is not None else [id(s) if s.id is None else s.id for s in samples]
+    out: list[list[int]] = []
+    for i in range(n):
+        if out and keys[out[-1][-1]] == keys[i]:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def _call_batch(batch: Callable[..., Any], completions: list, samples: list, group_index: list | None) -> list:
+    if group_index is not None and takes_param(batch, "group_index"):
+        return list(batch(completions, samples, group_index=group_index))
+    return list(batch(completions, samples))
+
+
+def score_batch(fn: RewardFn, completions: Sequence[Completion], samples: Sequence[Sample],
+                group_index: Sequence[int] | None = None) -> list[RewardResult]:
     """Score a batch under the guard (module docstring), using ``fn.score_batch`` when the reward has one.
 
-    A batch call that fails is retried row by row, so one bad row does not zero its neighbours.
+    A batch call that fails is retried row by row, so one bad row does not zero its neighbours — except for a
+    group-aware reward (``is_group_aware``), which is retried group by group (``group_index`` [N], the rows of one
+    group contiguous; else runs of equal sample ids): a group is never split, and a group that fails alone scores
+    0 on every row with its reason. A ``score_batch`` that takes ``group_index`` receives it.
     Never raises, except ``ValueError`` for mismatched lengths (a caller's bug) and configuration
     ``UserError``s.
     """
     if len(completions) != len(samples):
         raise ValueError(f"{len(completions)} completions for {len(samples)} samples")
+    if group_index is not None:
+        group_index = [int(g) for g in group_index]
+        if len(group_index) != len(samples):
+            raise ValueError(f"{len(group_index)} group indices for {len(samples)} samples")
+    if is_group_aware(fn) and getattr(fn, "score_batch", None) is not None:
+        return _score_groups(fn, completions, samples, group_index)
     stats = _stats(fn)
     budget = float(getattr(fn, "time_budget_s", None) or DEFAULT_TIME_BUDGET_S)
     n = len(completions)
@@ -142,7 +219,8 @@ def score_batch(fn: RewardFn, completions: Sequence[Completion], samples: Sequen
     results: list[RewardResult | None] = [None] * n
     batch = getattr(fn, "score_batch", None)
     if batch is not None and n:
-        out, why = _guarded(lambda: list(batch(list(completions), list(samples))), n, budget, stats)
+        out, why = _guarded(lambda: _call_batch(batch, list(completions), list(samples), group_index), n, budget,
+                            stats)
         if out is not None and len(out) == n:
             results = [_checked(r) for r in out]
         elif out is not None:
@@ -150,16 +228,13 @@ def score_batch(fn: RewardFn, completions: Sequence[Completion], samples: Sequen
         if why is not None and n == 1:
             results = [_failure(why[5:], dropped=True) if why.startswith("data:") else _failure(why)]
         elif why is not None and not why.startswith("over_budget"):
-            alone = [_guarded(lambda i=i: list(batch([completions[i]], [samples[i]])), 1, budget, stats)
+            alone = [_guarded(lambda i=i: _call_batch(batch, [completions[i]], [samples[i]],
+                                                      None if group_index is None else [group_index[i]]),
+                              1, budget, stats)
                      for i in range(n)]  # one row at a time: a row that fails alone is the bad one
-            # every row refused alone for its data: a group-aware reward that needs whole groups, so the
-            # batch's own failure is each row's reason (errors, not dropped rows)
-            grouping = all(w is not None and w.startswith("data:") for _, w in alone) and not why.startswith("data:")
             for i, (one, why_i) in enumerate(alone):
                 if one is not None and len(one) == 1:
                     results[i] = _checked(one[0])
-                elif grouping:
-                    results[i] = _failure(why)
                 elif why_i is not None and why_i.startswith("data:"):
                     results[i] = _failure(why_i[5:], dropped=True)
                 else:
@@ -176,6 +251,49 @@ def score_batch(fn: RewardFn, completions: Sequence[Completion], samples: Sequen
             else:
                 results[i] = _failure(why)
     final: list[RewardResult] = [r if r is not None else _failure("no result") for r in results]
+    for r in final:
+        if r.dropped:
+            stats["dropped"] += 1
+        elif r.parsed.get("problems") and "reward_error" in r.parsed["problems"]:
+            stats["errors"] += 1
+    return final
+
+
+def _score_groups(fn: Any, completions: Sequence[Completion], samples: Sequence[Sample],
+                  group_index: list[int] | None) -> list[RewardResult]:
+    """The guard for a group-aware reward: the whole batch, then (if it fails) each group on its own."""
+    stats = _stats(fn)
+    budget = float(getattr(fn, "time_budget_s", None) or DEFAULT_TIME_BUDGET_S)
+    n = len(completions)
+    stats["rows"] += n
+    if n == 0:
+        return []
+    cs, ss = list(completions), list(samples)
+    out, why = _guarded(lambda: _call_batch(fn.score_batch, cs, ss, group_index), n, budget, stats)
+    if out is not None and len(out) != n:
+        out, why = None, f"score_batch returned {len(out)} results for {n} rows"
+    if out is not None:
+        final = [_checked(r) for r in out]
+    else:
+        final = [None] * n  # type: ignore[list-item]
+        groups = groups_of(n, group_index, samples)
+        for rows in groups:
+            if len(groups) == 1 or (why or "").startswith("over_budget"):
+                one, why_g = None, why  # nothing smaller to retry (a group is the smallest unit)
+            else:
+                gi = [group_index[i] for i in rows] if group_index is not None else None
+                one, why_g = _guarded(lambda rows=rows, gi=gi: _call_batch(fn.score_batch, [cs[i] for i in rows],
+                                                                           [ss[i] for i in rows], gi),
+                                      len(rows), budget, stats)
+                if one is not None and len(one) != len(rows):
+                    one, why_g = None, f"score_batch returned {len(one)} results for a group of {len(rows)}"
+            for j, i in enumerate(rows):
+                if one is not None:
+                    final[i] = _checked(one[j])
+                elif (why_g or "").startswith("data:"):
+                    final[i] = _failure(f"group: {why_g[5:]}", dropped=True)
+                else:
+                    final[i] = _failure(f"group: {why_g}")
     for r in final:
         if r.dropped:
             stats["dropped"] += 1

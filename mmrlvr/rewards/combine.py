@@ -125,9 +125,11 @@ class CombinedReward:
     def __call__(self, completion: Completion | str, sample: Sample) -> RewardResult:
         return self.score_batch([completion], [sample])[0]  # type: ignore[list-item]
 
-    def score_batch(self, completions: Sequence[Completion], samples: Sequence[Sample]) -> list[RewardResult]:
-        """Score a batch; rewards with a batch form (model judges) get the whole batch at once."""
-        per_reward = [score_batch(fn, completions, samples) for fn in self.fns]  # [R][B]
+    def score_batch(self, completions: Sequence[Completion], samples: Sequence[Sample],
+                    group_index: Sequence[int] | None = None) -> list[RewardResult]:
+        """Score a batch; rewards with a batch form (model judges) get the whole batch at once, group-aware ones
+        whole groups (``group_index`` [N]: the rollout -> prompt group map, rows of a group contiguous)."""
+        per_reward = [score_batch(fn, completions, samples, group_index) for fn in self.fns]  # [R][B]
         results = [self._combine([rs[b] for rs in per_reward]) for b in range(len(completions))]
         self._last_dropped = sum(r.dropped for r in results)
         return results

@@ -64,6 +64,7 @@ UNDETERMINED_MODES = ("group_mean", "zero")
 
 @REWARDS.register("rubric")
 class RubricReward:
+    group_aware = True  # saturation dropping and POW3R weights read the whole group (mmrlvr.rewards.base)
     """Rubric reward (RLR³ / Rubrics-as-Rewards), group-aware.
 
     rubric_file: YAML rubric used for samples without their own ``rubric``.

@@ -31,7 +31,8 @@ class Rewards(Stage):
 
     def __call__(self, b: StepBatch) -> None:
         rt = self.rt
-        b.results = score_batch(rt.reward, b.rollouts.completions, b.rollouts.samples)
+        b.results = score_batch(rt.reward, b.rollouts.completions, b.rollouts.samples,
+                                group_index=b.rollouts.group_index.tolist())
         fns = rt.reward_fns()
         for fn in ([rt.reward] if rt.reward not in fns else []) + fns:  # the guard's counters, then each reward's
             if hasattr(fn, "metrics"):
