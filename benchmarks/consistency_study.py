@@ -8,7 +8,7 @@ thinking accuracy, the four-way breakdown (thinking right/wrong x answer right/w
 
 Arms (``--arms``; all use ``configs/consistency-tiny.yaml`` and differ only in the consistency reward):
   accuracy       format + accuracy; the consistency reward at weight 0 (metrics only)
-  plain          + consistency ``plain`` (the known failure, STACK.md)
+  plain          + consistency ``plain`` (the known failure: it rewrites correct thinking)
   accurate_only  + consistency ``accurate_only`` (the default variant)
   follow         + consistency ``follow_correct_thinking``
   cora           + ``accurate_only`` with CORA advantage splitting

@@ -20,7 +20,7 @@ What it measures, in order:
    per-token entropy and the JSD between the clean and perturbed image (gaussian = VEPO's default,
    patch_blackout p 0.5 = VPPO's, zero image) per token class (answer token, digit / colour-or-shape /
    filler word in the thinking, tags, other), and which share of each class every scheme would select. This checks
-   the premise VEPO argues from (METHODS.md §2): the tokens that read the image are low-entropy, so
+   the premise VEPO argues from (docs/credit.md): the tokens that read the image are low-entropy, so
    entropy top-20% misses them.
 2. **Held-out eval of the start**, once (every arm starts from the same model): greedy accuracy and
    avg@k (T = 1) on ``--eval-size`` prompts. Every eval uses the same sampling seed (``--eval-seed``), so

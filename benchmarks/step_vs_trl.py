@@ -2,7 +2,7 @@
 
 Each arm runs in its own subprocess (so peak RSS is that arm's alone), the arms alternate, and the script
 prints per-arm medians of the step and of its phases (generate, reference pass, policy forward+backward,
-optimiser), then the ratios ours/TRL. Settings matched on both sides (STACK.md, "Peers"): float32, the
+optimiser), then the ratios ours/TRL. Settings matched on both sides (docs/performance.md): float32, the
 vision tower frozen on both arms, B prompts x G generations, fixed-length responses, T = 1.0, k3 KL to the
 reference with beta 0.05, AdamW lr 1e-4 constant, grad clip 1.0, one optimisation pass per generation
 batch (one micro-batch), no eval, no checkpoints; ``--lora``: r 16, alpha 32 on q/k/v/o of the

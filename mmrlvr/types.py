@@ -1,4 +1,4 @@
-"""The plain values that flow between stages (DESIGN.md, "The data path").
+"""The plain values that flow between stages of one training step (docs/training.md, docs/architecture.md).
 
 Each arrow of the data path is one of these: ``Sample`` (data -> rollout), ``Completion`` (one sampled
 response, rollout -> rewards), ``RewardResult`` (rewards -> trainer/store). Tensor batches used inside the

@@ -8,7 +8,8 @@ One rule holds for every estimator: a group whose rewards are all equal carries 
 gets advantage exactly 0 (its rows still count in the loss normaliser unless DAPO dynamic sampling
 removes them; see ``mmrlvr.algos.sampling``).
 
-Not here: reward computation, KL-in-reward shaping, per-token (GAE) returns. Formulas: METHODS.md §1, §3.
+Not here: reward computation, KL-in-reward shaping, per-token (GAE) returns. Formulas: each estimator's
+docstring, with its paper; defaults against verl and TRL: docs/training.md; split advantages: docs/consistency.md.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def call_advantage(name: str, rewards: torch.Tensor, group_index: torch.Tensor, 
 def split_advantages(task_rewards: torch.Tensor, cons_rewards: torch.Tensor, group_index: torch.Tensor,
                      alpha: float = 1.0, beta: float = 1.0, *, eps: float = 1e-6,
                      unbiased: bool = True) -> torch.Tensor:
-    """CORA-style advantage splitting (METHODS §3): A = alpha * A_task + beta * A_cons.
+    """CORA-style advantage splitting (docs/consistency.md): A = alpha * A_task + beta * A_cons.
 
     task_rewards, cons_rewards: [N] float; group_index: [N] int. Returns [N].
     Each reward is GRPO-normalised within its group separately, so a consistency reward with a small

@@ -1,6 +1,6 @@
 """Reduce a per-token loss matrix to the scalar that is back-propagated, by named mode.
 
-``agg_loss(loss_mat [N, L], mask [N, L], mode)``; modes (names as in verl and METHODS §1):
+``agg_loss(loss_mat [N, L], mask [N, L], mode)``; modes (names as in verl):
 
     token-mean               sum_it w l / sum_it w                 DAPO (every token weighs the same)
     seq-mean-token-mean      mean_i (sum_t w l / sum_t w)          GRPO paper (every sequence weighs the same)

@@ -2,7 +2,7 @@
 
 A clip rule turns the fixed range (eps_low, eps_high) into the per-token bounds a loss clips the
 importance ratio r = pi/pi_old with. ``fixed`` is PPO/DAPO's constant range; ``acpo`` is ACPO's
-variance-adaptive range (arXiv 2606.22570, METHODS.md §5):
+variance-adaptive range (arXiv 2606.22570; docs/methods.md):
 
 - bin the response tokens by their current probability p = exp(log pi) into ``bins`` (5) equal-width
   bins on [0, 1];

@@ -11,7 +11,7 @@ Every estimator: ``fn(logp [N, L], ref_logp [N, L], *, mask=None) -> [N, L]``, r
 Pass ``mask`` (response_mask, may be weights) when padding positions may hold -inf: they are zeroed
 before the subtraction, so neither the value nor the gradient turns NaN. The trainer aggregates the
 result with the same ``agg_loss`` mode as the policy loss and scales it by ``algo.kl_coef``.
-With LoRA, ref_logp comes from the same model with the adapter disabled (METHODS §1).
+With LoRA, ref_logp comes from the same model with the adapter disabled (no second copy in memory).
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ sequences is separate (``mmrlvr.algos.aggregation.agg_loss``), so any loss combi
 ``response_mask`` may hold token weights in [0, inf) (credit schemes); a position counts as a response
 token when its weight is > 0. Masked positions may hold -inf log-probs (tokens blocked after
 end-of-sequence): they are replaced by 0 *before* ``exp(logp - old_logp)``, so the loss and its
-gradients stay finite (STACK.md), and the loss there is exactly 0. Log-ratios are clamped to [-20, 20]
-before ``exp`` (as verl does), which bounds the ratio at e^20 ~ 4.9e8; a token beyond that gets no
-gradient.
+gradients stay finite (a -inf left there would turn them NaN), and the loss there is exactly 0.
+Log-ratios are clamped to [-20, 20] before ``exp`` (as verl does), which bounds the ratio at
+e^20 ~ 4.9e8; a token beyond that gets no gradient.
 
 Not here: KL to the reference (``kl.py``), entropy bonuses, aggregation, the optimizer step.
 """
@@ -176,7 +176,7 @@ def cispo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: t
     Returns loss [N, L] and LossStats. The importance weight is truncated and detached instead of the
     token being dropped, so every token keeps a gradient (-w A grad log pi), including the rare
     "fork" tokens PPO clips away. ``eps_low=1`` (default) makes the lower bound 0, i.e. none, as in
-    MiniMax-M1 (METHODS: clip(r, 0, 1+eps_high)), which tuned only the upper bound and did not publish
+    MiniMax-M1 (weight clip(r, 0, 1+eps_high)), which tuned only the upper bound and did not publish
     it. ``eps_high=4`` (default) truncates the weight at 5, the value of the reference implementations:
     ScaleRL's CISPO recipe (Khatri et al. 2025, arXiv:2510.13786, eps_max = 5), TRL's
     ``loss_type="cispo"`` (``clamp(ratio, max=epsilon_high)``, 5.0 recommended) and SkyRL (lower 0,
@@ -201,7 +201,7 @@ def nsr_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: tor
              noise: float = 0.2, dual_clip: float | None = None,
              generator: torch.Generator | None = None, clip: str = "fixed",
              clip_params: dict[str, Any] | None = None) -> tuple[torch.Tensor, LossStats]:
-    """NSR: PPO-clip where tokens just outside the clip range are rescued at random (METHODS §5).
+    """NSR: PPO-clip where tokens just outside the clip range are rescued at random (docs/methods.md, "NSR").
 
     logprobs, old_logprobs: [N, L]; advantages: [N] or [N, L]; response_mask: [N, L];
     generator: for the noise (pass a seeded one for reproducible steps). Returns loss [N, L], LossStats.
@@ -212,7 +212,7 @@ def nsr_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: tor
     On the upper side P(rescue) = 1 - (1 - b/r)/noise: 1 at r = b (continuous with PPO), 0 from
     r = b/(1-noise) on: a soft clip confined to a band near the boundary. ``noise=1`` gives P = b/r and
     an expected coefficient A b^2/(2r) on grad log pi, i.e. A b^2/(2r^2) per unit of ratio: the
-    O(1/r^2) gradient decay METHODS quotes. ``clip``/``clip_params``: as for ``ppo_clip`` (the rescue band
+    O(1/r^2) gradient decay the NSR paper describes. ``clip``/``clip_params``: as for ``ppo_clip`` (the rescue band
     then sits at ACPO's per-token bounds).
     """
     _check_eps(eps_low, eps_high)

@@ -2,7 +2,7 @@
 
 A mask here may hold token *weights* in [0, inf), not only 0/1: credit schemes pass weights through the
 same argument. Positions where the mask is 0 may hold anything, including -inf or NaN (blocked tokens
-after end-of-sequence have log-prob -inf, STACK.md), so every helper selects with ``torch.where`` before
+after end-of-sequence have log-prob -inf), so every helper selects with ``torch.where`` before
 multiplying. A plain ``values * mask`` would turn -inf * 0 into NaN and poison the gradients.
 """
 

@@ -1,4 +1,4 @@
-"""POISE: an online probe as the baseline, built across rollouts (arXiv 2605.07579, METHODS.md §5 [paper]).
+"""POISE: an online probe as the baseline, built across rollouts (arXiv 2605.07579 [paper]; docs/methods.md).
 
 The baseline b̂ of a rollout is a small MLP probe on pooled hidden states and entropy statistics,
 trained online (MSE to the reward) on current and recent rollouts with no gradient into the policy;

@@ -1,4 +1,4 @@
-"""POPO, positive-only policy optimisation (arXiv 2605.06650, METHODS.md §5 [code]): the pure parts.
+"""POPO, positive-only policy optimisation (arXiv 2605.06650 [code]; docs/methods.md): the pure parts.
 
 Only correct rollouts carry loss. Per group, the positives get weights w = softmax(ℓ̄/T) of their
 length-averaged log-probability ℓ̄ = mean_t log π(o_t) (no gradient), and

@@ -94,7 +94,7 @@ def topk_per_row(score: torch.Tensor, mask: torch.Tensor, k: torch.Tensor,
 
 def vepo_score(jsd: torch.Tensor, entropy: torch.Tensor, entropy_shift: torch.Tensor, mask: torch.Tensor,
                alpha: float = 0.7) -> torch.Tensor:
-    """VEPO score "D": s_t = [1 − (1−j_t)^α (1−g_t)^(1−α)] · h_t (METHODS.md §2, [code]).
+    """VEPO score "D": s_t = [1 − (1−j_t)^α (1−g_t)^(1−α)] · h_t (docs/credit.md, [code]).
 
     j, h, g = min-max normalised JSD, entropy and |ΔH| per response. A soft OR of the two visual
     signals, times entropy. All [N, L]; 0 at masked tokens."""
@@ -106,7 +106,7 @@ def vepo_score(jsd: torch.Tensor, entropy: torch.Tensor, entropy_shift: torch.Te
 
 def vppo_advantage_scale(dependency: torch.Tensor, mask: torch.Tensor, beta_min: float = 0.9,
                          reduce: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
-    """VPPO trajectory shaping (METHODS.md §2, [code]): [N, L] S_t -> [N] scale_i.
+    """VPPO trajectory shaping (docs/credit.md, [code]): [N, L] S_t -> [N] scale_i.
 
     S̄_i = mean_t S_t over valid tokens; n_i = min-max of S̄ over the mini-batch;
     β_max = β_min + (1 − β_min)/mean(n); scale_i = β_min + n_i (β_max − β_min), so mean(scale) = 1.
@@ -160,7 +160,7 @@ def _below_row_median(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def selection_stats(selected: torch.Tensor, signals: TokenSignals, mask: torch.Tensor,
                     reference_rho: float = 0.2) -> dict[str, float]:
-    """Metrics every scheme reports (DESIGN.md metric names plus two diagnostics):
+    """Metrics every scheme reports (the ``credit/*`` names of docs/credit.md, "What is logged"):
 
     credit/selected_fraction          selected valid tokens / valid tokens
     credit/vision_sensitivity_mean    mean JSD over valid tokens (when the perturbed pass ran)
@@ -315,7 +315,7 @@ class EntropyTopK(CreditScheme):
 @_register("vepo")
 @dataclass
 class VEPO(CreditScheme):
-    """Vision-entropy token selection (METHODS.md §2, [code]): score "D" = soft-OR(JSD, |ΔH|) × entropy,
+    """Vision-entropy token selection (docs/credit.md, [code]): score "D" = soft-OR(JSD, |ΔH|) × entropy,
     keep the top ceil(ρ·T) per response. mode="mask" drops the rest from the loss; mode="weight" keeps all
     tokens with w = 1 + bonus·selected. The advantage is unchanged."""
 
@@ -352,7 +352,7 @@ VPPO_NORMALIZERS = ("all", "selected")
 @_register("vppo")
 @dataclass
 class VPPO(CreditScheme):
-    """Visually-perceptive policy optimisation (METHODS.md §2, [code]; Huang et al. 2025, arXiv:2510.09285,
+    """Visually-perceptive policy optimisation ([code]; Huang et al. 2025, arXiv:2510.09285,
     github.com/huaixuheqing/VPPO-RL): S_t = k3 of the sampled token between the perturbed pass and π_old;
     keep the top ceil(k·T) tokens by S_t and scale each response's advantage by its mean dependency
     (mean scale 1, minimum β_min).
@@ -371,7 +371,8 @@ class VPPO(CreditScheme):
       returned as ``extra_loss`` (per token, ``entropy_coef · (−log π)`` on valid tokens) and normalised
       like the policy loss. 0 turns it off.
 
-    Not changed: β_min = 0.9 (METHODS; the official ActorConfig's default is 0.8)."""
+    Not changed: β_min = 0.9, kept as our default; the official ActorConfig's default is 0.8
+    (``credit.params: {beta_min: 0.8}`` matches it)."""
 
     needs_perturbed: ClassVar[bool] = True
     perturbation: ClassVar[tuple[str, dict[str, Any]] | None] = ("patch_blackout", {"p": 0.5})
@@ -425,7 +426,7 @@ class VPPO(CreditScheme):
 @_register("papo")
 @dataclass
 class PAPO(CreditScheme):
-    """Perception-aware policy optimisation (METHODS.md §2, [code]): every token keeps its gradient, and
+    """Perception-aware policy optimisation (docs/credit.md, [code]): every token keeps its gradient, and
     the loss gains −γ·KL_prcp per token, KL_prcp = k3 between π(·|I) and π(·|I_mask) on the sampled token.
 
     ``extra_loss(logp)`` returns that per-token term [N, L] (0 at masked tokens) for the current policy's

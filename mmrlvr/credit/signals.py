@@ -1,6 +1,6 @@
 """Per-token signals for token credit: entropy, vision sensitivity (JSD), entropy shift, log-probs.
 
-METHODS.md §2: P_t = softmax(logits | I) (clean image), Q_t = softmax(logits | I') (perturbed image);
+As in docs/credit.md: P_t = softmax(logits | I) (clean image), Q_t = softmax(logits | I') (perturbed image);
 per response token t
 
     H_t   = H(P_t)                                  entropy of the clean policy
@@ -371,7 +371,7 @@ def token_signals_from_model(model: torch.nn.Module, inputs_clean: dict[str, Any
 
 def vppo_dependency(logq_sampled: torch.Tensor, old_logp: torch.Tensor,
                     mask: torch.Tensor | None = None) -> torch.Tensor:
-    """VPPO's visual dependency of each sampled token (METHODS.md §2, [code]): [N, L] -> [N, L].
+    """VPPO's visual dependency of each sampled token (arXiv:2510.09285, [code]): [N, L] -> [N, L].
 
     d_t = clamp(log π(o_t|I') − log π_old(o_t|I), −20, 20);  S_t = clamp(e^{d_t} − d_t − 1, 0, 10),
     the k3 KL estimate on the sampled token only. 0 where ``mask`` is 0 (also where log-probs are −inf)."""

@@ -11,7 +11,7 @@ Sizing (``smart_resize``) follows qwen-vl-utils' rule so that the number of visu
 both sides become multiples of ``factor`` (28 = patch 14 x merge 2 for Qwen2/2.5-VL; Qwen3-VL uses 32),
 rounded to the nearest multiple, and the area is scaled into [min_pixels, max_pixels] keeping the aspect
 ratio (floor when shrinking, ceil when growing). We implement the formula here instead of importing
-``qwen_vl_utils`` because that package imports torchvision at module top (STACK.md) and would pull in
+``qwen_vl_utils`` because that package imports torchvision at module top (absent on CPU installs) and would pull in
 transformers through our compat shim just to do arithmetic; tests check our function against
 qwen-vl-utils' own through ``mmrlvr.models.compat.import_qwen_vl_utils`` when that is importable.
 

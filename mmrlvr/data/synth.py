@@ -11,7 +11,7 @@ Tasks (``TASKS``):
   box of is in. I see 2 red, 1 blue."). The fillers are the most uncertain tokens of a response yet do not
   depend on the image; the count digits that decide the answer read the image and are *less* uncertain
   — the situation where entropy-only token selection (top 20% by entropy) trains the chatter and misses
-  the visual tokens (the credit study's task, METHODS.md §2).
+  the visual tokens (the credit study's task, docs/credit.md).
 - ``largest_colour``: colour of the largest shape (area at least 1.5x any other); uniform over 4 colours.
 - ``left_right``: "Is the {c1} {s1} left or right of the {c2} {s2}?"; "left"/"right" 50/50.
 - ``grounding``: "Give the box of the {colour} {shape}."; answer ``[x1, y1, x2, y2]`` in pixels of the
@@ -365,16 +365,23 @@ def make_rows(task: str, split: str, n: int, seed: int = 0, image_size: int = 11
 
 def write_dataset(task: str, split: str, n: int, out_dir: str | Path, seed: int = 0, image_size: int = 112,
                   progress: Callable[[int], None] | None = None) -> Path:
-    """Write ``n`` rows as a Hugging Face dataset (``save_to_disk``) and return its path.
+    """Write ``n`` rows as a Hugging Face dataset (``save_to_disk``) and return its path (``save_rows``)."""
+    return save_rows(make_rows(task, split, n, seed, image_size, progress), out_dir)
 
+
+def save_rows(rows: list[dict[str, Any]], out_dir: str | Path) -> Path:
+    """Save synthetic rows as a Hugging Face dataset (``save_to_disk``) and return its path.
+
+    rows: as ``make_rows`` makes them, or ``mmrlvr.data.synth_video`` / ``mmrlvr.rubric.synth`` rows.
     Columns: id, problem, images (list of ``datasets.Image``), answer, answer_type, solution, task,
-    meta (a JSON string: its keys differ between tasks, which Arrow columns cannot hold).
-    ``mmrlvr.data.load_samples(path)`` reads it back (preset ``mmrlvr``, detected automatically).
+    meta (a JSON string: its keys differ between tasks, which Arrow columns cannot hold); when the rows
+    have them, also videos (per video, its frames as a list of ``datasets.Image``) and rubric (a JSON
+    string, as meta). ``mmrlvr.data.load_samples(path)`` reads it back (preset ``mmrlvr``, detected
+    automatically).
     """
     import datasets
 
-    rows = make_rows(task, split, n, seed, image_size, progress)
-    features = datasets.Features({
+    spec: dict[str, Any] = {
         "id": datasets.Value("string"),
         "problem": datasets.Value("string"),
         "images": datasets.List(datasets.Image()),
@@ -383,9 +390,20 @@ def write_dataset(task: str, split: str, n: int, out_dir: str | Path, seed: int 
         "solution": datasets.Value("string"),
         "task": datasets.Value("string"),
         "meta": datasets.Value("string"),
-    })
-    columns = {name: [r[name] for r in rows] for name in features if name != "meta"}
-    columns["meta"] = [json.dumps(r["meta"]) for r in rows]
+    }
+    if any(r.get("videos") for r in rows):
+        spec["videos"] = datasets.List(datasets.List(datasets.Image()))
+    if any(r.get("rubric") is not None for r in rows):
+        spec["rubric"] = datasets.Value("string")
+    features = datasets.Features(spec)
+    columns: dict[str, list[Any]] = {}
+    for name in features:
+        if name in ("meta", "rubric"):
+            columns[name] = [json.dumps(r.get(name)) if r.get(name) is not None else None for r in rows]
+        elif name == "videos":
+            columns[name] = [[list(v["frames"]) for v in r.get("videos") or []] for r in rows]
+        else:
+            columns[name] = [r[name] for r in rows]
     ds = datasets.Dataset.from_dict(columns, features=features)
     out = Path(out_dir)
     ds.save_to_disk(str(out))

@@ -6,7 +6,7 @@ A row's ``videos`` column holds, per video, a file path (decoded with OpenCV), a
 frames per second, 2 by default), clamped to [``min_frames``, ``max_frames``], rounded to a multiple of 2
 (Qwen-VL's temporal patch merges 2 frames), taken evenly spaced; each frame is resized with the image
 ``smart_resize`` to at most ``max_pixels``. We decode with OpenCV rather than importing qwen-vl-utils
-because that package imports torchvision at module top (STACK.md), which the CPU install lacks.
+because that package imports torchvision at module top, which the CPU install lacks.
 
 The result is stored in ``sample.meta["videos"]``: one dict per video with ``frames`` (PIL RGB, all the
 same size), ``fps`` (the sampled frames' rate), ``source_fps`` and ``indices`` (the source frames taken:

@@ -1,7 +1,7 @@
 """Qwen-VL video inputs without torchvision: sampled frames -> ``pixel_values_videos`` + ``video_grid_thw``.
 
 transformers' ``Qwen2VLVideoProcessor`` / ``Qwen3VLVideoProcessor`` need torchvision, which does not
-import beside the CPU torch (STACK.md), so the image-only processors of ``mmrlvr.models.compat`` have no
+import beside the CPU torch, so the image-only processors of ``mmrlvr.models.compat`` have no
 video processor at all. ``FrameVideoProcessor`` is a small numpy stand-in for *already sampled and
 resized* frames (``mmrlvr.data.video``), producing the stock processors' exact layout:
 

@@ -1,4 +1,5 @@
-"""The one place that papers over a missing torchvision (STACK.md: it does not import beside CPU torch).
+"""The one place that papers over a missing torchvision (the PyPI torchvision wheel fails to import next to
+the CPU-only torch).
 
 Two things in the Qwen stack need torchvision only for *video*, yet refuse to work for images without it:
 

@@ -1,16 +1,16 @@
 """LoRA on the language model of a VLM, and the reference policy as "the same model, adapter off".
 
-Defaults follow DESIGN.md: adapters on the language model's attention projections only (vLLM ignores
+Defaults: adapters on the language model's attention projections only (vLLM ignores
 vision-tower LoRA, and the vision tower stays exactly as pretrained); the reference model for KL is the
 adapter disabled (``reference_logits_context``), not a second copy in memory.
 
-Initialisations (METHODS.md §5, compared for stability): "default" (B = 0, so the adapted model starts
+Initialisations (peft's, plus the RL-specific ones below): "default" (B = 0, so the adapted model starts
 equal to the base), "gaussian", "orthogonal", and the SVD-based "pissa", "olora", "mica". Note that
 "pissa" and "olora" move the principal components out of the base weights: with them the adapted model
 still starts equal to the original, but the adapter-disabled model is the *residual*, not the original,
 so it is not a faithful KL reference (``BASE_PRESERVING_INITS`` lists the inits where it is).
 
-RL-specific SVD inits (``init_svd_lora``, arXiv 2606.31813, METHODS.md §5 "LoRA initialisation"):
+RL-specific SVD inits (``init_svd_lora``, arXiv 2606.31813; docs/methods.md, "LoRA initialisation"):
 "rlpo" sets A0 = Vh[:r] (the top right singular vectors of each adapted W = U diag(s) Vh, fp32 thin SVD)
 and "rlmo" A0 = Vh[-r:] (the minor ones), both with B0 = 0 and W untouched: the adapted model *and* the
 adapter-off reference equal the base exactly at step 0 (base-preserving). "milora" (MiLoRA, Wang et al.

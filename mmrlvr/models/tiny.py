@@ -2,7 +2,7 @@
 
 Why: tests, the CPU demo and the learning checks need a VLM that loads through the same code paths as
 Qwen2-VL / Qwen2.5-VL / Qwen3-VL (``AutoModelForImageTextToText``, the Qwen processor, mRoPE, the vision
-tower) but builds in well under a second with no download. Default size (STACK.md's study model): text
+tower) but builds in well under a second with no download. Default size (the CPU studies' model): text
 hidden 128, MLP 256, 2 layers, 4 heads / 2 KV heads; vision depth 2, hidden 64, output 128; patch 14
 (16 for Qwen3-VL); a 112x112 image becomes 16 image tokens.
 
@@ -94,7 +94,7 @@ SYSTEM_PROMPTS = (  # mmrlvr.data.prompts templates, then the common long R1 / E
     "You are a helpful assistant.",
 )
 
-# Default architecture (STACK.md's study model); any key can be overridden through build_tiny(**overrides).
+# Default architecture (the CPU studies' model); any key can be overridden through build_tiny(**overrides).
 DEFAULTS: dict[str, Any] = {
     "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
     "num_key_value_heads": 2, "vision_depth": 2, "vision_hidden_size": 64, "vision_intermediate_size": 128,
@@ -164,7 +164,7 @@ def build_tokenizer(vocab_size: int = DEFAULTS["vocab_size"]) -> PreTrainedToken
         tokenizer_object=tok,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        padding_side="left",  # must be passed here: setting it afterwards is not saved (STACK.md)
+        padding_side="left",  # must be passed here: setting it afterwards is not saved
         chat_template=CHAT_TEMPLATE,
         model_max_length=DEFAULTS["max_position_embeddings"],
         clean_up_tokenization_spaces=False,
@@ -205,7 +205,8 @@ def _mrope_section(head_dim: int, family: str) -> list[int]:
 
 
 def make_config(family: str, tokenizer: PreTrainedTokenizerFast, **overrides: Any):
-    """The family's real config class with tiny sizes. Vision output width = text hidden size (STACK.md)."""
+    """The family's real config class with tiny sizes. Vision output width = text hidden size (its output
+    replaces the image tokens' embeddings)."""
     unknown = set(overrides) - set(DEFAULTS)
     if unknown:
         raise UserError(f"unknown tiny-model option(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")

@@ -2,14 +2,15 @@
 
 Why: RL from verifiable rewards needs a policy that already emits the response format and is right some of
 the time but far from always — a random tiny model never earns a reward, a converged one has nothing left
-to learn. STACK.md measured the recipe: AdamW 1e-3, batch 32, loss on the response only; greedy ~43%
+to learn. The recipe, as measured on 2 CPU cores: AdamW 1e-3, batch 32, loss on the response only; greedy ~43%
 after ~300 steps on ``count`` (chance 25%), ~75% later. The video task has its own step budget and split
 sizes (``TASK_DEFAULTS``). We evaluate a small validation split every
 ``eval_every`` steps and stop once greedy accuracy reaches ``stop_at`` (default 0.45), so the held-out
 accuracy lands in the 30-60% window instead of depending on the machine's speed.
 
 ``answer_noise=p`` replaces the answer in a fraction p of the SFT targets by a random one from the task's
-answer set while keeping the (correct) thinking: STACK.md's thinking-answer inconsistent policy.
+answer set while keeping the (correct) thinking: a ready-made thinking-answer inconsistent policy
+(docs/consistency.md).
 
 The result is cached: ``out_dir/warmstart.json`` holds the metrics and a hash of the options; a second
 call with the same options returns it at once. The json is written last (atomically), so an interrupted

@@ -23,7 +23,7 @@ colours, which would fail ``asked_colour``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from mmrlvr.data.synth import COLOURS, make_rows
 from mmrlvr.types import Sample
@@ -65,9 +65,12 @@ def reference_response(colour: str, counts: dict[str, int], answer: str) -> str:
     return f"<think>I see {', '.join(parts)}.</think><answer>{answer}</answer>"
 
 
-def rubric_rows(n: int, split: str = "train", seed: int = 0, image_size: int = 112) -> list[dict[str, Any]]:
-    """``n`` counting rows with a ``rubric`` column (list of dicts) and a rubric-meeting ``solution``."""
-    rows = make_rows("count", split, n, seed=seed, image_size=image_size)
+def rubric_rows(n: int, split: str = "train", seed: int = 0, image_size: int = 112,
+                progress: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+    """``n`` counting rows with a ``rubric`` column (list of dicts) and a rubric-meeting ``solution``.
+
+    progress: optional callback called with 1 after each row (e.g. ``tqdm.update``)."""
+    rows = make_rows("count", split, n, seed=seed, image_size=image_size, progress=progress)
     for row in rows:
         meta = row["meta"]
         row["rubric"] = count_rubric(meta["colour"], meta["counts"])

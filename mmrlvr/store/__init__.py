@@ -1,4 +1,4 @@
-"""mmrlvr.store: the run's rollout store (DESIGN.md "Run directory").
+"""mmrlvr.store: the run's rollout store (docs/training.md, "The run directory").
 
 ``RolloutRecord`` (record.py) is the contract; ``RolloutWriter`` writes one Parquet shard per step in the
 background; ``RolloutReader`` indexes and filters shards (also while the run writes); ``ImageStore``

@@ -5,7 +5,7 @@
 checkpoint is just a folder path — the same loading code runs for both.
 
 ``tiny:qwen2_5_vl:warm:noise0.9`` is the thinking–answer *inconsistent* warm start: the answer of 90% of
-the SFT targets is randomised while the thinking stays correct (STACK.md; what the consistency study and
+the SFT targets is randomised while the thinking stays correct (docs/consistency.md; what the consistency study and
 ``configs/consistency-tiny.yaml`` start from). It is cached beside the clean one (``...-warm-noise0.9``).
 
 ``tiny:qwen2_5_vl:warm:count_chatter`` warm-starts on another synthetic task (any of

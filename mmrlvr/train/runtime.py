@@ -154,7 +154,7 @@ class Runtime:
                               max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed, rubric=self.eval_rubric(),
                               progress=cfg.progress and self.is_main)
         metrics = {f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))}
-        metrics["eval/accuracy"] = result["greedy_accuracy"]  # DESIGN.md's name for the headline number
+        metrics["eval/accuracy"] = result["greedy_accuracy"]  # the headline number's documented name
         return result, metrics
 
     def summaries(self) -> list[str]:

@@ -1,4 +1,4 @@
-"""Metrics of one step's rollouts (names from DESIGN.md): rewards per component, accuracy, format rate,
+"""Metrics of one step's rollouts (names: docs/training.md, "Metrics"): rewards per component, accuracy, format rate,
 lengths, zero-variance groups, inconsistency rate, judge unknown rate. Pure: values in, dict out.
 
 ``metric_denominators`` gives what each mean is a mean *over* on this process (rows, response tokens, the rows
