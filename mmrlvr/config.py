@@ -212,16 +212,18 @@ class DistributedConfig:
 
 @dataclass
 class StagesConfig:
-    """Which registered stage fills each step of the pipeline (docs/architecture.md); null = chosen from the
-    rest of the config (e.g. ``credit.scheme`` picks the credit stage)."""
+    """Which registered stage fills each step of the pipeline, in the order a step runs them (docs/architecture.md);
+    null = chosen from the rest of the config (e.g. ``credit.scheme`` picks the credit stage)."""
 
     generate: str | None = _f(None, "sampler + rollout strategy (groups)")
     score: str | None = _f(None, "rewards for every rollout (rewards)")
-    shape: list[str] | None = _f(None, "reward transforms / row filters, in order (overlong, mask_truncated, dynamic_sampling)")
-    advantages: str | None = _f(None, "advantage stage (group, consistency_split)")
-    credit: str | None = _f(None, "token credit stage (none, in_update, separate)")
-    reference: str | None = _f(None, "reference log-probs for the KL term (none, frozen)")
-    update: str | None = _f(None, "policy update (policy_gradient)")
+    shape: str | list[str] | None = _f(None, "reward transforms / row filters, added to the automatic ones, run in "
+                                       "priority order (drop_unscored, overlong, mask_truncated, dynamic_sampling)")
+    advantages: str | None = _f(None, "advantage stage (group, consistency_split, poise, popo)")
+    reference: str | list[str] | None = _f(None, "pi_old recompute and pi_ref for the KL term, added to the automatic "
+                                           "ones (old_policy, frozen)")
+    credit: str | None = _f(None, "token credit stage (none, in_update, separate, hidden_credit)")
+    update: str | None = _f(None, "policy update (policy_gradient, popo)")
     record: str | None = _f(None, "metrics and rollout records (metrics_and_rollouts)")
 
 

@@ -400,3 +400,15 @@ def test_thumbnails_shrink_large_frames_and_the_sheet_tiles_frames() -> None:
     sheet = views.frame_sheet(frames, columns=4, cell=96)
     assert sheet.size == (4 * 96, 2 * 96 + 14)  # 2 rows of 4 cells + the caption band
     assert sheet.getpixel((48, 30)) == (0, 0, 255) and sheet.getpixel((96 + 48, 96 + 30)) == (210, 210, 210)
+
+
+def test_plan_html_shows_each_stage_reason_and_settings_escaped():
+    plan = {"stages": [{"kind": "advantages", "name": "group", "reason": "algo.advantage: grpo",
+                        "settings": {"algo.advantage_params.eps": 1e-6, "rewards[0]": "<script>x</script>"},
+                        "sources": {"algo.advantage_params.eps": "preset"}}],
+            "notes": ["algo.rollout_correction is set but inert <b>"]}
+    html = views.plan_html(plan)
+    assert "<b>advantages</b>" in html and "<code>group</code>" in html and "algo.advantage: grpo" in html
+    assert "(preset)" in html and "(default)" in html and "<script>" not in html and "&lt;script&gt;" in html
+    assert "note: algo.rollout_correction is set but inert &lt;b&gt;" in html
+    assert "no plan.json" in views.plan_html(None) and "no plan.json" in views.plan_html({"stages": "x"})

@@ -22,6 +22,7 @@ heatmap is wrapped text in a box of bounded height), checked by ``tests/test_ins
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,14 @@ class Inspector:
             self._weights = views.run_weights(config if isinstance(config, dict) else None)
             self._weights_read = config is not None
         return self._weights
+
+    def plan(self) -> str:
+        """The run's plan (``plan.json``, read server-side) as HTML."""
+        try:
+            plan = json.loads((self.run_dir / "plan.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError, UnicodeDecodeError):
+            plan = None
+        return views.plan_html(plan)
 
     # -- header / refresh -------------------------------------------------------------------------------
     def header(self) -> str:
@@ -486,6 +495,10 @@ def build_app(run_dir: str | os.PathLike[str], *, refresh_s: float = 5.0) -> gr.
                     history_table = gr.Dataframe(interactive=False, scale=2)
                     history_plot = gr.LinePlot(x="step", y="value", color="metric", scale=3,
                                                title="reward of this prompt per step")
+            with gr.Tab("Plan", id="plan"):
+                gr.Markdown("What this run's step ran: the stage of each kind, why (the config key that chose it) "
+                            "and its settings with their source (user, preset, loss default, default).")
+                gr.HTML(ins.plan(), elem_id="mm-plan")
             with gr.Tab("Metrics", id="metrics"):
                 metric_pick = gr.Dropdown(names, value=default_names, multiselect=True,
                                           label=f"metrics from metrics.jsonl (up to {MAX_PLOTS})")
@@ -583,7 +596,7 @@ def build_app(run_dir: str | os.PathLike[str], *, refresh_s: float = 5.0) -> gr.
 #: the only parts of a run folder the server hands out as files (never config.yaml, checkpoints, logs)
 SERVED_DIRS = ("images", "rollouts")
 #: refused even if a served folder links to them (blocked paths win over allowed ones in Gradio)
-BLOCKED = ("config.yaml", "checkpoints", "events", "metrics.jsonl", "summary.json")
+BLOCKED = ("config.yaml", "plan.json", "plugins", "checkpoints", "events", "metrics.jsonl", "summary.json")
 
 
 def served_paths(run_dir: str | os.PathLike[str]) -> tuple[list[str], list[str]]:

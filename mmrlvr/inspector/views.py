@@ -932,5 +932,31 @@ def run_header_html(run_name: str, steps: Sequence[int], n_rollouts: int, errors
     return out + "</div>"
 
 
+def plan_html(plan: dict[str, Any] | None) -> str:
+    """The run's plan (``plan.json``: the stage of each kind, why it runs, its settings and their source) as a
+    table; a note when the run has no plan (runs written before plans existed)."""
+    if not isinstance(plan, dict) or not isinstance(plan.get("stages"), list):
+        return "<p><i>no plan.json in this run folder (it was written before runs recorded their plan)</i></p>"
+    rows = []
+    for st in plan["stages"]:
+        if not isinstance(st, dict):
+            continue
+        settings = st.get("settings") if isinstance(st.get("settings"), dict) else {}
+        sources = st.get("sources") if isinstance(st.get("sources"), dict) else {}
+        cells = "<br>".join(f"<code>{esc(k)}</code> = {esc(fmt(v) if isinstance(v, float) else v)} "
+                            f"<span style='color:#777'>({esc(sources.get(k, 'default'))})</span>"
+                            for k, v in settings.items())
+        rows.append(f"<tr><td style='{_CELL}'><b>{esc(st.get('kind', ''))}</b></td>"
+                    f"<td style='{_CELL}'><code>{esc(st.get('name', ''))}</code></td>"
+                    f"<td style='{_CELL}'>{esc(st.get('reason', ''))}</td><td style='{_CELL}'>{cells}</td></tr>")
+    notes = [n for n in plan.get("notes", []) if isinstance(n, str)]
+    head = (f"<tr><th style='{_CELL}'>kind</th><th style='{_CELL}'>stage</th><th style='{_CELL}'>why</th>"
+            f"<th style='{_CELL}'>settings (source)</th></tr>")
+    out = f"<table class='mm-plan'>{head}{''.join(rows)}</table>"
+    if notes:
+        out += "<ul>" + "".join(f"<li>note: {esc(n)}</li>" for n in notes) + "</ul>"
+    return out
+
+
 def _nan_to(x: float, default: float) -> float:
     return default if x is None or (isinstance(x, float) and math.isnan(x)) else x

@@ -113,6 +113,9 @@ def build_plan(cfg: Any) -> Plan:
             except ConfigErrors as exc:
                 problems += exc.problems
                 settings = {}
+            from mmrlvr.config import redact_secrets
+
+            settings = redact_secrets(settings)  # a reward's api_key never reaches the log, plan.json or the inspector
             stages.append(PlannedStage(kind, name, reason, settings, {k: _source(cfg, k) for k in settings}))
     if problems:
         raise ConfigErrors(list(dict.fromkeys(problems)))

@@ -2,7 +2,7 @@
 
 A step is a fixed sequence of named stages over one ``StepBatch`` (``mmrlvr.train.stages``; docs/architecture.md):
 
-    generate -> score -> shape -> advantages -> credit -> reference -> update -> record
+    generate -> score -> shape -> advantages -> reference -> credit -> update -> record
 
 Which implementation fills each stage is chosen by name from a registry, by the config. This module only
 orchestrates; the math lives in ``mmrlvr.algos`` / ``mmrlvr.credit``, the stages in ``mmrlvr.train.stages``,
