@@ -544,15 +544,32 @@ def check_run(path: str | Path | None = None, overrides: list[str] | None = None
     cfg, problems = collect_config(path, overrides, data)
     problems += preflight_problems(cfg, where, dry_run=dry_run, resume=resume, overwrite=overwrite,
                                    allow_config_change=allow_config_change, environment=environment)
-    problems = list(dict.fromkeys(problems))  # a problem found by two checks is listed once
+    # the plan: stage selection, conflicts, each selected stage's checks (torch-free unless a credit scheme is set)
+    plan_problems = plan_check(cfg, where, partial=bool(problems))
+    problems = list(dict.fromkeys(problems + plan_problems))  # a problem found by two checks is listed once
     if problems:
         raise ConfigErrors(problems)
     cfg = validate(cfg, where)
-    # the stages (torch): only once the config's own checks pass, so a config mistake is reported in milliseconds
+    return cfg
+
+
+def plan_check(cfg: RunConfig, where: str, *, partial: bool = False) -> list[str]:
+    """Build the run's plan onto ``cfg.plan`` (``mmrlvr.train.plan``); its problems, one line each. ``partial``:
+    the config already has problems (bad values were replaced by defaults), so a stage lookup that fails on them
+    is left to the check that reported them."""
+    import contextlib
+
     from mmrlvr.train.plan import build_plan
 
     try:
-        cfg.plan = build_plan(cfg)  # not a config key: what will run (printed by --dry-run)
+        # with other problems found, a selection that needs torch (a credit scheme's class) waits for their fix
+        with _no_heavy_imports() if partial else contextlib.nullcontext():
+            cfg.plan = build_plan(cfg)  # not a config key: what will run (printed by --dry-run, written as plan.json)
+    except _HeavyImportBlocked:
+        return []
     except ConfigErrors as exc:
-        raise ConfigErrors([p if p.startswith(where) else f"{where}: {p}" for p in exc.problems]) from None
-    return cfg
+        out = [p if p.startswith(where) else f"{where}: {p}" for p in exc.problems]
+        return [p for p in out if not (partial and p.startswith(f"{where}: stages: "))]
+    except UserError as exc:  # a lookup a selection needs failed on a value another check reports
+        return [] if partial else [f"{where}: {ln}" for ln in _lines(exc)]
+    return []

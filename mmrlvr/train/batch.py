@@ -8,15 +8,16 @@ A field is ``None`` until the stage that writes it has run.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import torch
+if TYPE_CHECKING:  # the batch is a plain container: importing it (stage selection) needs no torch
+    import torch
 
-from mmrlvr.rollout.base import RolloutBatch
+    from mmrlvr.rollout.base import RolloutBatch
 
 #: an auxiliary loss term: given the policy's response log-probs of the *whole* batch [N, L] (rows outside the
 #: current micro-batch detached), the per-token loss [N, L] to add (e.g. PAPO's perception term)
-AuxLoss = Callable[[torch.Tensor], torch.Tensor]
+AuxLoss = Callable[["torch.Tensor"], "torch.Tensor"]
 
 
 @dataclass

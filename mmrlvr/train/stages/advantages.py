@@ -18,14 +18,13 @@ rollouts); the others compute the global batch's advantages on every rank (``glo
 
 from __future__ import annotations
 
-import torch
-
 from typing import Any
 
-from mmrlvr.algos import ADVANTAGES, split_advantages, token_split_advantages
-from mmrlvr.algos.advantages import call_advantage
+from mmrlvr.lazy_import import lazy_module
 from mmrlvr.train.batch import StepBatch
 from mmrlvr.train.stages.base import Stage, all_rows, register_stage
+
+torch = lazy_module("torch")  # selection (config checks) runs without torch; the stages' work imports it
 
 
 def global_rows(rt, b: StepBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, slice]:
@@ -60,13 +59,6 @@ class GroupAdvantage(Stage):
     reads = ("algo.advantage", "algo.advantage_params.")
 
     @classmethod
-    def validate(cls, cfg) -> list[str]:
-        if cfg.algo.advantage not in ADVANTAGES:
-            return [f"algo.advantage: {cfg.algo.advantage!r} is not a registered advantage estimator (known: "
-                    f"{', '.join(ADVANTAGES.names())}) and no advantages stage serves it"]
-        return []
-
-    @classmethod
     def plan_params(cls, cfg) -> dict[str, Any]:
         from mmrlvr.methods import configured
 
@@ -75,6 +67,7 @@ class GroupAdvantage(Stage):
 
     def __init__(self, rt) -> None:
         super().__init__(rt)
+        from mmrlvr.algos.advantages import ADVANTAGES, call_advantage
         from mmrlvr.methods import configured
 
         name, params = configured(self.cfg, "advantage")
@@ -112,14 +105,8 @@ class ConsistencySplit(Stage):
     def when(cls, cfg) -> bool:
         return cfg.consistency.split_advantage
 
-    @classmethod
-    def validate(cls, cfg) -> list[str]:
-        cc = cfg.consistency
-        if not any(s.name == cc.component for s in cfg.rewards):
-            return [f"consistency.component: split_advantage needs a reward named {cc.component!r} in `rewards`"]
-        return []
-
     def __call__(self, b: StepBatch) -> None:
+        from mmrlvr.algos.advantages import split_advantages, token_split_advantages
         from mmrlvr.consistency.bonus import beta_schedule
 
         cfg, cc = self.cfg, self.cfg.consistency

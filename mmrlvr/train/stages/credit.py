@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
+from mmrlvr.lazy_import import lazy_module
 from mmrlvr.train.batch import StepBatch
 from mmrlvr.train.stages.base import Stage, all_rows, register_stage
+
+torch = lazy_module("torch")  # selection runs without torch for credit.scheme: none; a scheme's class needs it
 
 
 def _scheme(cfg):
@@ -28,14 +29,6 @@ class _CreditStage(Stage):
     def __init__(self, rt) -> None:
         super().__init__(rt)
         self.scheme = _scheme(self.cfg)
-
-    @classmethod
-    def validate(cls, cfg) -> list[str]:
-        from mmrlvr.credit import CREDIT_SCHEMES as SCHEMES
-
-        if cfg.credit.scheme not in SCHEMES:
-            return [f"credit.scheme: unknown credit scheme {cfg.credit.scheme!r}; known: {', '.join(SCHEMES.names())}"]
-        return []
 
     def perturbed_inputs(self, b: StepBatch) -> dict[str, Any]:
         """Model inputs with the scheme's (or the configured) perturbation of the images, seeded per step."""
@@ -74,9 +67,11 @@ class InUpdateCredit(_CreditStage):
 
     @classmethod
     def when(cls, cfg) -> bool:
-        from mmrlvr.train.deferred_credit import can_defer
+        if cfg.credit.scheme == "none" or not cfg.credit.in_update:
+            return False
+        from mmrlvr.train.deferred_credit import can_defer  # a scheme's class: torch
 
-        return cfg.credit.scheme != "none" and cfg.credit.in_update and can_defer(_scheme(cfg))
+        return can_defer(_scheme(cfg))
 
     def __call__(self, b: StepBatch) -> None:
         from mmrlvr.credit.signals import response_hidden
@@ -147,9 +142,11 @@ class HiddenStateCredit(Stage):
 
     @classmethod
     def when(cls, cfg) -> bool:
+        name = cfg.credit.scheme
+        if name == "none":
+            return False
         from mmrlvr.credit import CREDIT_SCHEMES
 
-        name = cfg.credit.scheme
         return name in CREDIT_SCHEMES and bool(getattr(CREDIT_SCHEMES.get(name), "needs_hidden", False))
 
     def __init__(self, rt) -> None:

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import time
 
-from mmrlvr.rollout.base import SamplingParams
 from mmrlvr.train.batch import StepBatch
 from mmrlvr.train.data import shard
-from mmrlvr.train.forward import VisionFeatureCache
 from mmrlvr.train.stages.base import Stage, register_stage
 
 
@@ -84,6 +82,9 @@ class FlatGroups(Stage):
         self.sampler.load_state_dict(state)
 
     def __call__(self, b: StepBatch) -> None:
+        from mmrlvr.rollout.base import SamplingParams
+        from mmrlvr.train.forward import VisionFeatureCache
+
         cfg, rt = self.cfg, self.rt
         b.samples = self.prompts(b.step, b.round)
         params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,

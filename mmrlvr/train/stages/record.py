@@ -14,7 +14,6 @@ from typing import Any
 from mmrlvr.train.batch import StepBatch
 from mmrlvr.train.metric_reduce import reduce_over_processes
 from mmrlvr.train.stages.base import Stage, register_stage
-from mmrlvr.train.step_metrics import metric_denominators, rollout_metrics
 
 #: the metrics shown beside the progress bar
 PROGRESS_KEYS: tuple[str, ...] = ("reward/mean", "accuracy")
@@ -39,6 +38,8 @@ class Record(Stage):
     reads = ("log_rollouts",)
 
     def step_metrics(self, b: StepBatch) -> dict[str, Any]:
+        from mmrlvr.train.step_metrics import rollout_metrics
+
         stats = b.update_stats
         m = rollout_metrics(b.rollouts, b.rewards, b.results, self.cfg.rollout.group_size)
         m.update(update_metrics(stats))
@@ -50,6 +51,8 @@ class Record(Stage):
 
     def denominators(self, b: StepBatch, metrics: dict[str, Any]) -> dict[str, float]:
         """What this process's means are over (rows, tokens, ...), plus what stages declared."""
+        from mmrlvr.train.step_metrics import metric_denominators
+
         w = metric_denominators(b.rollouts, b.results, metrics, b.update_stats.get("tokens"))
         w.update(b.metric_weights)
         return w

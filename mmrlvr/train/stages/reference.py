@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import contextlib
 
-import torch
-
-from mmrlvr.algos import zero_masked
 from mmrlvr.errors import UserError
+from mmrlvr.lazy_import import lazy_module
 from mmrlvr.train.batch import StepBatch
-from mmrlvr.train.forward import prefix_sharing, token_logprobs
 from mmrlvr.train.stages.base import Stage, register_stage
+
+torch = lazy_module("torch")  # selection (config checks) runs without torch; the stages' work imports it
 
 
 def recompute_enabled(cfg) -> bool:
@@ -86,6 +85,9 @@ class OldPolicy(Stage):
         return out
 
     def __call__(self, b: StepBatch) -> None:
+        from mmrlvr.algos.masked import zero_masked
+        from mmrlvr.train.forward import prefix_sharing, token_logprobs
+
         rt, a, rollouts = self.rt, self.cfg.algo, b.rollouts
         mask = rollouts.response_mask
         out = []
@@ -140,6 +142,9 @@ class FrozenReference(Stage):
         return disable()
 
     def __call__(self, b: StepBatch) -> None:
+        from mmrlvr.algos.masked import zero_masked
+        from mmrlvr.train.forward import prefix_sharing, token_logprobs
+
         rt, rollouts = self.rt, b.rollouts
         model = rt.ref_model if rt.ref_model is not None else rt.policy
         out = []

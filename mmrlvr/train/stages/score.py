@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
+from mmrlvr.lazy_import import lazy_module
 from mmrlvr.rewards.base import score_batch
 from mmrlvr.train.batch import StepBatch
 from mmrlvr.train.stages.base import Stage, register_stage
+
+torch = lazy_module("torch")  # selection (config checks) runs without torch; the stages' work imports it
 
 
 @register_stage("score", "rewards")

@@ -12,11 +12,11 @@ Group-aware reward transforms (majority-vote labels, gating, normalisation) regi
 
 from __future__ import annotations
 
-import torch
-
-from mmrlvr.algos import dynamic_sampling_filter, overlong_penalty
+from mmrlvr.lazy_import import lazy_module
 from mmrlvr.train.batch import StepBatch
 from mmrlvr.train.stages.base import Stage, register_stage
+
+torch = lazy_module("torch")  # selection (config checks) runs without torch; the stages' work imports it
 
 
 @register_stage("shape", "drop_unscored", priority=40)
@@ -45,16 +45,11 @@ class Overlong(Stage):
     def when(cls, cfg) -> bool:
         return cfg.algo.overlong_cache > 0
 
-    @classmethod
-    def validate(cls, cfg) -> list[str]:
-        a = cfg.algo
-        if a.overlong_cache < 0 or a.overlong_cache >= cfg.rollout.max_new_tokens:
-            return [f"algo.overlong_cache: must be in [0, rollout.max_new_tokens) (got {a.overlong_cache})"]
-        return []
-
     def __call__(self, b: StepBatch) -> None:
         lengths = b.rollouts.response_mask.sum(dim=1)
         a = self.cfg.algo
+        from mmrlvr.algos.sampling import overlong_penalty
+
         b.rewards = b.rewards + overlong_penalty(lengths, self.cfg.rollout.max_new_tokens, a.overlong_cache,
                                                  a.overlong_penalty)
 
@@ -126,6 +121,8 @@ class DynamicSampling(Stage):
         acc = row_accuracy(b) if metric == "accuracy" else None
         if acc is None:
             metric = "reward"
+        from mmrlvr.algos.sampling import dynamic_sampling_filter
+
         return dynamic_sampling_filter(b.rewards, b.rollouts.group_index, accuracy=acc, metric=metric)
 
     def __call__(self, b: StepBatch) -> None:

@@ -19,19 +19,12 @@ import contextlib
 import inspect
 from typing import Any
 
-import torch
-
-from mmrlvr.algos import (
-    KL_ESTIMATORS,
-    POLICY_LOSSES,
-    agg_loss,
-    call_policy_loss,
-    logprobs_from_logits,
-)
+from mmrlvr.lazy_import import lazy_module
 from mmrlvr.train.batch import StepBatch
-from mmrlvr.train.forward import LOGPROB_CHUNK, prefix_sharing, response_logits, token_logprobs
 from mmrlvr.train.host_memory import policy_pass_heap
 from mmrlvr.train.stages.base import Stage, register_stage
+
+torch = lazy_module("torch")  # selection (config checks) runs without torch; the stages' work imports it
 
 
 class NonFiniteLoss(RuntimeError):
@@ -54,6 +47,7 @@ def policy_loss_params(algo: Any) -> dict[str, Any]:
     """The keyword arguments of ``algo.loss`` from the ``algo`` config section: the loss-owned values (the loss's
     own defaults were filled in at config load, ``mmrlvr.algos.presets.resolve_loss_params``) that its signature
     takes, and the clip rule (``algo.clip``: fixed | acpo) for losses that take one."""
+    from mmrlvr.algos.losses import POLICY_LOSSES
     from mmrlvr.algos.presets import clip_kwargs, loss_kwargs
 
     accepted = inspect.signature(POLICY_LOSSES.get(algo.loss)).parameters
@@ -94,21 +88,13 @@ class PolicyGradient(Stage):
             out["algo.kl_estimator"] = a.kl_estimator
         return out
 
-    @classmethod
-    def validate(cls, cfg) -> list[str]:
-        a, out = cfg.algo, []
-        if a.loss not in POLICY_LOSSES:
-            out.append(f"algo.loss: unknown policy loss {a.loss!r}; known: {', '.join(POLICY_LOSSES.names())}")
-        if a.kl_coef > 0 and a.kl_estimator not in KL_ESTIMATORS:
-            out.append(f"algo.kl_estimator: unknown KL estimator {a.kl_estimator!r}; "
-                       f"known: {', '.join(KL_ESTIMATORS.names())}")
-        return out
-
     def __init__(self, rt) -> None:
         super().__init__(rt)
         a = self.cfg.algo
         self.loss_name = a.loss
         self.loss_params = policy_loss_params(a)
+        from mmrlvr.algos.kl import KL_ESTIMATORS
+
         self.kl_fn = KL_ESTIMATORS.get(a.kl_estimator) if a.kl_coef > 0 else None
         self.after_step_hooks = [h for h in (getattr(fn, "on_optimizer_step", None) for fn in rt.reward_fns()) if h]
 
@@ -182,6 +168,11 @@ class PolicyGradient(Stage):
         return {}
 
     def micro_step(self, b: StepBatch, rows: slice, global_den: float | None, norm_constant: float) -> dict[str, float]:
+        from mmrlvr.algos.aggregation import agg_loss
+        from mmrlvr.algos.logits import logprobs_from_logits
+        from mmrlvr.algos.losses import call_policy_loss
+        from mmrlvr.train.forward import LOGPROB_CHUNK, prefix_sharing, response_logits, token_logprobs
+
         rt, cfg, a, rollouts = self.rt, self.cfg, self.cfg.algo, b.rollouts
         inputs = rt.inputs(rollouts, b.vision, b.images_per_row, rows)
         mask = rollouts.response_mask[rows]
@@ -255,15 +246,15 @@ class PolicyGradient(Stage):
             "ratio_max": float(getattr(lstats, "ratio_max", 1.0)),
         }
 
-    @torch.no_grad()
     def record_offpolicy(self, logp: torch.Tensor, old_logp: torch.Tensor, weights: torch.Tensor) -> None:
         """Ratio statistics per pi_old bin (``offpolicy/...``), with the clip bounds the loss used (ACPO's too)."""
         from mmrlvr.algos.clipping import loss_bounds
 
-        valid = weights > 0
-        ratio = torch.where(valid, (logp.detach() - old_logp).clamp(-20, 20).exp(), torch.ones_like(logp))
-        low, high = loss_bounds(self.loss_params, logp.detach(), ratio, valid)
-        self.offpolicy.add(ratio, old_logp, valid, low, high)
+        with torch.no_grad():
+            valid = weights > 0
+            ratio = torch.where(valid, (logp.detach() - old_logp).clamp(-20, 20).exp(), torch.ones_like(logp))
+            low, high = loss_bounds(self.loss_params, logp.detach(), ratio, valid)
+            self.offpolicy.add(ratio, old_logp, valid, low, high)
 
     def optimizer_step(self) -> float:
         """Check the gradients, clip them, step the optimizer and scheduler; returns the gradient norm."""
