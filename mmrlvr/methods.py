@@ -86,7 +86,8 @@ class Param:
     def line(self) -> str:
         """``name = default  # help [rule]`` for ``--help-config``."""
         extra = f" [{self.rule}]" if self.rule else (f" [{' | '.join(map(str, self.choices))}]" if self.choices else "")
-        return f"{self.name} = {self.default!r}  # {self.help}{extra}".rstrip()
+        note = f"{self.help}{extra}".strip()
+        return f"{self.name} = {self.default!r}" + (f"  # {note}" if note else "")
 
 
 def _type_word(tp: type | None) -> str:

@@ -499,6 +499,17 @@ def package_problems(cfg: RunConfig, where: str) -> list[str]:
     return out
 
 
+def _plugins_here(plugins: list[str]) -> bool:
+    """Whether every plug-in is on this machine: files that exist, modules that resolve (looked up, not run)."""
+    for spec in plugins:
+        if spec.endswith(".py"):
+            if not Path(spec).is_file():
+                return False
+        elif importlib.util.find_spec(spec.split(".")[0]) is None:
+            return False
+    return True
+
+
 def preflight_problems(cfg: RunConfig, where: str, *, dry_run: bool = False, resume: bool = False,
                        overwrite: bool = False, allow_config_change: bool = False,
                        environment: bool = True) -> list[str]:
@@ -514,11 +525,12 @@ def preflight_problems(cfg: RunConfig, where: str, *, dry_run: bool = False, res
         from mmrlvr.plugins import use_run_plugins
 
         use_run_plugins(cfg.output_dir, list(cfg.plugins), resume=True)
-    if environment or not cfg.plugins:
+    if environment or not cfg.plugins or _plugins_here(cfg.plugins):
         problems = load_plugins_checked(cfg.plugins, where)
         checks = [name_problems, reward_problems]
     else:  # plugins are files of the target machine: names they register cannot be checked here
         problems, checks = [], []
+        cfg.plugins_unchecked = True  # not a config key: the plan is not checked either
     if environment:
         checks += [model_problems, data_problems, package_problems]
     for check in checks:
@@ -544,8 +556,9 @@ def check_run(path: str | Path | None = None, overrides: list[str] | None = None
     cfg, problems = collect_config(path, overrides, data)
     problems += preflight_problems(cfg, where, dry_run=dry_run, resume=resume, overwrite=overwrite,
                                    allow_config_change=allow_config_change, environment=environment)
-    # the plan: stage selection, conflicts, each selected stage's checks (torch-free unless a credit scheme is set)
-    plan_problems = plan_check(cfg, where, partial=bool(problems))
+    # the plan: stage selection, conflicts, each selected stage's checks (torch-free unless a credit scheme is set);
+    # with plug-ins of another machine (--config-only) the stages they register are unknown here
+    plan_problems = [] if getattr(cfg, "plugins_unchecked", False) else plan_check(cfg, where, partial=bool(problems))
     problems = list(dict.fromkeys(problems + plan_problems))  # a problem found by two checks is listed once
     if problems:
         raise ConfigErrors(problems)

@@ -145,6 +145,8 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         (SYNOPSIS, (T_OPTS, T_HELP, "tests/test_data_inspect.py::test_inspect_shows_layout_rendered_rows_and_tokens",
                     "tests/test_data_inspect.py::test_inspect_broken_file_names_row_and_field_of_each_problem")),
     "mmrlvr train --help-config": (RUN, (T_DOC + "test_help_config_lists_the_keys_the_docs_override",)),
+    "mmrlvr train configs/demo-tiny.yaml --dry-run":
+        (RUN, ("tests/test_methods.py::test_dry_run_prints_the_plan_every_kind_with_reason_and_parameters", T_DRY)),
     # ---- docs/consistency.md (and configs/consistency-tiny.yaml's header)
     CONSISTENCY: (RUN + " (2 steps)", (cfg_run("consistency-tiny.yaml"), T_DRY)),
     CONSISTENCY + " rewards.2.params.variant=follow_correct_thinking":
@@ -160,6 +162,28 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     # ---- docs/architecture.md
     'mmrlvr train configs/demo-tiny.yaml "plugins=[docs/examples/median_advantage.py]" algo.advantage=group_median '
     'max_steps=2': (RUN + " (2 steps)", ("tests/test_stage_plugins.py::test_documented_plugin_example_trains",)),
+    # ---- docs/extending.md (each example plug-in trains 2 steps on a smaller batch, then resumes exactly)
+    'mmrlvr train configs/demo-tiny.yaml "plugins=[docs/examples/passk_advantage.py]" algo.advantage=pass_at_k '
+    '"algo.advantage_params={k: 4}" max_steps=2':
+        (RUN + " (2 steps, 4 prompts x 4 rollouts, k 2)",
+         ("tests/test_examples_plugins.py::test_pass_at_k_trains_and_resumes_exactly", T_DRY)),
+    'mmrlvr train configs/demo-tiny.yaml "plugins=[docs/examples/clipped_pg_loss.py]" '
+    'algo.loss=neg_weighted_ppo_clip "algo.loss_params={neg_weight: 0.5}" max_steps=2':
+        (RUN + " (2 steps, 4 prompts x 4 rollouts)",
+         ("tests/test_examples_plugins.py::test_clipped_pg_loss_trains_and_resumes_exactly", T_DRY)),
+    'mmrlvr train configs/demo-tiny.yaml "plugins=[docs/examples/success_rate_sampler.py]" '
+    'rollout.sampler=success_rate "rollout.sampler_params={ema: 0.5, prior: 0.5}" max_steps=2':
+        (RUN + " (2 steps, 4 prompts x 4 rollouts, prior 0.2)",
+         ("tests/test_examples_plugins.py::test_success_rate_sampler_trains_and_resumes_exactly_and_its_state_changes"
+          "_the_draw", T_DRY)),
+    'mmrlvr train configs/demo-tiny.yaml "plugins=[docs/examples/reward_gate.py]" "stages.shape=[gate_on_accuracy]" '
+    'max_steps=2':
+        (RUN + " (2 steps, 4 prompts x 4 rollouts)",
+         ("tests/test_examples_plugins.py::test_reward_gate_trains_and_resumes_exactly", T_DRY)),
+    'mmrlvr train configs/demo-tiny.yaml "plugins=[docs/examples/group_agreement.py]" rewards.1.name=group_agreement '
+    'max_steps=2':
+        (RUN + " (2 steps, 2 prompts x 4 rollouts)",
+         ("tests/test_example_group_agreement.py::test_trains_two_steps_and_resumes_exactly", T_DRY)),
     # ---- docs/methods.md (each option trains 20 steps on the tiny VLM with the same keys)
     "mmrlvr train configs/demo-tiny.yaml model.lora.enabled=true model.lora.init=rlpo":
         ("the option trains 20 steps (tiny run, same keys)",
@@ -727,7 +751,8 @@ def test_doc_train_commands_resolve_with_dry_run(capsys, monkeypatch):
 
 def test_help_config_lists_the_keys_the_docs_override(capsys):
     assert mmrlvr_main(["train", "--help-config"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    # the config keys come first; the methods and their parameters follow (mmrlvr.methods.help_lines)
+    lines = capsys.readouterr().out.split("\nmethods and their parameters")[0].splitlines()
     listed = {line.split(" = ")[0] for line in lines if " = " in line}
     doc_keys = {o.split("=")[0] for _, _, c in doc_commands() if (a := _train_args(c)) for o in a[1:]
                 if not o.startswith("--")}

@@ -56,7 +56,7 @@ def test_the_runs_answer_template_reaches_it(reward_cls):
 
 def _train(out: Path, *extra: str) -> None:
     cmd = [sys.executable, "-m", "mmrlvr.cli", "train", str(ROOT / "configs/demo-tiny.yaml"), f"output_dir={out}",
-           f"plugins=[{PLUGIN}]", "rewards=[{name: format, weight: 0.2}, {name: group_agreement, weight: 1.0}]",
+           f"plugins=[{PLUGIN}]", "rewards.1.name=group_agreement",
            "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=16", "data.train_size=16",
            "eval.at_start=false", "eval.at_end=false", "eval.every=0", "progress=false", "save_every=1", *extra]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)

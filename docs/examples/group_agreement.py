@@ -14,7 +14,7 @@ on every row with the reason. ``template`` is a parameter, so the run's answer c
 ``\\boxed{}``) reaches it without being written in the config.
 
     mmrlvr train configs/demo-tiny.yaml "plugins=[docs/examples/group_agreement.py]" \\
-        'rewards=[{name: format, weight: 0.2}, {name: group_agreement, weight: 1.0}]' max_steps=2
+        rewards.1.name=group_agreement max_steps=2
 """
 
 from __future__ import annotations

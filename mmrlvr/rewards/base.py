@@ -251,6 +251,11 @@ def score_batch(fn: RewardFn, completions: Sequence[Completion], samples: Sequen
             else:
                 results[i] = _failure(why)
     final: list[RewardResult] = [r if r is not None else _failure("no result") for r in results]
+    return _counted(final, stats)
+
+
+def _counted(final: list[RewardResult], stats: Counter) -> list[RewardResult]:
+    """``final``, with its dropped rows and reward errors added to the guard's counts."""
     for r in final:
         if r.dropped:
             stats["dropped"] += 1
@@ -294,9 +299,4 @@ def _score_groups(fn: Any, completions: Sequence[Completion], samples: Sequence[
                     final[i] = _failure(f"group: {why_g[5:]}", dropped=True)
                 else:
                     final[i] = _failure(f"group: {why_g}")
-    for r in final:
-        if r.dropped:
-            stats["dropped"] += 1
-        elif r.parsed.get("problems") and "reward_error" in r.parsed["problems"]:
-            stats["errors"] += 1
-    return final
+    return _counted(final, stats)

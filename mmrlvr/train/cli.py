@@ -71,7 +71,9 @@ def main(argv: list[str]) -> int:
     if args.dry_run:
         print(cfg.to_yaml())  # secrets redacted
         # the plan as YAML comments: stdout stays the resolved config, readable by yaml.safe_load
-        lines = [f"note: {n}" for n in getattr(cfg, "notes", [])] + cfg.plan.lines()
+        plan = getattr(cfg, "plan", None)
+        lines = [f"note: {n}" for n in getattr(cfg, "notes", [])] + (
+            plan.lines() if plan is not None else ["plan: not built (the plug-ins are files of another machine)"])
         print("\n".join(f"# {ln}" for ln in lines))
         return 0
     from mmrlvr.train.run_dir import prepare_run_dir
