@@ -265,29 +265,35 @@ def spec_from_signature(kind: str, name: str, obj: Any) -> Method:
     """A plug-in's parameters from its signature: keyword parameters with defaults after the positional inputs,
     minus the ones the runtime supplies; help from ``@describe_params``."""
     mk = METHOD_KINDS[kind]
+    params, open_params = signature_params(obj, mk.positional, mk.runtime_args)
+    return Method(kind, name, _first_line(obj), params, open_params=open_params)
+
+
+def signature_params(obj: Any, positional: int = 0, runtime: frozenset[str] = frozenset()
+                     ) -> tuple[tuple[Param, ...], bool]:
+    """(the keyword parameters with defaults of ``obj``'s signature — a class's ``__init__`` —, whether it takes
+    ``**kwargs``), skipping its first ``positional`` required inputs and the names the runtime supplies."""
     fn = obj.__init__ if isinstance(obj, type) else obj
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
-        return Method(kind, name, _first_line(obj), (), open_params=True)
+        return (), True
     helps = getattr(obj, "param_help", {}) or {}
     params, open_params, skipped = [], False, 0
     for p in sig.parameters.values():
-        if p.name == "self":
+        if p.name == "self" or p.kind is p.VAR_POSITIONAL:
             continue
         if p.kind is p.VAR_KEYWORD:
             open_params = True
             continue
-        if p.kind is p.VAR_POSITIONAL:
-            continue
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty and skipped < mk.positional:
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty and skipped < positional:
             skipped += 1
             continue
-        if p.name in mk.runtime_args or p.default is p.empty:
+        if p.name in runtime or p.default is p.empty:
             continue
         kind_hint = type(p.default) if p.default is not None else None
         params.append(Param(p.name, p.default, helps.get(p.name, ""), kind=kind_hint))
-    return Method(kind, name, _first_line(obj), tuple(params), open_params=open_params)
+    return tuple(params), open_params
 
 
 def _first_line(obj: Any) -> str:
@@ -326,13 +332,31 @@ def configured(cfg: Any, kind: str) -> tuple[str, dict[str, Any]]:
     return name, values
 
 
+def parameter_lines(title: str, entries: Iterable[tuple[str, Any]]) -> list[str]:
+    """``--help-config`` lines for a registry that already took a ``params`` mapping (rewards, credit schemes):
+    each ``(name, factory)`` with the keyword parameters its signature (or dataclass fields) declares."""
+    import dataclasses
+
+    out = [title]
+    for name, obj in entries:
+        if dataclasses.is_dataclass(obj):
+            params = [Param(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init]
+            doc = _first_line(type(obj))
+        else:
+            params, doc = list(signature_params(obj)[0]), _first_line(obj)
+        out.append(f"  {name}: {doc}".rstrip(": ").rstrip())
+        out += [f"    {p.line()}" for p in params]
+    return out
+
+
 def help_lines(kinds: Iterable[str] | None = None) -> list[str]:
     """``--help-config``: every registered method of each kind with its parameters (plug-ins included)."""
     out: list[str] = []
     for kind in kinds or METHOD_KINDS:
         mk = METHOD_KINDS[kind]
         where = f"; parameters under {mk.params_key}" if mk.params_key else ""
-        out.append(f"{mk.name_key} ({mk.what}s{where}):")
+        plural = mk.what + ("es" if mk.what.endswith("s") else "s")
+        out.append(f"{mk.name_key} ({plural}{where}):")
         for name in method_names(kind):
             spec = method_spec(kind, name)
             out.extend(f"  {ln}" for ln in (spec.lines() if spec else [name]))

@@ -478,6 +478,26 @@ def model_problems(cfg: RunConfig, where: str) -> list[str]:
     return []
 
 
+def model_structure_problems(cfg: RunConfig, where: str) -> list[str]:
+    """Checks that need the model's structure — a LoRA target that names no language-model module — on the
+    architecture built on the meta device from ``config.json`` (no weights read). Imports torch and transformers,
+    so it runs once the config's own checks pass; a ``tiny:`` model not built yet is checked when it is."""
+    if not cfg.model.lora.enabled:
+        return []
+    spec = cfg.model.path
+    if spec.startswith("tiny:"):
+        from mmrlvr.train.model_path import tiny_spec
+
+        folder = tiny_spec(spec)[3]
+    else:
+        folder = Path(spec)
+    if not (folder / "config.json").is_file():
+        return []
+    from mmrlvr.models.lora import lora_target_problems
+
+    return [f"{where}: model.lora.target_modules: {p}" for p in lora_target_problems(folder, cfg.model.lora.target_modules)]
+
+
 def package_problems(cfg: RunConfig, where: str) -> list[str]:
     """Optional packages a setting needs (looked up, not imported)."""
     out = []
@@ -560,6 +580,8 @@ def check_run(path: str | Path | None = None, overrides: list[str] | None = None
     # with plug-ins of another machine (--config-only) the stages they register are unknown here
     plan_problems = [] if getattr(cfg, "plugins_unchecked", False) else plan_check(cfg, where, partial=bool(problems))
     problems = list(dict.fromkeys(problems + plan_problems))  # a problem found by two checks is listed once
+    if not problems and environment:  # the model's structure (torch): once everything the config decides is right
+        problems = model_structure_problems(cfg, where)
     if problems:
         raise ConfigErrors(problems)
     cfg = validate(cfg, where)

@@ -4,6 +4,7 @@ as errors, inert keys as notes, old keys moved with a note."""
 from __future__ import annotations
 
 import inspect
+import re
 import os
 import subprocess
 import sys
@@ -262,3 +263,33 @@ def test_config_mistakes_are_reported_without_importing_torch(tmp_path):
     # the unknown loss parameter, the clip range, the sampler name and the stage conflict, all at once; then a
     # misspelt stage name: none of them needs torch
     assert res.stdout.split() == ["4", "False", "1", "True", "False"], res.stdout + res.stderr
+
+
+def test_the_config_help_of_each_method_key_names_every_built_in_method():
+    from mmrlvr.config import describe
+    from mmrlvr.methods import METHOD_KINDS, _declared
+
+    lines = {ln.split(" = ")[0]: ln for ln in describe() if " = " in ln}
+    for kind, mk in METHOD_KINDS.items():
+        help_text = lines[mk.name_key].split("  # ", 1)[1]
+        named = set(re.findall(r"[a-z][a-z0-9_-]*", help_text))
+        missing = set(_declared(kind)) - named
+        assert not missing, f"{mk.name_key}'s help misses {sorted(missing)}"
+
+
+def test_a_lora_target_naming_no_language_module_is_found_on_the_meta_architecture(tmp_path):
+    """The model's structure from config.json on the meta device: no weights are read (the folder has none)."""
+    from mmrlvr.models.tiny import build_tiny
+    from mmrlvr.validation import check_run
+
+    full = build_tiny("qwen2_5_vl", tmp_path / "m")
+    folder = tmp_path / "config-only"
+    folder.mkdir()
+    (folder / "config.json").write_bytes((Path(full) / "config.json").read_bytes())  # no weights, no processor
+    base = ["model.lora.enabled=true", f"model.path={folder}", f"output_dir={tmp_path}/r"]
+    cases = {"[q_prj]": "no Linear module named any of ['q_prj']",
+             "[qkv]": "all modules named ['qkv'] are in the vision tower"}  # Qwen's vision attention
+    for targets, needle in cases.items():
+        with pytest.raises(ConfigErrors) as e:
+            check_run(ROOT / "configs/demo-tiny.yaml", [*base, f"model.lora.target_modules={targets}"])
+        assert any(needle in p and "model.lora.target_modules" in p for p in e.value.problems), e.value

@@ -88,3 +88,31 @@ def test_documented_plugin_example_trains(tmp_path):
         torch.testing.assert_close(b.advantages[g * 4:(g + 1) * 4], r - med)
     summary = t.train()
     assert summary["skipped_steps"] == 0 and summary["last"]["loss"] is not None
+
+
+def test_a_stage_adds_per_row_fields_to_the_rollout_records(tmp_path):
+    """``batch.record_fields``: one value per row, carried into each RolloutRecord's ``extra``."""
+    from mmrlvr.store.reader import RolloutReader
+    from mmrlvr.train.stages import STAGES, Stage, register_stage
+    from mmrlvr.train.trainer import Trainer
+
+    if "test_row_field" not in STAGES["shape"]:
+        @register_stage("shape", "test_row_field", priority=-5)
+        class RowField(Stage):
+            @classmethod
+            def when(cls, cfg):
+                return False  # only when named
+
+            def __call__(self, b):
+                b.record_fields["test_len"] = [int(n) for n in b.rollouts.response_mask.sum(dim=1)]
+
+    quick = [q for q in QUICK if q != "log_rollouts=false"]
+    cfg = load_config(ROOT / "configs" / "demo-tiny.yaml",
+                      [f"output_dir={tmp_path}", *quick, "max_steps=1", "log_rollouts=true",
+                       "stages.shape=[test_row_field]"])
+    t = Trainer(cfg)
+    t.train()
+    reader = RolloutReader(tmp_path)
+    recs = reader.records(reader.index)
+    assert len(recs) == 2 * 4
+    assert all(r.extra["test_len"] == len(r.response_token_ids) for r in recs)

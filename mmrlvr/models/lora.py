@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import warnings
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
@@ -93,6 +94,26 @@ def _language_targets(model: torch.nn.Module, target_modules: tuple[str, ...]) -
     if not language:
         raise UserError(f"all modules named {list(target_modules)} are in the vision tower")
     return language
+
+
+def meta_model(folder: str | Path) -> torch.nn.Module:
+    """The architecture of the model in ``folder`` (its ``config.json``) on the meta device: every module, no
+    weights read, no memory — what a check of the model's *structure* needs before a run loads it."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    config = AutoConfig.from_pretrained(str(folder))
+    with torch.device("meta"):
+        return AutoModelForImageTextToText.from_config(config)
+
+
+def lora_target_problems(folder: str | Path, target_modules: tuple[str, ...] | list[str]) -> list[str]:
+    """Why ``target_modules`` cannot adapt the language model of the model in ``folder`` (the rule ``apply_lora``
+    applies, checked on the meta-device architecture), or []."""
+    try:
+        _language_targets(meta_model(folder), tuple(target_modules))
+    except UserError as exc:
+        return [str(exc)]
+    return []
 
 
 def apply_lora(model: torch.nn.Module, *, r: int = 16, alpha: int = 32, dropout: float = 0.0,

@@ -37,6 +37,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _reward_and_credit_lines() -> list[str]:
+    """The rewards and credit schemes with their parameters (their registries took ``params`` mappings first)."""
+    import mmrlvr.consistency.reward  # noqa: F401  (registers "consistency")
+    import mmrlvr.rewards  # noqa: F401
+    import mmrlvr.rubric.reward  # noqa: F401  (registers "rubric")
+    from mmrlvr.credit.schemes import CREDIT_SCHEMES
+    from mmrlvr.methods import parameter_lines
+    from mmrlvr.rewards.base import REWARDS
+
+    return (parameter_lines("rewards[i].name (rewards; parameters under rewards[i].params):",
+                            [(n, REWARDS.get(n)) for n in REWARDS.names()])
+            + parameter_lines("credit.scheme (credit schemes; parameters under credit.params):",
+                              [(n, CREDIT_SCHEMES.get(n)) for n in CREDIT_SCHEMES.names()]))
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_intermixed_args(argv)  # flags before, between or after overrides
     if args.help_config:
@@ -51,6 +66,7 @@ def main(argv: list[str]) -> int:
         print("\n".join(describe()))
         print("\nmethods and their parameters (set them under the params key beside the name):")
         print("\n".join(help_lines()))
+        print("\n".join(_reward_and_credit_lines()))
         return 0
     if args.config and "=" in args.config and not Path(args.config).is_file():
         # overrides written before the config file: the first word without "=" is the config
