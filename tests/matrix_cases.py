@@ -129,6 +129,11 @@ def cases() -> list[Case]:
     # dynamic sampling without refill rounds: the rank-agreed filtering alone, held to equality
     out.append(Case("dynamic-sampling-no-refill", ROOT / "configs" / "demo-tiny.yaml",
                     ["stages.shape=[dynamic_sampling]", "algo.dynamic_sampling_max_rounds=1"]))
+    # a sampler that learns from every step's rewards (gathered from both ranks) and keeps its state: the example
+    # plug-in, so observe's gather and the agreed draw are held to equality
+    out.append(Case("sampler-success_rate", ROOT / "configs" / "demo-tiny.yaml",
+                    [f"plugins=[{ROOT / 'docs' / 'examples' / 'success_rate_sampler.py'}]",
+                     "rollout.sampler=success_rate"]))
     for kind, name in options():
         base = _config_for(kind, name)
         overrides = [] if base != ROOT / "configs" / "demo-tiny.yaml" and kind == "reward" else _option(kind, name)
