@@ -116,3 +116,36 @@ def test_browser_navigates_to_a_sample_with_boxes_and_heatmap(tmp_path: Path) ->
     finally:
         app.close()
     assert dialogs == []  # no alert() ever ran
+
+
+def test_browser_shows_the_runs_plan(tmp_path: Path) -> None:
+    playwright = pytest.importorskip("playwright.sync_api")
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    from mmrlvr.config import load_config
+    from mmrlvr.inspector.app import build_app, launch
+    from mmrlvr.testing.fake_run import make_fake_run
+    from mmrlvr.train.plan import build_plan
+
+    run = make_fake_run(tmp_path / "run", steps=1, groups=2, group_size=2)
+    root = Path(__file__).resolve().parents[1]
+    plan = build_plan(load_config(root / "configs" / "demo-tiny.yaml", ["algo.rollout_correction=tis"]))
+    (Path(run) / "plan.json").write_text(plan.to_json())
+    app = build_app(run, refresh_s=3600)
+    _, url, _ = launch(app, port=free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        with playwright.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+                "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(url)
+            page.get_by_role("tab", name="Plan").click()
+            page.wait_for_selector("#mm-plan table.mm-plan", timeout=60_000)
+            text = page.locator("#mm-plan").inner_text()
+            for needle in ("advantages", "group", "algo.advantage: grpo", "algo.kl_coef = 0.05", "(user)",
+                           "note: algo.rollout_correction is set but inert"):
+                assert needle in text, needle
+            assert page.locator("#mm-plan table.mm-plan tr").count() == 1 + 8  # header + one row per kind
+            save_shot(page, tmp_path, "inspector_plan.png")
+            browser.close()
+    finally:
+        app.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
@@ -932,6 +933,13 @@ def run_header_html(run_name: str, steps: Sequence[int], n_rollouts: int, errors
     return out + "</div>"
 
 
+def _plan_value(v: Any) -> str:
+    """A setting as the config file would write it (JSON for null, booleans, lists and mappings)."""
+    if v is None or isinstance(v, (bool, dict, list)):
+        return json.dumps(v, default=str)
+    return fmt(v) if isinstance(v, float) else str(v)
+
+
 def plan_html(plan: dict[str, Any] | None) -> str:
     """The run's plan (``plan.json``: the stage of each kind, why it runs, its settings and their source) as a
     table; a note when the run has no plan (runs written before plans existed)."""
@@ -943,7 +951,7 @@ def plan_html(plan: dict[str, Any] | None) -> str:
             continue
         settings = st.get("settings") if isinstance(st.get("settings"), dict) else {}
         sources = st.get("sources") if isinstance(st.get("sources"), dict) else {}
-        cells = "<br>".join(f"<code>{esc(k)}</code> = {esc(fmt(v) if isinstance(v, float) else v)} "
+        cells = "<br>".join(f"<code>{esc(k)}</code> = {esc(_plan_value(v))} "
                             f"<span style='color:#777'>({esc(sources.get(k, 'default'))})</span>"
                             for k, v in settings.items())
         rows.append(f"<tr><td style='{_CELL}'><b>{esc(st.get('kind', ''))}</b></td>"
