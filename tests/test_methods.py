@@ -40,6 +40,8 @@ def test_every_declared_parameter_is_the_implementations_keyword_with_the_same_d
 
     reg = getattr(importlib.import_module(module), METHOD_KINDS[kind].registry[1])
     for name in reg.names():
+        if not getattr(reg.get(name), "__module__", "").startswith("mmrlvr."):
+            continue  # a plug-in another test registered: its parameters come from its signature
         assert name in _declared(kind), f"{kind} {name!r} is registered but not declared"
         sig = inspect.signature(fn_of(reg, name)).parameters
         for p in _declared(kind)[name].params:
