@@ -603,7 +603,8 @@ def plan_check(cfg: RunConfig, where: str, *, partial: bool = False) -> list[str
     except _HeavyImportBlocked:
         return []
     except ConfigErrors as exc:
-        out = [p if p.startswith(where) else f"{where}: {p}" for p in exc.problems]
+        # a method's parameters checked again by the plan ("config: ..."): named like the check that found them first
+        out = [p if p.startswith(where) else f"{where}: {p.removeprefix('config: ')}" for p in exc.problems]
         return [p for p in out if not (partial and p.startswith(f"{where}: stages: "))]
     except UserError as exc:  # a lookup a selection needs failed on a value another check reports
         return [] if partial else [f"{where}: {ln}" for ln in _lines(exc)]

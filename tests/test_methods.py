@@ -254,17 +254,14 @@ def test_config_mistakes_are_reported_without_importing_torch(tmp_path):
             "try:\n"
             "    check_run('configs/consistency-tiny.yaml', ['algo.loss_params.nois=1', 'algo.clip=acpo', "
             "'algo.clip_params.eps_max=-1', 'rollout.sampler=shufle', 'algo.loss=popo', "
-            "'consistency.split_advantage=true'], environment=False)\n"
-            "except ConfigErrors as e: print(len(e.problems))\n"
-            "print('torch' in sys.modules)\n"
-            "try:\n"
-            "    check_run('configs/demo-tiny.yaml', ['stages.shape=[overlongg]'], environment=False)\n"
-            "except ConfigErrors as e: print(len(e.problems), 'overlongg' in str(e))\n"
+            "'consistency.split_advantage=true', 'stages.shape=[overlongg]', 'credit.scheme=vepoo'], "
+            "environment=False)\n"
+            "except ConfigErrors as e: print(len(e.problems), 'overlongg' in str(e), 'vepoo' in str(e))\n"
             "print('torch' in sys.modules)\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=60)
-    # the unknown loss parameter, the clip range, the sampler name and the stage conflict, all at once; then a
-    # misspelt stage name: none of them needs torch
-    assert res.stdout.split() == ["4", "False", "1", "True", "False"], res.stdout + res.stderr
+    # the unknown loss parameter, the clip range, the sampler name, the credit scheme, the misspelt stage and the
+    # stage conflict, all at once, and none of them needs torch
+    assert res.stdout.split() == ["6", "True", "True", "False"], res.stdout + res.stderr
 
 
 def test_the_config_help_of_each_method_key_names_every_built_in_method():

@@ -88,31 +88,31 @@ def inert_notes(cfg: Any, selected: list[type], registered: list[type]) -> list[
 def build_plan(cfg: Any) -> Plan:
     """The run's plan, or ``ConfigErrors`` listing every problem of the stage selection and the selected stages."""
     import mmrlvr.train.stages  # noqa: F401 - registers the built-in stages
-    from mmrlvr.registry import RegistryError
-    from mmrlvr.train.stages.base import STAGE_KINDS, STAGES, StageConflict, select_stages
+    from mmrlvr.train.stages.base import STAGE_KINDS, STAGES, ExplicitStageError, StageConflict, select_all
 
-    try:
-        chosen = select_stages(cfg)
-    except StageConflict as exc:
-        raise ConfigErrors([str(exc)]) from None
-    except (RegistryError, ValueError) as exc:
-        raise ConfigErrors([f"stages: {exc}"]) from None
-    problems: list[str] = []
+    chosen, errors = select_all(cfg)
+    # a conflict or a misspelt stages.<kind> name is the user's to fix; any other lookup a selection made failed on
+    # a value another check reports (an unknown credit scheme): "stages: ..."
+    problems: list[str] = [str(exc) if isinstance(exc, (StageConflict, ExplicitStageError)) else f"stages: {exc}"
+                           for _, exc in errors]
     stages, selected = [], []
     for kind in STAGE_KINDS:
         for name in chosen.get(kind, []):
             cls = STAGES[kind].get(name)
             selected.append(cls)
-            problems += cls.validate(cfg)
-            named = getattr(getattr(cfg, "stages", None), kind, None)
-            reason = cls.reason(cfg)
-            if named and name in ([named] if isinstance(named, str) else named) and not cls.when(cfg):
-                reason = f"stages.{kind} names it"
             try:
+                problems += cls.validate(cfg)
+                named = getattr(getattr(cfg, "stages", None), kind, None)
+                reason = cls.reason(cfg)
+                if named and name in ([named] if isinstance(named, str) else named) and not cls.when(cfg):
+                    reason = f"stages.{kind} names it"
                 settings = cls.plan_params(cfg)
             except ConfigErrors as exc:
                 problems += exc.problems
-                settings = {}
+                reason, settings = cls.reason(cfg), {}
+            except ImportError as exc:  # a check that may not import torch yet (other problems come first)
+                problems.append(f"stages: the {kind} stage {name!r} needs {exc}")
+                continue
             from mmrlvr.config import redact_secrets
 
             settings = redact_secrets(settings)  # a reward's api_key never reaches the log, plan.json or the inspector

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from mmrlvr.errors import UserError
-from mmrlvr.registry import Registry
+from mmrlvr.registry import Registry, RegistryError
 
 if TYPE_CHECKING:
     from mmrlvr.config import RunConfig
@@ -152,6 +152,10 @@ class StageConflict(UserError):
     """Two stages claim one job, or an explicit stage list drops one the config enables."""
 
 
+class ExplicitStageError(RegistryError):
+    """A ``stages.<kind>`` entry names no registered stage (the message lists the known ones)."""
+
+
 def _user_set(cfg: Any, key: str) -> bool:
     return getattr(cfg, "sources", {}).get(key) == "user"
 
@@ -181,48 +185,60 @@ def _auto(kind: str, cfg: Any) -> list[type[Stage]]:
 
 
 def select_stages(cfg: "RunConfig") -> dict[str, list[str]]:
-    """The stage names each kind runs for ``cfg``.
+    """The stage names each kind runs for ``cfg`` (the first problem raises; ``select_all`` collects them all).
 
     Auto-selection (``when``; conflicts are errors), extended by explicit ``stages.<kind>`` entries: for the kinds
     where every selected stage runs (shape, reference) the named stages are *added* to the automatic ones and all
     run in priority order; for the others the named stage replaces the automatic one — unless the config enables a
     specific one (``consistency.split_advantage: true``), which an explicit name may not silently drop."""
+    return {kind: _select_kind(kind, cfg) for kind in STAGE_KINDS}
+
+
+def select_all(cfg: "RunConfig") -> tuple[dict[str, list[str]], list[tuple[str, Exception]]]:
+    """(the stages of every kind that could be selected, ``(kind, error)`` for each kind that could not): every
+    problem of the selection at once, for the plan."""
     chosen: dict[str, list[str]] = {}
-    explicit = getattr(cfg, "stages", None)
+    errors: list[tuple[str, Exception]] = []
     for kind in STAGE_KINDS:
+        try:
+            chosen[kind] = _select_kind(kind, cfg)
+        except (StageConflict, RegistryError, ValueError, ImportError) as exc:  # ImportError: a check that
+            errors.append((kind, exc))                                       # may not import torch yet
+    return chosen, errors
+
+
+def _select_kind(kind: str, cfg: Any) -> list[str]:
+    explicit = getattr(cfg, "stages", None)
+    named = getattr(explicit, kind, None) if explicit is not None else None
+    if named:  # explicit names first: a misspelt one is the problem to report, whatever auto-selection finds
+        names = [named] if isinstance(named, str) else list(named)
+        classes = []
+        for n in names:
+            try:
+                classes.append(STAGES[kind].get(n))
+            except RegistryError as exc:  # unknown name, listing the known ones
+                raise ExplicitStageError(f"stages.{kind}: {exc}") from None
         auto = _auto(kind, cfg)
-        named = getattr(explicit, kind, None) if explicit is not None else None
-        if named:
-            names = [named] if isinstance(named, str) else list(named)
-            classes = [STAGES[kind].get(n) for n in names]  # unknown name: RegistryError listing the known ones
-            if kind in MULTI_KINDS:
-                merged = {c.name: c for c in [*auto, *classes]}
-                chosen[kind] = [c.name for c in sorted(merged.values(), key=lambda c: -c.priority)]
-                continue
-            if len(names) != 1:
-                raise StageConflict(f"stages.{kind}: one {kind} stage runs, got {names}")
-            if auto and not auto[0].fallback and auto[0].name != names[0]:
-                raise StageConflict(f"stages.{kind}: {names[0]} would drop {_claim(auto[0], cfg)}; unset "
-                                    f"{', '.join(auto[0].selected_by)} or remove stages.{kind}")
-            chosen[kind] = names
-            continue
-        chosen[kind] = [c.name for c in auto]
-        if not chosen[kind] and kind not in MULTI_KINDS:
-            raise ValueError(f"no {kind} stage applies to this config (registered: {', '.join(STAGES[kind].names())})")
-    return chosen
+        if kind in MULTI_KINDS:
+            merged = {c.name: c for c in [*auto, *classes]}
+            return [c.name for c in sorted(merged.values(), key=lambda c: -c.priority)]
+        if len(names) != 1:
+            raise StageConflict(f"stages.{kind}: one {kind} stage runs, got {names}")
+        if auto and not auto[0].fallback and auto[0].name != names[0]:
+            raise StageConflict(f"stages.{kind}: {names[0]} would drop {_claim(auto[0], cfg)}; unset "
+                                f"{', '.join(auto[0].selected_by)} or remove stages.{kind}")
+        return names
+    picked = [c.name for c in _auto(kind, cfg)]
+    if not picked and kind not in MULTI_KINDS:
+        raise ValueError(f"no {kind} stage applies to this config (registered: {', '.join(STAGES[kind].names())})")
+    return picked
 
 
 def validate_stages(cfg: "RunConfig") -> list[str]:
-    """Every problem the selected stages find with the config (for early validation, before a model loads)."""
-    from mmrlvr.registry import RegistryError
-
-    try:
-        chosen = select_stages(cfg)
-    except (RegistryError, ValueError) as exc:
-        return [f"stages: {exc}"]
-    except StageConflict as exc:
-        return [str(exc)]
-    problems: list[str] = []
+    """Every problem of the stage selection and of the selected stages with the config (before a model loads)."""
+    chosen, errors = select_all(cfg)
+    problems = [str(exc) if isinstance(exc, (StageConflict, ExplicitStageError)) else f"stages: {exc}"
+                for _, exc in errors]
     for kind, names in chosen.items():
         for n in names:
             problems.extend(STAGES[kind].get(n).validate(cfg))
