@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("mmrlvr.data.cli", "make synthetic visual tasks: mmrlvr data synth --task TASK --split ... --n N --out DIR"),
     "rubric": ("mmrlvr.rubric.cli", "rubric authoring: validate | preview | score | agreement"),
     "inspect": ("mmrlvr.inspector.cli", "open the Gradio rollout inspector on a run directory"),
+    "analyze": ("mmrlvr.analysis.cli", "what RL did to the model: mmrlvr analyze SUBCOMMAND RUN_DIR ... (docs/analysis.md)"),
 }
 
 

@@ -412,3 +412,14 @@ def test_plan_html_shows_each_stage_reason_and_settings_escaped():
     assert "(preset)" in html and "(default)" in html and "<script>" not in html and "&lt;script&gt;" in html
     assert "note: algo.rollout_correction is set but inert &lt;b&gt;" in html
     assert "no plan.json" in views.plan_html(None) and "no plan.json" in views.plan_html({"stages": "x"})
+
+
+def test_analysis_html_renders_tables_and_plots_escaped():
+    from PIL import Image
+
+    md = "# trajectory\n\nrank-1 <b>share</b>\n\n| tensor | ev |\n|---|---|\n| q_proj<script> | 0.99 |\n"
+    html = views.analysis_html({"trajectory": (md, [Image.new("RGB", (40, 30), "red")])})
+    assert "<h3>trajectory</h3>" in html and "<table class='mm-analysis'>" in html
+    assert "q_proj&lt;script&gt;" in html and "<script>" not in html and "&lt;b&gt;share" in html
+    assert html.count("<tr>") == 2 and "data:image/png;base64," in html
+    assert "mmrlvr analyze" in views.analysis_html({})

@@ -89,6 +89,27 @@ class Inspector:
             self._weights_read = config is not None
         return self._weights
 
+    def analysis(self) -> str:
+        """What ``mmrlvr analyze`` wrote under ``analysis/`` (read server-side; plots inlined)."""
+        from PIL import Image
+
+        found: dict[str, tuple[str, list]] = {}
+        root = self.run_dir / "analysis"
+        for folder in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+            try:
+                md = (folder / "results.md").read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                md = "(no results.md)"
+            images = []
+            for png in sorted(folder.glob("*.png"))[:12]:
+                try:
+                    with Image.open(png) as im:
+                        images.append(im.copy())
+                except OSError:
+                    continue
+            found[folder.name] = (md, images)
+        return views.analysis_html(found)
+
     def plan(self) -> str:
         """The run's plan (``plan.json``, read server-side) as HTML."""
         try:
@@ -499,6 +520,10 @@ def build_app(run_dir: str | os.PathLike[str], *, refresh_s: float = 5.0) -> gr.
                 gr.Markdown("What this run's step ran: the stage of each kind, why (the config key that chose it) "
                             "and its settings with their source (user, preset, loss default, default).")
                 gr.HTML(ins.plan(), elem_id="mm-plan")
+            with gr.Tab("Analysis", id="analysis"):
+                gr.Markdown("What `mmrlvr analyze` found in this run (RUN_DIR/analysis/): tables and plots.")
+                analysis_html = gr.HTML(ins.analysis(), elem_id="mm-analysis")
+                gr.Button("Reload analyses", size="sm").click(ins.analysis, None, analysis_html)
             with gr.Tab("Metrics", id="metrics"):
                 metric_pick = gr.Dropdown(names, value=default_names, multiselect=True,
                                           label=f"metrics from metrics.jsonl (up to {MAX_PLOTS})")

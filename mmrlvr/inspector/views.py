@@ -933,6 +933,49 @@ def run_header_html(run_name: str, steps: Sequence[int], n_rollouts: int, errors
     return out + "</div>"
 
 
+def markdown_html(text: str) -> str:
+    """The Markdown an analysis writes (headings, paragraphs, pipe tables) as escaped HTML: every cell and line is
+    text, nothing in it is interpreted (a token string from a rollout may sit in a table)."""
+    out: list[str] = []
+    rows: list[list[str]] = []
+
+    def flush() -> None:
+        if rows:
+            head, body = rows[0], [r for r in rows[1:] if not all(set(c) <= set("-: ") for c in r)]
+            out.append("<table class='mm-analysis'><tr>" + "".join(f"<th style='{_CELL}'>{esc(c)}</th>" for c in head)
+                       + "</tr>" + "".join("<tr>" + "".join(f"<td style='{_CELL}'>{esc(c)}</td>" for c in r) + "</tr>"
+                                          for r in body) + "</table>")
+            rows.clear()
+
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith("|") and s.endswith("|"):
+            rows.append([c.strip() for c in s.strip("|").split("|")])
+            continue
+        flush()
+        if not s:
+            continue
+        level = len(s) - len(s.lstrip("#"))
+        if 0 < level <= 4 and s[level:level + 1] == " ":
+            out.append(f"<h{level + 2}>{esc(s[level + 1:])}</h{level + 2}>")
+        else:
+            out.append(f"<p>{esc(s)}</p>")
+    flush()
+    return "".join(out)
+
+
+def analysis_html(analyses: dict[str, tuple[str, list[Image.Image]]]) -> str:
+    """``RUN_DIR/analysis/``: per analysis its table (``results.md``) and its plots (inline, no file served)."""
+    if not analyses:
+        return ("<p><i>no analysis/ in this run folder yet: run <code>mmrlvr analyze SUBCOMMAND RUN_DIR</code> "
+                "(docs/analysis.md)</i></p>")
+    parts = []
+    for name, (md, images) in sorted(analyses.items()):
+        imgs = "".join(f"<img src='{thumbnail_uri(im, 900)}' style='max-width:100%;margin:4px'>" for im in images)
+        parts.append(f"<section><h3>{esc(name)}</h3>{markdown_html(md)}{imgs}</section>")
+    return "".join(parts)
+
+
 def _plan_value(v: Any) -> str:
     """A setting as the config file would write it (JSON for null, booleans, lists and mappings)."""
     if v is None or isinstance(v, (bool, dict, list)):

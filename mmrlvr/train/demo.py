@@ -30,6 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="held-out prompts evaluated before and after (default: the embedded config's 200 for a full "
                         "run; scaled down with a shorter --steps, at least 16)")
     p.add_argument("--inspect", action="store_true", help="open the inspector on the run afterwards")
+    p.add_argument("--save-every", type=int, default=None, metavar="N",
+                   help="checkpoint every N steps (default: the embedded config's, 100)")
+    p.add_argument("--keep-all", action="store_true",
+                   help="keep every checkpoint (keep_checkpoints: 0), e.g. for mmrlvr analyze trajectory")
     p.add_argument("overrides", nargs="*", help="extra key=value config overrides")
     return p
 
@@ -85,6 +89,10 @@ def main(argv: list[str]) -> int:
     from mmrlvr.train.trainer import Trainer
 
     overrides = [f"output_dir={args.out}", f"seed={args.seed}", *args.overrides]
+    if args.save_every is not None:
+        overrides.append(f"save_every={args.save_every}")
+    if args.keep_all:
+        overrides.append("keep_checkpoints=0")
     if args.steps is not None:
         overrides.append(f"max_steps={args.steps}")
     eval_size = demo_eval_size(demo_config_dict(), args.steps, args.eval_size, args.overrides)
