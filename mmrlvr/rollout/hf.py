@@ -34,10 +34,16 @@ from mmrlvr.types import Sample
 PATCH_KEYS: dict[str, str] = {"pixel_values": "image_grid_thw", "pixel_values_videos": "video_grid_thw"}
 
 
+#: ``Sample.meta`` key: text the assistant turn already starts with; generation continues from it (both engines
+#: build prompts through ``prompt_texts``). Used by ``mmrlvr analyze prefix`` to answer from a thinking prefix.
+ASSISTANT_PREFIX = "assistant_prefix"
+
+
 def prompt_texts(processor: Any, samples: list[Sample]) -> list[str]:
-    """The chat-templated prompt of each sample, ending with the assistant turn's opening."""
+    """The chat-templated prompt of each sample, ending with the assistant turn's opening, followed by
+    ``sample.meta["assistant_prefix"]`` when a sample has one (the response is then what follows it)."""
     return [processor.apply_chat_template(s.messages, tokenize=False, add_generation_prompt=True)
-            for s in samples]
+            + (s.meta.get(ASSISTANT_PREFIX) or "") for s in samples]
 
 
 def _rows_per_prompt(grid: torch.Tensor, images_per_prompt: list[int]) -> list[int]:
