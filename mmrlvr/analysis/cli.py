@@ -16,6 +16,9 @@ ANALYSES: dict[str, tuple[str, str]] = {
     "taskvec": ("mmrlvr.analysis.taskvec", "SFT vs RL task vectors: magnitudes, sign conflicts, per module (DoTS)"),
     "tensors": ("mmrlvr.analysis.tensors", "which attention projections carry the RL update: off-principal energy (MAST)"),
     "saturation": ("mmrlvr.analysis.saturation", "training reward vs held-out accuracy: the pre-saturation phase"),
+    "tokens": ("mmrlvr.analysis.tokens", "per-token Δlog-prob between two checkpoints over stored rollouts"),
+    "prefix": ("mmrlvr.analysis.prefix", "shortest thinking prefix still answered correctly: redundancy (ThoughtFold)"),
+    "sensitivity": ("mmrlvr.analysis.sensitivity", "answer flip rate under image perturbations per checkpoint"),
 }
 
 
