@@ -43,3 +43,21 @@ def test_a_model_folder_reads_as_plain_float32_weights(tmp_path):
                                                for t in weights.values())
     assert any(n.endswith("q_proj.weight") for n in weights)
     assert not any(n.startswith("base_model.") for n in weights)
+
+
+def test_every_analysis_is_a_subcommand_with_help():
+    import subprocess
+    import sys
+
+    from mmrlvr.analysis.cli import ANALYSES
+
+    assert set(ANALYSES) == {"trajectory", "taskvec", "tensors", "tokens", "prefix", "saturation", "sensitivity"}
+    top = subprocess.run([sys.executable, "-m", "mmrlvr.cli", "analyze", "--help"], capture_output=True, text=True)
+    assert top.returncode == 0 and all(name in top.stdout for name in ANALYSES)
+    for name in ANALYSES:
+        res = subprocess.run([sys.executable, "-m", "mmrlvr.cli", "analyze", name, "--help"], capture_output=True,
+                             text=True)
+        assert res.returncode == 0 and f"mmrlvr analyze {name}" in res.stdout, (name, res.stderr)
+    bad = subprocess.run([sys.executable, "-m", "mmrlvr.cli", "analyze", "trajectori", "x"], capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and "invalid choice: 'trajectori'" in bad.stderr

@@ -25,8 +25,8 @@ def test_format_table_shows_only_shared_metrics():
 
 def test_demo_runs_and_writes_table_plots_and_summary(tmp_path, capsys):
     out = tmp_path / "demo"
-    assert main(["--out", str(out), "--steps", "3", "data.eval_size=8", "eval.k=2", "eval.every=0",
-                 "progress=false", "rollout.prompts_per_step=4"]) == 0
+    assert main(["--out", str(out), "--steps", "3", "--save-every", "1", "--keep-all", "data.eval_size=8", "eval.k=2",
+                 "eval.every=0", "progress=false", "rollout.prompts_per_step=4"]) == 0
     printed = capsys.readouterr().out
     assert "greedy accuracy" in printed and "inconsistency rate" in printed and "rubric score" in printed
     assert f"run directory: {out}" in printed
@@ -34,6 +34,8 @@ def test_demo_runs_and_writes_table_plots_and_summary(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert {"before", "after"} <= set(summary)
     assert sorted(p.name for p in (out / "rollouts").glob("step-*.parquet"))[-1] == "step-00000003.parquet"
+    # --save-every 1 --keep-all: every checkpoint kept, for mmrlvr analyze
+    assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == [f"step-{k:08d}" for k in (1, 2, 3)]
 
 
 def test_demo_eval_scales_with_steps():

@@ -184,6 +184,28 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     'max_steps=2':
         (RUN + " (2 steps, 2 prompts x 4 rollouts)",
          ("tests/test_example_group_agreement.py::test_trains_two_steps_and_resumes_exactly", T_DRY)),
+    # ---- docs/analysis.md (each sub-command runs on a tiny run with checkpoints; the demo run's figures in the doc
+    # were measured on `mmrlvr demo --save-every 20 --keep-all`)
+    "mmrlvr demo --save-every 20 --keep-all": (RUN + " (3 steps, --save-every 1)", (T_DEMO,)),
+    "mmrlvr analyze {trajectory,taskvec,tensors,tokens,prefix,saturation,sensitivity} ...":
+        (SYNOPSIS, (T_OPTS, T_HELP, "tests/test_analysis_checkpoints.py::test_every_analysis_is_a_subcommand_with_help")),
+    "mmrlvr analyze trajectory runs/demo --extrapolate 300":
+        (RUN + " (a tiny run)", ("tests/test_analysis_trajectory.py::"
+                                 "test_cli_on_a_tiny_run_writes_numbers_plots_and_a_model_eval_and_export_take",)),
+    "mmrlvr analyze taskvec BASE SFT RL [--merge]":
+        (SYNOPSIS, (T_HELP, "tests/test_analysis_taskvec.py::test_merge_end_to_end_on_tiny_folders")),
+    "mmrlvr analyze tensors runs/demo/checkpoints/step-00000020 runs/demo --forget synth:count":
+        (RUN + " (two tiny checkpoints)", ("tests/test_analysis_tensors.py::test_cli_on_two_tiny_checkpoints",)),
+    "mmrlvr analyze tokens runs/demo/checkpoints/step-00000180 runs/demo/checkpoints/step-00000200 --run runs/demo":
+        (RUN + " (a tiny DelTA run)", ("tests/test_analysis_tokens.py::test_cli_on_a_tiny_delta_run",)),
+    "mmrlvr analyze prefix runs/demo":
+        (RUN + " (a tiny run, --limit 2 --samples 2)",
+         ("tests/test_analysis_prefix.py::test_cli_on_a_tiny_run_writes_the_redundancy_per_checkpoint",)),
+    "mmrlvr analyze saturation runs/demo":
+        (RUN + " (a tiny run)", ("tests/test_analysis_saturation.py::test_cli_on_a_tiny_run",)),
+    "mmrlvr analyze sensitivity runs/demo":
+        (RUN + " (a tiny run, --limit 4)",
+         ("tests/test_analysis_sensitivity.py::test_cli_on_a_tiny_run_writes_flip_rates_per_checkpoint",)),
     # ---- docs/methods.md (each option trains 20 steps on the tiny VLM with the same keys)
     "mmrlvr train configs/demo-tiny.yaml model.lora.enabled=true model.lora.init=rlpo":
         ("the option trains 20 steps (tiny run, same keys)",
