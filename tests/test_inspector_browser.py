@@ -149,3 +149,41 @@ def test_browser_shows_the_runs_plan(tmp_path: Path) -> None:
             browser.close()
     finally:
         app.close()
+
+
+def test_browser_shows_the_runs_analyses(tmp_path: Path) -> None:
+    playwright = pytest.importorskip("playwright.sync_api")
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    from mmrlvr.analysis.report import markdown_table, write_report
+    from mmrlvr.inspector.app import build_app, launch
+    from mmrlvr.testing.fake_run import make_fake_run
+
+    run = make_fake_run(tmp_path / "run", steps=1, groups=2, group_size=2)
+
+    def plot():
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(4, 3))
+        ax.plot([20, 40, 60], [0.2, 0.5, 0.9], marker="o")
+        ax.set_title("c(t)")
+        return fig
+
+    table = markdown_table(["tensor", "explained var"], [["lm_head.weight<script>", 0.97]])
+    write_report(run, "trajectory", {"ev": 0.97}, f"# Weight trajectory\n\n{table}\n", {"coefficients.png": plot})
+    app = build_app(run, refresh_s=3600)
+    _, url, _ = launch(app, port=free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        with playwright.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+                "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(url)
+            page.get_by_role("tab", name="Analysis").click()
+            page.wait_for_selector("#mm-analysis table.mm-analysis", timeout=60_000)
+            text = page.locator("#mm-analysis").inner_text()
+            assert "trajectory" in text and "lm_head.weight<script>" in text and "0.97" in text
+            assert page.locator("#mm-analysis img").count() == 1
+            save_shot(page, tmp_path, "inspector_analysis.png")
+            browser.close()
+    finally:
+        app.close()
