@@ -183,6 +183,11 @@ def test_fsdp2_two_ranks_hold_half_of_each_tensor_and_train_like_one_process(tin
     assert res.returncode == 0, res.stderr[-3000:]
     exported, _ = load_policy(str(out), dtype="float32", device="cpu")  # a plain save_pretrained folder
     merged = model.merge_and_unload() if mode == "lora" else model
+    from mmrlvr.analysis.checkpoints import checkpoint_weights  # the analyses read the sharded checkpoint too
+
+    analysed = checkpoint_weights(ckpt)
+    for n, p in merged.named_parameters():
+        torch.testing.assert_close(analysed[n], p.detach().float(), rtol=0, atol=1e-6, msg=n)
     got = dict(exported.named_parameters())
     assert got.keys() == dict(merged.named_parameters()).keys()
     for n, p in merged.named_parameters():
