@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from analysis_helpers import cli as _cli, one_line_exit_2 as _one_line_exit_2
 from mmrlvr.analysis import prefix as px
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,15 +155,6 @@ def test_generation_continues_after_the_prefix(tiny_model):
 
 
 # ------------------------------------------------------------------------------------ CLI on a tiny run
-def _env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-
-
-def _cli(*argv: str, timeout: int = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mmrlvr.cli", *argv], capture_output=True, text=True, cwd=ROOT,
-                          env=_env(), timeout=timeout)
-
-
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> Path:
     """A tiny full fine-tuning run: checkpoints at steps 2 and 4, rollouts logged at steps 1-4."""
@@ -212,15 +201,6 @@ def test_cli_on_a_tiny_run_writes_the_redundancy_per_checkpoint(tiny_run):
             assert all(ok == (q >= k) for q, ok in r["calls"])  # binary search: yes above the answer, no below
         assert c["redundancy"] == pytest.approx(sum(r["cut_share"] for r in rows) / len(rows))
     assert "redundancy" in (out / "results.md").read_text()
-
-
-def _one_line_exit_2(res: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert res.returncode == 2, (res.stdout, res.stderr)
-    assert "Traceback" not in res.stderr
-    lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1, res.stderr
-    for f in fragments:
-        assert f in lines[0], lines[0]
 
 
 def test_bad_inputs_exit_2_in_one_line(tiny_run, tmp_path):

@@ -9,15 +9,13 @@ from the clean run's. Then one CLI run on a tiny run with 2 checkpoints, and the
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from analysis_helpers import cli as _cli, one_line_exit_2 as _one_line_exit_2
 from mmrlvr.analysis import sensitivity as sv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,15 +95,6 @@ def test_the_perturbed_pixels_are_what_the_engine_generates_from():
 
 
 # ------------------------------------------------------------------------------------ CLI on a tiny run
-def _env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-
-
-def _cli(*argv: str, timeout: int = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mmrlvr.cli", *argv], capture_output=True, text=True, cwd=ROOT,
-                          env=_env(), timeout=timeout)
-
-
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> Path:
     """A tiny full fine-tuning run with checkpoints at steps 2 and 4."""
@@ -141,15 +130,6 @@ def test_cli_on_a_tiny_run_writes_flip_rates_per_checkpoint(tiny_run):
     one = sv.analyse(tiny_run, perturbations="zero", steps=[4], limit=4)
     assert [c["step"] for c in one["checkpoints"]] == [4] and list(one["checkpoints"][0]["perturbations"]) == ["zero"]
     assert one["checkpoints"][0]["perturbations"]["zero"] == n["checkpoints"][1]["perturbations"]["zero"]
-
-
-def _one_line_exit_2(res: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert res.returncode == 2, (res.stdout, res.stderr)
-    assert "Traceback" not in res.stderr
-    lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1, res.stderr
-    for f in fragments:
-        assert f in lines[0], lines[0]
 
 
 def test_bad_inputs_exit_2_in_one_line(tiny_run, tmp_path):

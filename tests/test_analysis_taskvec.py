@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from analysis_helpers import cli as _cli, one_line_exit_2 as _one_line_exit_2
 from mmrlvr.analysis import taskvec as tv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,11 +112,6 @@ def test_merged_weights_add_the_scaled_vectors():
 
 
 # ------------------------------------------------------------------------------------ CLI on tiny folders
-def _cli(*argv: str, timeout: int = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mmrlvr.cli", *argv], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}, timeout=timeout)
-
-
 def _perturbed(src: Path, dst: Path, names: list[str], scale: float, seed: int) -> None:
     """``src`` with a random perturbation added to ``names`` only, saved as a model folder."""
     from mmrlvr.models import load_policy
@@ -176,15 +169,6 @@ def test_merge_end_to_end_on_tiny_folders(folders, tmp_path):
     assert torch.equal(merged[untouched], w0[untouched])
     exp = _cli("export", m["folder"], "--out", str(tmp_path / "export"))  # export takes the merged folder
     assert exp.returncode == 0, exp.stderr[-2000:]
-
-
-def _one_line_exit_2(res: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert res.returncode == 2, (res.stdout, res.stderr)
-    assert "Traceback" not in res.stderr
-    lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1, res.stderr
-    for f in fragments:
-        assert f in lines[0], lines[0]
 
 
 def test_bad_input_different_models_lora_vs_full_and_no_output(folders, tmp_path):

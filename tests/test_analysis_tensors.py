@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from analysis_helpers import one_line_exit_2 as _one_line_exit_2
 from mmrlvr.analysis.tensors import (default_k, is_language_projection, off_principal_energy, rank_sum, ranks_desc,
                                      score_projections, top_left_singular)
 
@@ -156,12 +157,6 @@ def test_cli_on_two_tiny_checkpoints(tiny_run):
     md = (out / "results.md").read_text()
     assert "our reading" in md and "## MLP projections" in md
     assert (out / "tensors.png").stat().st_size > 1000
-
-
-def _one_line_exit_2(res: subprocess.CompletedProcess, needle: str) -> None:
-    assert res.returncode == 2, res.stderr
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in res.stderr and needle in lines[0], res.stderr
 
 
 def test_different_models_and_mixed_kinds_are_one_line_exit_2(tiny_run, tmp_path):

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from analysis_helpers import cli as _cli, one_line_exit_2 as _one_line_exit_2
 from mmrlvr.analysis import trajectory as tj
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,15 +104,6 @@ def test_gram_in_column_blocks_matches_the_dense_product(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------ CLI on a tiny run
-def _env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-
-
-def _cli(*argv: str, timeout: int = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mmrlvr.cli", *argv], capture_output=True, text=True, cwd=ROOT,
-                          env=_env(), timeout=timeout)
-
-
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> Path:
     """A full fine-tuning tiny run with checkpoints at steps 2, 4, 6 (all kept)."""
@@ -171,15 +160,6 @@ def test_cli_on_a_tiny_run_writes_numbers_plots_and_a_model_eval_and_export_take
     exp = _cli("export", str(folder), "--out", str(tmp_path / "export"))
     assert exp.returncode == 0, exp.stderr[-2000:]
     assert (tmp_path / "export" / "model.safetensors").is_file()
-
-
-def _one_line_exit_2(res: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert res.returncode == 2, (res.stdout, res.stderr)
-    assert "Traceback" not in res.stderr
-    lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1, res.stderr
-    for f in fragments:
-        assert f in lines[0], lines[0]
 
 
 def test_bad_input_no_checkpoints_or_one_checkpoint(tiny_run, tmp_path):

@@ -230,9 +230,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> Path:
-    from mmrlvr.analysis.tokens import quiet_loading
+    from mmrlvr.train.checkpoint import quiet_progress
 
-    with quiet_loading():
+    with quiet_progress():
         return _run(args)
 
 

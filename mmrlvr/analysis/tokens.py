@@ -29,10 +29,9 @@ the run, else all; up to ``--max-steps`` of them, evenly spread. Rows are taken 
 from __future__ import annotations
 
 import argparse
-import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from mmrlvr.errors import UserError
 
@@ -264,22 +263,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"rollouts to score, round-robin over (step, prompt) (default {DEFAULT_LIMIT})")
 
 
-@contextlib.contextmanager
-def quiet_loading() -> Iterator[None]:
-    """No transformers "Loading weights" bars while an analysis loads checkpoints (its error stays one line)."""
-    from transformers.utils import logging as hf_logging
-
-    was_on = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_on:
-            hf_logging.enable_progress_bar()
-
-
 def run(args: argparse.Namespace) -> Path:
-    with quiet_loading():
+    from mmrlvr.train.checkpoint import quiet_progress  # no "Loading weights" bars: an error stays one line
+
+    with quiet_progress():
         return _run(args)
 
 

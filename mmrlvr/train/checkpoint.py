@@ -140,7 +140,7 @@ def model_source(model: torch.nn.Module) -> str | None:
 
 
 @contextlib.contextmanager
-def _quiet_progress():
+def quiet_progress():
     """No "Writing model shards" bar per checkpoint in the training log."""
     from transformers.utils import logging as hf_logging
 
@@ -157,7 +157,7 @@ def save_weights(model: torch.nn.Module, folder: Path) -> str:
     """Write the model's weights the way its library does; returns the kind (see ``weights_kind``)."""
     folder = Path(folder)
     if _is_peft(model) or _is_pretrained(model):
-        with _quiet_progress():
+        with quiet_progress():
             model.save_pretrained(str(folder), safe_serialization=True)
         return "peft" if _is_peft(model) else "transformers"
     from safetensors.torch import save_file
@@ -214,7 +214,7 @@ def load_weights(model: torch.nn.Module, folder: Path) -> None:
             raise CheckpointError(f"{folder}: a transformers checkpoint for a plain torch module")
         # from_pretrained applies transformers' own key conversions (saved names differ from module names)
         dtype = next(model.parameters()).dtype
-        with _quiet_progress():
+        with quiet_progress():
             saved = type(model).from_pretrained(str(folder), dtype=dtype, local_files_only=True)
         _copy_named(model, saved.state_dict(), folder / "model.safetensors")
         return

@@ -164,12 +164,12 @@ def export_checkpoint(ckpt: Path, out: Path, *, merge: bool = False, dtype: str 
     import torch
 
     from mmrlvr.models.loading import DTYPES
-    from mmrlvr.train.checkpoint import PROCESSOR_FILES, _quiet_progress
+    from mmrlvr.train.checkpoint import PROCESSOR_FILES, quiet_progress
 
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise UserError(f"--out {out}: already exists and is not empty (pass --overwrite to replace it)")
-    with _quiet_progress():
+    with quiet_progress():
         model, _processor, state = load_checkpoint_model(ckpt)
     lora = state.get("lora")
     from mmrlvr.models.lora import BASE_PRESERVING_INITS
@@ -184,7 +184,7 @@ def export_checkpoint(ckpt: Path, out: Path, *, merge: bool = False, dtype: str 
     tmp.mkdir(parents=True)
     target_dtype = DTYPES[DTYPE_NAMES[dtype]] if dtype else None
     try:
-        with _quiet_progress():
+        with quiet_progress():
             if lora and merged:
                 model = model.merge_and_unload()
             if lora and not merged:

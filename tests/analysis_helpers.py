@@ -1,0 +1,27 @@
+"""Shared by the ``mmrlvr analyze`` tests: the CLI in a subprocess, and the one-line exit-2 check of bad input."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def cli(*argv: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``python -m mmrlvr.cli ARGV`` from the repository root."""
+    return subprocess.run([sys.executable, "-m", "mmrlvr.cli", *argv], capture_output=True, text=True, cwd=ROOT,
+                          env=ENV, timeout=timeout)
+
+
+def one_line_exit_2(res: subprocess.CompletedProcess, *fragments: str) -> None:
+    """Exit 2, no traceback, one line on stderr holding every fragment."""
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert "Traceback" not in res.stderr
+    lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    for f in fragments:
+        assert f in lines[0], lines[0]
