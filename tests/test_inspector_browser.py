@@ -6,6 +6,7 @@ tmp_path and, when MMRLVR_SCREENSHOT_DIR is set, there too.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -118,18 +119,13 @@ def test_browser_navigates_to_a_sample_with_boxes_and_heatmap(tmp_path: Path) ->
     assert dialogs == []  # no alert() ever ran
 
 
-def test_browser_shows_the_runs_plan(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _tab(run, name: str):
+    """A headless Chromium page on the inspector of ``run``, with tab ``name`` opened."""
     playwright = pytest.importorskip("playwright.sync_api")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    from mmrlvr.config import load_config
     from mmrlvr.inspector.app import build_app, launch
-    from mmrlvr.testing.fake_run import make_fake_run
-    from mmrlvr.train.plan import build_plan
 
-    run = make_fake_run(tmp_path / "run", steps=1, groups=2, group_size=2)
-    root = Path(__file__).resolve().parents[1]
-    plan = build_plan(load_config(root / "configs" / "demo-tiny.yaml", ["algo.rollout_correction=tis"]))
-    (Path(run) / "plan.json").write_text(plan.to_json())
     app = build_app(run, refresh_s=3600)
     _, url, _ = launch(app, port=free_port(), prevent_thread_lock=True, quiet=True)
     try:
@@ -138,24 +134,34 @@ def test_browser_shows_the_runs_plan(tmp_path: Path) -> None:
                 "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"])
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.goto(url)
-            page.get_by_role("tab", name="Plan").click()
-            page.wait_for_selector("#mm-plan table.mm-plan", timeout=60_000)
-            text = page.locator("#mm-plan").inner_text()
-            for needle in ("advantages", "group", "algo.advantage: grpo", "algo.kl_coef = 0.05", "(user)",
-                           "note: algo.rollout_correction is set but inert"):
-                assert needle in text, needle
-            assert page.locator("#mm-plan table.mm-plan tr").count() == 1 + 8  # header + one row per kind
-            save_shot(page, tmp_path, "inspector_plan.png")
+            page.get_by_role("tab", name=name).click()
+            yield page
             browser.close()
     finally:
         app.close()
 
 
+def test_browser_shows_the_runs_plan(tmp_path: Path) -> None:
+    from mmrlvr.config import load_config
+    from mmrlvr.testing.fake_run import make_fake_run
+    from mmrlvr.train.plan import build_plan
+
+    run = make_fake_run(tmp_path / "run", steps=1, groups=2, group_size=2)
+    root = Path(__file__).resolve().parents[1]
+    plan = build_plan(load_config(root / "configs" / "demo-tiny.yaml", ["algo.rollout_correction=tis"]))
+    (Path(run) / "plan.json").write_text(plan.to_json())
+    with _tab(run, "Plan") as page:
+        page.wait_for_selector("#mm-plan table.mm-plan", timeout=60_000)
+        text = page.locator("#mm-plan").inner_text()
+        for needle in ("advantages", "group", "algo.advantage: grpo", "algo.kl_coef = 0.05", "(user)",
+                       "note: algo.rollout_correction is set but inert"):
+            assert needle in text, needle
+        assert page.locator("#mm-plan table.mm-plan tr").count() == 1 + 8  # header + one row per kind
+        save_shot(page, tmp_path, "inspector_plan.png")
+
+
 def test_browser_shows_the_runs_analyses(tmp_path: Path) -> None:
-    playwright = pytest.importorskip("playwright.sync_api")
-    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     from mmrlvr.analysis.report import markdown_table, write_report
-    from mmrlvr.inspector.app import build_app, launch
     from mmrlvr.testing.fake_run import make_fake_run
 
     run = make_fake_run(tmp_path / "run", steps=1, groups=2, group_size=2)
@@ -170,20 +176,9 @@ def test_browser_shows_the_runs_analyses(tmp_path: Path) -> None:
 
     table = markdown_table(["tensor", "explained var"], [["lm_head.weight<script>", 0.97]])
     write_report(run, "trajectory", {"ev": 0.97}, f"# Weight trajectory\n\n{table}\n", {"coefficients.png": plot})
-    app = build_app(run, refresh_s=3600)
-    _, url, _ = launch(app, port=free_port(), prevent_thread_lock=True, quiet=True)
-    try:
-        with playwright.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-                "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"])
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(url)
-            page.get_by_role("tab", name="Analysis").click()
-            page.wait_for_selector("#mm-analysis table.mm-analysis", timeout=60_000)
-            text = page.locator("#mm-analysis").inner_text()
-            assert "trajectory" in text and "lm_head.weight<script>" in text and "0.97" in text
-            assert page.locator("#mm-analysis img").count() == 1
-            save_shot(page, tmp_path, "inspector_analysis.png")
-            browser.close()
-    finally:
-        app.close()
+    with _tab(run, "Analysis") as page:
+        page.wait_for_selector("#mm-analysis table.mm-analysis", timeout=60_000)
+        text = page.locator("#mm-analysis").inner_text()
+        assert "trajectory" in text and "lm_head.weight<script>" in text and "0.97" in text
+        assert page.locator("#mm-analysis img").count() == 1
+        save_shot(page, tmp_path, "inspector_analysis.png")
