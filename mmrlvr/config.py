@@ -111,7 +111,7 @@ class RolloutConfig:
 class AlgoConfig:
     preset: str | None = _f(None, "grpo | dapo | dr_grpo | gspo | cispo: fills the fields below unless set explicitly")
     advantage: str = _f("grpo", "advantage estimator (parameters: algo.advantage_params): grpo | dr_grpo | rloo | "
-                        "reinforce_pp | poise | plug-ins")
+                        "reinforce_pp | pass_at_k | poise | plug-ins")
     loss: str = _f("ppo_clip", "policy loss (parameters: algo.loss_params): ppo_clip | gspo | cispo | nsr | popo | "
                    "plug-ins")
     eps_low: float = _f(0.2, "lower clip range (ratio >= 1 - eps_low)")

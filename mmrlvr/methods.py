@@ -108,6 +108,8 @@ class Method:
     open_params: bool = False
     #: a check across parameters: the resolved values -> a problem phrase or None (e.g. eps_min <= eps_max)
     cross: Callable[[dict[str, Any]], str | None] | None = field(default=None, compare=False)
+    #: a check against the rest of the run: (config, resolved values) -> problem phrases (e.g. k <= group size)
+    config_check: Callable[[Any, dict[str, Any]], list[str]] | None = field(default=None, compare=False)
 
     def defaults(self) -> dict[str, Any]:
         return {p.name: p.default for p in self.params}
@@ -186,11 +188,12 @@ _DECLARED: dict[str, dict[str, Method]] = {k: {} for k in METHOD_KINDS}
 
 
 def declare(kind: str, name: str, help: str, *params: Param, source: str = "",
-            cross: Callable[[dict[str, Any]], str | None] | None = None) -> Method:
+            cross: Callable[[dict[str, Any]], str | None] | None = None,
+            config_check: Callable[[Any, dict[str, Any]], list[str]] | None = None) -> Method:
     """Declare built-in method ``name`` of ``kind`` with its parameters (torch-free modules only)."""
     if kind not in METHOD_KINDS:
         raise ValueError(f"unknown method kind {kind!r}; kinds: {', '.join(METHOD_KINDS)}")
-    m = Method(kind, name, help, tuple(params), source, cross=cross)
+    m = Method(kind, name, help, tuple(params), source, cross=cross, config_check=config_check)
     _DECLARED[kind][name] = m
     return m
 

@@ -135,7 +135,7 @@ def method_problems(cfg: RunConfig, where: str) -> list[str]:
     aggregation, sampler) is registered — built-ins, plug-ins and methods a stage serves —, its parameters are
     ones it declares, of the right type and range, and a plug-in method's own ``validate_config(cfg, params)``
     accepts the run (e.g. an estimator whose k must not exceed the group size)."""
-    from mmrlvr.methods import METHOD_KINDS, _dotted, _live, method_names, resolve_method
+    from mmrlvr.methods import METHOD_KINDS, _dotted, _live, method_names, method_spec, resolve_method
 
     out: list[str] = []
     for kind, mk in METHOD_KINDS.items():
@@ -150,7 +150,8 @@ def method_problems(cfg: RunConfig, where: str) -> list[str]:
         out += problems
         live = _live(kind)
         obj = live.get(name) if live is not None and name in live else None
-        check = getattr(obj, "validate_config", None)
+        spec = method_spec(kind, name)
+        check = getattr(obj, "validate_config", None) or (spec.config_check if spec is not None else None)
         if not problems and callable(check):
             out += [f"{where}: {mk.params_key}: {mk.what} {name!r}: {p}" for p in check(cfg, params)]
     return out

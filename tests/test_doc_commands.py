@@ -163,7 +163,7 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     'mmrlvr train configs/demo-tiny.yaml "plugins=[docs/examples/median_advantage.py]" algo.advantage=group_median '
     'max_steps=2': (RUN + " (2 steps)", ("tests/test_stage_plugins.py::test_documented_plugin_example_trains",)),
     # ---- docs/extending.md (each example plug-in trains 2 steps on a smaller batch, then resumes exactly)
-    'mmrlvr train configs/demo-tiny.yaml "plugins=[docs/examples/passk_advantage.py]" algo.advantage=pass_at_k '
+    'mmrlvr train configs/demo-tiny.yaml "plugins=[docs/examples/passk_advantage.py]" algo.advantage=my_pass_at_k '
     '"algo.advantage_params={k: 4}" max_steps=2':
         (RUN + " (2 steps, 4 prompts x 4 rollouts, k 2)",
          ("tests/test_examples_plugins.py::test_pass_at_k_trains_and_resumes_exactly", T_DRY)),

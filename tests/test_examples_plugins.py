@@ -198,22 +198,22 @@ def test_pass_at_k_declares_k_and_refuses_k_above_the_group_size_at_the_dry_run(
     from mmrlvr.methods import method_spec
 
     example("passk_advantage")
-    spec = method_spec("advantage", "pass_at_k")
+    spec = method_spec("advantage", "my_pass_at_k")
     assert [p.name for p in spec.params] == ["k", "threshold"] and spec.param("k").default == 4
     assert spec.lines()[1].startswith("    k = 4  # rollouts per pass@k subset")  # --help-config's line
 
     def dry_run(*overrides: str) -> subprocess.CompletedProcess:
         # --dry-run without --config-only: --config-only does not import plug-in files (files of the target
-        # machine), so it cannot know pass_at_k; the dry run checks the rest of this machine too
+        # machine), so it cannot know my_pass_at_k; the dry run checks the rest of this machine too
         return subprocess.run([sys.executable, "-m", "mmrlvr.cli", "train", "configs/demo-tiny.yaml", "--dry-run",
                                f"output_dir={tmp_path}/run", "plugins=[docs/examples/passk_advantage.py]",
-                               "algo.advantage=pass_at_k", *overrides], capture_output=True, text=True, env=ENV,
+                               "algo.advantage=my_pass_at_k", *overrides], capture_output=True, text=True, env=ENV,
                               cwd=ROOT, timeout=300)
 
     res = dry_run("algo.advantage_params.k=9", "rollout.group_size=8")
     assert res.returncode == 2, res.stderr
     line = res.stderr.strip().splitlines()[-1]
-    assert "algo.advantage_params: advantage estimator 'pass_at_k': k=9 exceeds rollout.group_size=8" in line, line
+    assert "algo.advantage_params: advantage estimator 'my_pass_at_k': k=9 exceeds rollout.group_size=8" in line, line
     assert "Traceback" not in res.stderr
     res = dry_run("algo.advantage_params.k=8", "rollout.group_size=8")
     assert res.returncode == 0, res.stderr
@@ -221,7 +221,7 @@ def test_pass_at_k_declares_k_and_refuses_k_above_the_group_size_at_the_dry_run(
 
 
 def test_pass_at_k_trains_and_resumes_exactly(tmp_path):
-    runs = resume_pair(tmp_path, [plug("passk_advantage"), "algo.advantage=pass_at_k", "algo.advantage_params={k: 2}"])
+    runs = resume_pair(tmp_path, [plug("passk_advantage"), "algo.advantage=my_pass_at_k", "algo.advantage_params={k: 2}"])
     assert_trained_and_resumed_exactly(runs)
     # what ran is the plug-in: each recorded group's advantages are the brute-force pass@2 advantages of its rewards
     signal = 0

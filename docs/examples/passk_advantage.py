@@ -4,6 +4,8 @@ GRPO rewards each rollout for being right; pass@k training rewards a *group* for
 answer among k tries, which keeps exploring once a prompt is usually solved. This estimator follows the analytic
 form of Chen et al. 2025, "Pass@k Training for Adaptively Balancing Exploration and Exploitation of Large
 Reasoning Models" (arXiv 2508.10751): instead of sampling k-subsets of the group, it averages over all of them.
+The package ships the same estimator built in (``algo.advantage: pass_at_k``); this file, registered as
+``my_pass_at_k``, shows how a plug-in with parameters and a config check is written.
 
 Per group of N rollouts, N_pos of them correct (reward >= ``threshold``) and N_neg = N - N_pos wrong:
 
@@ -22,7 +24,7 @@ GRPO with the population std: rho = N_pos / N, A_pos = (1 - rho)/sigma, A_neg = 
 Run it (``algo.advantage_params`` holds its parameters; ``--help-config`` lists them when the config file names the
 plug-in in ``plugins:``):
 
-    mmrlvr train configs/demo-tiny.yaml "plugins=[docs/examples/passk_advantage.py]" algo.advantage=pass_at_k "algo.advantage_params={k: 4}"
+    mmrlvr train configs/demo-tiny.yaml "plugins=[docs/examples/passk_advantage.py]" algo.advantage=my_pass_at_k "algo.advantage_params={k: 4}"
 
 ``validate_config`` refuses k > ``rollout.group_size`` before the model loads (``--dry-run`` exits 2 naming k).
 Illustrative: a readable loop over groups, not a tuned implementation; rewards are binarised at ``threshold``
@@ -39,7 +41,7 @@ from mmrlvr.methods import describe_params
 
 @describe_params(k="rollouts per pass@k subset (1 <= k <= rollout.group_size; 1 = GRPO)",
                  threshold="a rollout counts as correct when its reward >= threshold")
-@ADVANTAGES.register("pass_at_k")
+@ADVANTAGES.register("my_pass_at_k")
 def pass_at_k_advantages(rewards: torch.Tensor, group_index: torch.Tensor, *, k: int = 4,
                          threshold: float = 1.0) -> torch.Tensor:
     """Pass@k group advantages (arXiv 2508.10751, analytic form): rewards [N], group_index [N] -> [N]."""

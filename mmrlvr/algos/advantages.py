@@ -110,6 +110,46 @@ def reinforce_pp_advantages(rewards: torch.Tensor, group_index: torch.Tensor, *,
     return torch.where(stats.has_spread, adv, torch.zeros_like(adv))
 
 
+@ADVANTAGES.register("pass_at_k")
+def pass_at_k_advantages(rewards: torch.Tensor, group_index: torch.Tensor, *, k: int = 4,
+                         threshold: float = 1.0) -> torch.Tensor:
+    """Pass@k training's analytic group advantage (Chen et al. 2025, "Pass@k Training for Adaptively Balancing
+    Exploration and Exploitation of Large Reasoning Models", arXiv:2508.10751; official code: the authors'
+    ``passk_adv.py``).
+
+    rewards: [N] (binarised at ``threshold``: correct when ``reward >= threshold``); group_index: [N]. Returns [N].
+    Per group of N rollouts with N_pos correct and N_neg = N − N_pos wrong, the reward of a k-subset is 1 when it
+    holds a correct rollout; averaged over all C(N, k) subsets in closed form:
+
+        ρ = 1 − C(N_neg, k) / C(N, k)            mean subset reward,  σ = sqrt(ρ (1 − ρ))
+        A_pos = (1 − ρ) / σ                      every subset with a correct rollout passes
+        A_neg = (1 − ρ − C(N_neg − 1, k − 1) / C(N − 1, k − 1)) / σ
+
+    (a rollout's advantage is the mean normalised advantage of the subsets it belongs to). k = 1 is GRPO with the
+    population std. Deviation, as every estimator here: a group with no spread (ρ ∈ {0, 1}, e.g. fewer than k
+    wrong rollouts) gets exactly 0 — the official code divides by σ + 1e-6, which gives 0 there too and differs by
+    that 1e-6 elsewhere. A group smaller than k (rows dropped) has no k-subset: 0.
+    """
+    from math import comb, sqrt
+
+    adv = torch.zeros_like(rewards, dtype=torch.float32)
+    correct = rewards >= threshold
+    for g in group_index.unique():
+        rows = group_index == g
+        n, n_pos = int(rows.sum()), int(correct[rows].sum())
+        n_neg = n - n_pos
+        if n < k:
+            continue
+        rho = 1.0 - comb(n_neg, k) / comb(n, k)
+        sigma = sqrt(rho * (1.0 - rho))
+        if sigma == 0.0:
+            continue
+        a_pos = (1.0 - rho) / sigma
+        a_neg = (1.0 - rho - comb(n_neg - 1, k - 1) / comb(n - 1, k - 1)) / sigma if n_neg else 0.0
+        adv[rows] = torch.where(correct[rows], torch.tensor(a_pos), torch.tensor(a_neg))
+    return adv.to(rewards.dtype)
+
+
 def call_advantage(name: str, rewards: torch.Tensor, group_index: torch.Tensor, *,
                    token_counts: torch.Tensor | None = None, **params) -> torch.Tensor:
     """``ADVANTAGES.get(name)(rewards, group_index, **params)``, passing ``token_counts`` ([N] response

@@ -56,6 +56,14 @@ declare("advantage", "reinforce_pp", "group-centred reward whitened over the who
         Param("whiten_scope", "batch_tokens", "batch_tokens: weighted by response tokens (verl) | sequence: each "
               "rollout once", choices=("batch_tokens", "sequence")),
         source="arXiv:2501.03262")
+declare("advantage", "pass_at_k", "the group advantage that maximises pass@k (binary rewards), averaged over every "
+        "k-subset of the group in closed form",
+        Param("k", 4, "samples whose best counts (1 <= k <= rollout.group_size; k = 1 is GRPO with the population "
+              "std)", ">= 1", lambda v: v >= 1),
+        Param("threshold", 1.0, "a rollout counts as correct when its reward >= threshold"),
+        source="arXiv:2508.10751",
+        config_check=lambda cfg, p: [] if p["k"] <= cfg.rollout.group_size else
+        [f"k={p['k']} exceeds rollout.group_size={cfg.rollout.group_size}: a group has no subset of k rollouts"])
 declare("advantage", "poise", "r - b, b an online probe's prediction from other rollouts' hidden states "
         "(a stage: one no-grad forward per step)",
         Param("lr", 1e-3, "learning rate of the probe (Adam)", "> 0", _pos),

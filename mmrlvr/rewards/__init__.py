@@ -29,6 +29,8 @@ from mmrlvr.rewards.grounding import GroundingReward, iou, match_boxes, parse_bo
 from mmrlvr.rewards.text import TextReward
 from mmrlvr.rewards.auto import ANSWER_TYPES, AutoAccuracyReward, same_answer
 from mmrlvr.rewards.combine import CombinedReward, RewardSpec, answer_judge, make_answer_judge
+from mmrlvr.rewards.majority import MajorityVote
+from mmrlvr.rewards.process import GatedProcess, NamedObjects
 
 __all__ = [
     "REWARDS", "RewardFn", "build_reward", "score_batch",
@@ -38,7 +40,8 @@ __all__ = [
     "FormatReward", "AccuracyReward", "ChoiceReward", "NumericReward", "GroundingReward", "TextReward",
     "AutoAccuracyReward", "ANSWER_TYPES", "same_answer",
     "extract_choice", "options_from_meta", "read_number", "within_tolerance", "iou", "match_boxes", "parse_boxes",
-    "CombinedReward", "RewardSpec", "answer_judge", "make_answer_judge",
+    "CombinedReward", "RewardSpec", "answer_judge", "make_answer_judge", "MajorityVote",
+    "GatedProcess", "NamedObjects",
 ]
 
 # Rewards that live in their own packages register themselves on import; importing them here makes
