@@ -63,7 +63,7 @@ def test_every_endpoint_is_named(client: Client) -> None:
     names = set(client.view_api(print_info=False, return_format="dict")["named_endpoints"])
     assert names == {"/render", "/select_step", "/select_group", "/select_sample", "/next_sample", "/prev_sample",
                      "/next_group", "/prev_group", "/heatmap", "/compare", "/refresh", "/filter", "/history",
-                     "/metrics", "/goto_step"}
+                     "/metrics", "/goto_step", "/analysis"}
 
 
 def test_render_defaults_to_last_step_best_sample(client: Client, served: tuple[Any, str, Path]) -> None:
@@ -358,3 +358,8 @@ def gr_skip() -> Any:
     import gradio as gr
 
     return gr.skip()
+
+
+def test_the_analysis_endpoint_returns_the_runs_analyses(client: Client, served: tuple[Any, str, Path]) -> None:
+    out = client.predict(api_name="/analysis")
+    assert "mmrlvr analyze" in out or "<section>" in out  # no analysis/ yet: the hint; else its sections

@@ -264,7 +264,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> Path:
     from mmrlvr.analysis.checkpoints import check_same_model, weights_of
     from mmrlvr.analysis.report import write_report
-    from mmrlvr.train.checkpoint import _quiet_progress
+    from mmrlvr.train.checkpoint import quiet_progress
 
     if args.top < 1:
         raise UserError(f"--top {args.top}: must be at least 1")
@@ -285,7 +285,7 @@ def run(args: argparse.Namespace) -> Path:
             raise UserError(f"--eval-limit {args.eval_limit}: --merge picks its coefficients on held-out prompts, "
                             "give at least 1")
         heldout = _held_out(args, rl_run)
-    with _quiet_progress():
+    with quiet_progress():
         w0, _ = weights_of(resolved["BASE"][0])
         w_sft, _ = weights_of(resolved["SFT"][0])
         check_same_model(w0, w_sft, f"BASE {args.base}", f"SFT {args.sft}")
@@ -333,11 +333,11 @@ def _merge(args, w0, w_rl, tau_sft, tau_rl, resolved, heldout, lam_sft, lam_rl, 
 
     from mmrlvr.analysis.trajectory import write_weights_checkpoint
     from mmrlvr.models import load_policy
-    from mmrlvr.train.checkpoint import _quiet_progress
+    from mmrlvr.train.checkpoint import quiet_progress
 
     rl_folder, rl_kind = resolved["RL"]
     skeleton = skeleton_of(rl_folder, rl_kind)
-    with _quiet_progress():
+    with quiet_progress():
         model, processor = load_policy(str(skeleton), dtype="float32")
     params = dict(model.named_parameters())
 

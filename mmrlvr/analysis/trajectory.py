@@ -172,11 +172,11 @@ def write_weights_checkpoint(weights: dict[str, "torch.Tensor"], skeleton: str |
 
     from mmrlvr.models import load_policy
     from mmrlvr.store.atomic import atomic_write_json
-    from mmrlvr.train.checkpoint import FORMAT_VERSION, PROCESSOR_FILES, STATE, _quiet_progress, write_manifest
+    from mmrlvr.train.checkpoint import FORMAT_VERSION, PROCESSOR_FILES, STATE, quiet_progress, write_manifest
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with _quiet_progress():
+    with quiet_progress():
         model, _ = load_policy(str(skeleton), dtype=dtype)
     params = dict(model.named_parameters())
     unknown = sorted(set(weights) - set(params))
@@ -189,7 +189,7 @@ def write_weights_checkpoint(weights: dict[str, "torch.Tensor"], skeleton: str |
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        with _quiet_progress():
+        with quiet_progress():
             model.save_pretrained(str(tmp), safe_serialization=True)
         for name in PROCESSOR_FILES:
             if (Path(processor_from) / name).is_file():
@@ -307,7 +307,7 @@ def run(args: argparse.Namespace) -> Path:
 
     from mmrlvr.analysis.checkpoints import base_weights, run_checkpoints
     from mmrlvr.analysis.report import write_report
-    from mmrlvr.train.checkpoint import _quiet_progress, read_state
+    from mmrlvr.train.checkpoint import quiet_progress, read_state
 
     if args.top < 1:
         raise UserError(f"--top {args.top}: must be at least 1")
@@ -320,7 +320,7 @@ def run(args: argparse.Namespace) -> Path:
     cfg = _load_run_config(run_dir) if evaluating else None
     heldout = held_out(cfg, args.eval_data, args.eval_limit, args.eval_k) if evaluating else None
     base_folder = ckpts.base_folder()
-    with _quiet_progress():
+    with quiet_progress():
         base = base_weights(base_folder)
         deltas = collect_deltas(base, ckpts.folders, steps)
     if not deltas:
@@ -398,15 +398,15 @@ def _evaluate_all(heldout: HeldOut, base_folder: str, folders: list[Path], steps
                   extrap_step: int, cfg: Any) -> list[dict[str, Any]]:
     """Held-out scores of the base model, every real checkpoint and the extrapolated folder, in that order."""
     from mmrlvr.models import load_policy
-    from mmrlvr.train.checkpoint import _quiet_progress
+    from mmrlvr.train.checkpoint import quiet_progress
     from mmrlvr.train.export import load_checkpoint_model
 
     out = []
-    with _quiet_progress():
+    with quiet_progress():
         model, processor = load_policy(base_folder, dtype=cfg.model.dtype)
     out.append({"model": "base", "step": 0, **heldout.score(model, processor)})
     for folder, step in [*zip(folders, steps), (extrap, extrap_step)]:
-        with _quiet_progress():
+        with quiet_progress():
             model, processor, _ = load_checkpoint_model(folder, dtype=cfg.model.dtype)
         out.append({"model": "extrapolated" if folder == extrap else "checkpoint", "step": step,
                     **heldout.score(model, processor)})

@@ -523,7 +523,7 @@ def build_app(run_dir: str | os.PathLike[str], *, refresh_s: float = 5.0) -> gr.
             with gr.Tab("Analysis", id="analysis"):
                 gr.Markdown("What `mmrlvr analyze` found in this run (RUN_DIR/analysis/): tables and plots.")
                 analysis_html = gr.HTML(ins.analysis(), elem_id="mm-analysis")
-                gr.Button("Reload analyses", size="sm").click(ins.analysis, None, analysis_html)
+                gr.Button("Reload analyses", size="sm").click(ins.analysis, None, analysis_html, api_name="analysis")
             with gr.Tab("Metrics", id="metrics"):
                 metric_pick = gr.Dropdown(names, value=default_names, multiselect=True,
                                           label=f"metrics from metrics.jsonl (up to {MAX_PLOTS})")
