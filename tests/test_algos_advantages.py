@@ -164,5 +164,5 @@ class TestBadInput:
 
     def test_unknown_estimator_lists_known(self):
         with pytest.raises(RegistryError, match="unknown advantage estimator 'gae'; known: dr_grpo, grpo, "
-                                                "reinforce_pp, rloo"):
+                                                "pass_at_k, reinforce_pp, rloo"):
             ADVANTAGES.get("gae")
