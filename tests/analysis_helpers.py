@@ -25,3 +25,15 @@ def one_line_exit_2(res: subprocess.CompletedProcess, *fragments: str) -> None:
     assert len(lines) == 1, res.stderr
     for f in fragments:
         assert f in lines[0], lines[0]
+
+
+#: a tiny demo-tiny run in seconds: 2 prompts x 4 rollouts, 16 tokens, no eval, every checkpoint kept
+FAST_RUN = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=16", "data.train_size=16",
+            "eval.at_start=false", "eval.at_end=false", "eval.every=0", "progress=false", "keep_checkpoints=0"]
+
+
+def train_tiny_run(run: Path, *overrides: str) -> Path:
+    """Train ``configs/demo-tiny.yaml`` into ``run`` with ``FAST_RUN`` and ``overrides`` (steps, saves, ...)."""
+    res = cli("train", "configs/demo-tiny.yaml", f"output_dir={run}", *FAST_RUN, *overrides)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return run

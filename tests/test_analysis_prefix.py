@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis_helpers import cli as _cli, one_line_exit_2 as _one_line_exit_2
+from analysis_helpers import cli as _cli, one_line_exit_2 as _one_line_exit_2, train_tiny_run
 from mmrlvr.analysis import prefix as px
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,13 +158,7 @@ def test_generation_continues_after_the_prefix(tiny_model):
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> Path:
     """A tiny full fine-tuning run: checkpoints at steps 2 and 4, rollouts logged at steps 1-4."""
-    run = tmp_path_factory.mktemp("prefix") / "run"
-    res = _cli("train", "configs/demo-tiny.yaml", f"output_dir={run}", "max_steps=4", "save_every=2",
-               "keep_checkpoints=0", "rollout.prompts_per_step=2", "rollout.group_size=4",
-               "rollout.max_new_tokens=16", "data.train_size=16", "eval.at_start=false", "eval.at_end=false",
-               "eval.every=0", "progress=false")
-    assert res.returncode == 0, res.stderr[-2000:]
-    return run
+    return train_tiny_run(tmp_path_factory.mktemp("prefix") / "run", "max_steps=4", "save_every=2")
 
 
 def test_cli_on_a_tiny_run_writes_the_redundancy_per_checkpoint(tiny_run):

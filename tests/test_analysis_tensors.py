@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from analysis_helpers import one_line_exit_2 as _one_line_exit_2
+from analysis_helpers import one_line_exit_2 as _one_line_exit_2, train_tiny_run
 from mmrlvr.analysis.tensors import (default_k, is_language_projection, off_principal_energy, rank_sum, ranks_desc,
                                      score_projections, top_left_singular)
 
@@ -100,14 +100,8 @@ def test_rank_sum_by_hand():
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("tensors") / "run"
-    cmd = [sys.executable, "-m", "mmrlvr.cli", "train", "configs/demo-tiny.yaml", f"output_dir={run}", "max_steps=4",
-           "save_every=2", "keep_checkpoints=0", "rollout.prompts_per_step=2", "rollout.group_size=4",
-           "rollout.max_new_tokens=16", "data.train_size=16", "eval.at_start=false", "eval.at_end=false",
-           "eval.every=0", "progress=false", "log_rollouts=false"]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300, cwd=ROOT)
-    assert res.returncode == 0, res.stderr[-2000:]
-    return run
+    return train_tiny_run(tmp_path_factory.mktemp("tensors") / "run", "max_steps=4", "save_every=2",
+                          "log_rollouts=false")
 
 
 def test_forget_score_is_the_first_order_change_of_the_forget_loss(tiny_run):

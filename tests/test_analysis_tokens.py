@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from analysis_helpers import train_tiny_run
 from mmrlvr.analysis.tokens import check_kinds, pick_steps, summarize_deltas
 from mmrlvr.errors import UserError
 
@@ -66,14 +67,8 @@ def test_default_steps_and_kinds():
 @pytest.fixture(scope="module")
 def delta_run(tmp_path_factory) -> Path:
     """3 steps of the tiny demo with DelTA credit, a checkpoint after every step."""
-    run = tmp_path_factory.mktemp("tokens") / "run"
-    cmd = [sys.executable, "-m", "mmrlvr.cli", "train", "configs/demo-tiny.yaml", f"output_dir={run}", "max_steps=3",
-           "save_every=1", "keep_checkpoints=0", "rollout.prompts_per_step=2", "rollout.group_size=4",
-           "rollout.max_new_tokens=16", "data.train_size=16", "eval.at_start=false", "eval.at_end=false",
-           "eval.every=0", "progress=false", "credit.scheme=delta"]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300, cwd=ROOT)
-    assert res.returncode == 0, res.stderr[-2000:]
-    return run
+    return train_tiny_run(tmp_path_factory.mktemp("tokens") / "run", "max_steps=3", "save_every=1",
+                          "credit.scheme=delta")
 
 
 def test_premise_recomputed_logprobs_match_the_stored_ones(delta_run):

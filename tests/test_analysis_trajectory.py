@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from analysis_helpers import cli as _cli, one_line_exit_2 as _one_line_exit_2
+from analysis_helpers import cli as _cli, one_line_exit_2 as _one_line_exit_2, train_tiny_run
 from mmrlvr.analysis import trajectory as tj
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,13 +107,7 @@ def test_gram_in_column_blocks_matches_the_dense_product(monkeypatch):
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> Path:
     """A full fine-tuning tiny run with checkpoints at steps 2, 4, 6 (all kept)."""
-    run = tmp_path_factory.mktemp("traj") / "run"
-    res = _cli("train", "configs/demo-tiny.yaml", f"output_dir={run}", "max_steps=6", "save_every=2",
-               "keep_checkpoints=0", "rollout.prompts_per_step=2", "rollout.group_size=4",
-               "rollout.max_new_tokens=16", "data.train_size=16", "eval.at_start=false", "eval.at_end=false",
-               "eval.every=0", "progress=false")
-    assert res.returncode == 0, res.stderr[-2000:]
-    return run
+    return train_tiny_run(tmp_path_factory.mktemp("traj") / "run", "max_steps=6", "save_every=2")
 
 
 def test_cli_on_a_tiny_run_writes_numbers_plots_and_a_model_eval_and_export_take(tiny_run, tmp_path):

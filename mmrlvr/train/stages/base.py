@@ -312,5 +312,5 @@ class Pipeline:
             key = f"{st.kind}/{st.name}"
             if key in state:
                 st.load_state_dict(state[key])
-            elif st.state_dict() is not None and self.rt.is_main:
+            elif type(st).state_dict is not Stage.state_dict and self.rt.is_main:  # stateful (no state copied to ask)
                 print(f"note: resume: the checkpoint has no state for the {st.kind} stage {st.name!r}; it starts afresh")
