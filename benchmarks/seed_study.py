@@ -34,6 +34,12 @@ ARMS: dict[str, list[str]] = {
     "delta": ["credit.scheme=delta"],
     "popo": ["algo.loss=popo", "algo.kl_coef=0"],
     "poise": ["algo.advantage=poise"],
+    # issue 39: label-free rewards (no gold label reaches a reward), the pass@k advantage, the gated process reward
+    "majority_vote": ["rewards.1.name=majority_vote"],
+    "cocov": ["rewards.1.name=cocov"],
+    "pass_at_k": ["algo.advantage=pass_at_k", "algo.advantage_params.k=4"],
+    "gated_process": ["rewards.1.name=gated_process"],
+    "forward_ce": ["algo.aux_losses=[{name: forward_ce, weight: 0.1, params: {expert: privileged}}]"],
 }
 LORA = ["model.lora.enabled=true", "model.lora.r=16", "model.lora.alpha=32"]
 LORA_ARMS = {"lora_default": ["model.lora.init=default"], "lora_rlpo": ["model.lora.init=rlpo"],
@@ -60,17 +66,80 @@ def run_arm(name: str, overrides: list[str], seed: int, steps: int, out: Path, t
     kls = [r.get("kl", 0.0) for r in rows]
     med = statistics.median(grads) if grads else math.nan
     after = summary.get("after", {})
-    return {"arm": name, "seed": seed, "wall_s": wall, "cpu_s": cpu, "greedy": after.get("greedy_accuracy"),
-            f"avg@{k}": after.get(f"avg@{k}"), "kl_mean": sum(kls) / max(len(kls), 1), "kl_max": max(kls or [0]),
-            "grad_spikes": sum(g > 3 * med for g in grads), "grad_max": max(grads or [0])}
+    train_s = sum(r.get("time/step_s", 0.0) for r in rows)
+    extra = {key: sum(r[key] for r in rows if key in r) / max(sum(key in r for r in rows), 1)
+             for key in ("majority/pseudo_label_accuracy", "cocov/low_share", "cocov/high_share",
+                         "distill/teacher_token_share") if any(key in r for r in rows)}
+    return {"arm": name, "seed": seed, "steps": steps, "wall_s": wall, "cpu_s": cpu, "train_s": train_s,
+            "greedy": after.get("greedy_accuracy"), f"avg@{k}": after.get(f"avg@{k}"),
+            f"pass@{k}": after.get(f"pass@{k}"), "kl_mean": sum(kls) / max(len(kls), 1), "kl_max": max(kls or [0]),
+            "grad_spikes": sum(g > 3 * med for g in grads), "grad_max": max(grads or [0]), **extra,
+            # each held-out prompt's outcome (same prompts, same order, in every arm): the paired comparison
+            "per_prompt": [[p["greedy"], p["hits"]] for p in map(json.loads, (out / "eval" / f"step_{steps:06d}.jsonl")
+                                                                   .read_text().splitlines())]}
+
+
+def per_prompt_metric(run: dict[str, Any], metric: str, k: int) -> list[float]:
+    """One run's per-prompt values of ``metric`` (greedy | avg@k | pass@k)."""
+    if metric == "greedy":
+        return [float(g) for g, _ in run["per_prompt"]]
+    if metric.startswith("avg@"):
+        return [h / k for _, h in run["per_prompt"]]
+    return [float(h > 0) for _, h in run["per_prompt"]]
+
+
+def paired(results: list[dict[str, Any]], arm: str, base: str, metric: str, k: int) -> dict[str, float] | None:
+    """``arm − base`` on ``metric`` over the seeds both ran, paired by prompt and seed.
+
+    ``diff``: the mean difference. ``se_prompt``: the standard error over held-out prompts of each prompt's
+    difference averaged over seeds (the prompt-to-prompt noise of a finite eval set). ``se_seed``: the standard
+    error over seeds of each seed's mean difference (run-to-run training noise; with 3 seeds a rough one).
+    ``se`` is the larger, the one the study judges by."""
+    runs = {(r["arm"], r["seed"]): r for r in results if r.get("per_prompt")}
+    seeds = sorted({s for (a, s) in runs if a == arm} & {s for (a, s) in runs if a == base})
+    if not seeds:
+        return None
+    diffs = [[x - y for x, y in zip(per_prompt_metric(runs[(arm, s)], metric, k),
+                                    per_prompt_metric(runs[(base, s)], metric, k))] for s in seeds]
+    n = min(len(d) for d in diffs)
+    by_prompt = [statistics.mean(d[i] for d in diffs) for i in range(n)]
+    by_seed = [statistics.mean(d[:n]) for d in diffs]
+    se_prompt = statistics.stdev(by_prompt) / math.sqrt(n) if n > 1 else math.nan
+    se_seed = statistics.stdev(by_seed) / math.sqrt(len(seeds)) if len(seeds) > 1 else math.nan
+    se = max(x for x in (se_prompt, se_seed) if not math.isnan(x)) if not (math.isnan(se_prompt) and
+                                                                          math.isnan(se_seed)) else math.nan
+    return {"diff": statistics.mean(by_prompt), "se_prompt": se_prompt, "se_seed": se_seed, "se": se,
+            "seeds": len(seeds), "prompts": n}
+
+
+def paired_table(results: list[dict[str, Any]], k: int) -> str:
+    """GRPO against the lr-0 control, then every other arm against GRPO, with paired standard errors."""
+    metrics = ("greedy", f"avg@{k}", f"pass@{k}")
+    lines = ["| comparison | seeds × prompts | " + " | ".join(f"Δ {m} ± SE (z)" for m in metrics) + " |",
+             "|---|---|" + "---|" * len(metrics)]
+    arms = list(dict.fromkeys(r["arm"] for r in results))
+    pairs = [("grpo", "lr0")] + [(a, "grpo") for a in arms if a not in ("grpo", "lr0")]
+    for arm, base in pairs:
+        cells, size = [], ""
+        for m in metrics:
+            d = paired(results, arm, base, m, k)
+            if d is None:
+                cells.append("–")
+                continue
+            size = f"{d['seeds']} × {d['prompts']}"
+            z = d["diff"] / d["se"] if d["se"] and not math.isnan(d["se"]) else math.nan
+            cells.append(f"{d['diff']:+.3f} ± {d['se']:.3f} ({z:+.1f})")
+        if size:
+            lines.append(f"| {arm} − {base} | {size} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def table(results: list[dict[str, Any]], k: int) -> str:
     arms: dict[str, list[dict[str, Any]]] = {}
     for r in results:
         arms.setdefault(r["arm"], []).append(r)
-    lines = [f"| arm | seeds | greedy (mean ± sd) | avg@{k} (mean ± sd) | wall s | CPU s | KL mean | KL max | "
-             "grad spikes |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"| arm | seeds | steps | greedy (mean ± sd) | avg@{k} (mean ± sd) | pass@{k} (mean ± sd) | train s | "
+             "KL mean | KL max | grad spikes |", "|---|---|---|---|---|---|---|---|---|---|"]
 
     def ms(xs):
         xs = [x for x in xs if x is not None]
@@ -80,8 +149,9 @@ def table(results: list[dict[str, Any]], k: int) -> str:
         return f"{statistics.mean(xs):.3f} ± {sd:.3f}"
 
     for arm, rs in arms.items():
-        lines.append(f"| {arm} | {len(rs)} | {ms([r['greedy'] for r in rs])} | {ms([r[f'avg@{k}'] for r in rs])} | "
-                     f"{statistics.mean(r['wall_s'] for r in rs):.0f} | {statistics.mean(r['cpu_s'] for r in rs):.0f} | "
+        lines.append(f"| {arm} | {len(rs)} | {rs[0].get('steps', '–')} | {ms([r['greedy'] for r in rs])} | "
+                     f"{ms([r[f'avg@{k}'] for r in rs])} | {ms([r.get(f'pass@{k}') for r in rs])} | "
+                     f"{statistics.mean(r.get('train_s', r['wall_s']) for r in rs):.0f} | "
                      f"{statistics.mean(r['kl_mean'] for r in rs):.4f} | {max(r['kl_max'] for r in rs):.4f} | "
                      f"{sum(r['grad_spikes'] for r in rs)} |")
     return "\n".join(lines)
@@ -163,12 +233,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{name} seed {seed}] greedy {res['greedy']} avg@{args.k} {res[f'avg@{args.k}']} "
                   f"({res['wall_s']:.0f} s)", flush=True)
             (out / "results.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
-            (out / "results.md").write_text(table(results, args.k) + "\n")
-    (out / "results.md").write_text(table(results, args.k) + "\n")
+            (out / "results.md").write_text(report(results, args.k))
+    (out / "results.md").write_text(report(results, args.k))
     plot(results, args.k, out / "results.png", title=f"synth:{args.task}, {args.steps} steps, "
          f"{len(args.seeds)} seed(s), held-out avg@{args.k} and greedy")
-    print(table(results, args.k))
+    print(report(results, args.k))
     return 0
+
+
+def report(results: list[dict[str, Any]], k: int) -> str:
+    return table(results, k) + "\n\nPaired differences (same prompts, same seeds):\n\n" + paired_table(results, k) + "\n"
 
 
 if __name__ == "__main__":

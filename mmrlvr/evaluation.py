@@ -61,11 +61,14 @@ def _batches(items: list[Sample], size: int) -> list[list[Sample]]:
 
 def evaluate(engine: RolloutEngine, samples: list[Sample], *, k: int = 8, temperature: float = 1.0,
              max_new_tokens: int = 64, seed: int = 0, judge: Judge | None = None, batch_size: int = 32,
-             progress: bool = True, observe: Callable[[str, list, list], None] | None = None) -> dict[str, Any]:
+             progress: bool = True, observe: Callable[[str, list, list], None] | None = None,
+             per_prompt: bool = False) -> dict[str, Any]:
     """Metrics over ``samples`` (each value in [0, 1] except the counts).
 
     Returns ``{"n", "k", "greedy_accuracy", "greedy_format_rate", f"avg@{k}", f"pass@{k}", "format_rate"}``
-    (``format_rate`` over the k sampled responses). ``k=0`` skips sampling.
+    (``format_rate`` over the k sampled responses). ``k=0`` skips sampling. With ``per_prompt`` also
+    ``"per_prompt"``: one ``{"id", "greedy", "hits"}`` per sample, in order (``greedy`` 0/1, ``hits`` correct samples
+    of k) — what a paired comparison of two runs on the same prompts needs.
     ``observe(kind, completions, samples)`` (kind "greedy" or "sampled") sees every generated batch, so a
     caller can compute more metrics (inconsistency rate, rubric score) on the same responses.
     """
@@ -77,6 +80,8 @@ def evaluate(engine: RolloutEngine, samples: list[Sample], *, k: int = 8, temper
     bar = tqdm(total=len(greedy_batches) + len(sampled_batches), desc="eval", unit="batch", disable=not progress,
                leave=False)
     greedy_correct = greedy_formatted = 0
+    rows: list[dict[str, Any]] = [{"id": s.id, "greedy": 0, "hits": 0} for s in samples]
+    at = 0
     for batch in greedy_batches:
         out = engine.generate(batch, 1, SamplingParams(max_new_tokens=max_new_tokens, greedy=True), seed=seed, step=0)
         if observe is not None:
@@ -85,6 +90,8 @@ def evaluate(engine: RolloutEngine, samples: list[Sample], *, k: int = 8, temper
             correct, formatted = judge(completion.text, sample)
             greedy_correct += int(correct)
             greedy_formatted += int(formatted)
+            rows[at]["greedy"] = int(correct)
+            at += 1
         bar.update(1)
     n = len(samples)
     result: dict[str, Any] = {"n": n, "k": k, "greedy_accuracy": greedy_correct / n,
@@ -92,6 +99,7 @@ def evaluate(engine: RolloutEngine, samples: list[Sample], *, k: int = 8, temper
     if k > 0:
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
         acc_sum = passed = formatted_sum = 0.0
+        at = 0
         for batch in sampled_batches:
             out = engine.generate(batch, k, params, seed=seed, step=0)
             if observe is not None:
@@ -100,10 +108,14 @@ def evaluate(engine: RolloutEngine, samples: list[Sample], *, k: int = 8, temper
             for g in range(len(batch)):
                 group = verdicts[g * k:(g + 1) * k]
                 hits = sum(int(c) for c, _ in group)
+                rows[at]["hits"] = hits
+                at += 1
                 acc_sum += hits / k
                 passed += float(hits > 0)
                 formatted_sum += sum(int(f) for _, f in group) / k
             bar.update(1)
         result.update({f"avg@{k}": acc_sum / n, f"pass@{k}": passed / n, "format_rate": formatted_sum / n})
+    if per_prompt:
+        result["per_prompt"] = rows
     bar.close()
     return result

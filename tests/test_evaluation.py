@@ -51,6 +51,9 @@ def test_metric_arithmetic():
     # pass@4: a yes, b no -> 0.5. format: a 3/4, b 4/4 -> (0.75 + 1) / 2 = 0.875
     assert m == {"n": 2, "k": 4, "greedy_accuracy": 0.5, "greedy_format_rate": 1.0, "avg@4": 0.25,
                  "pass@4": 0.5, "format_rate": 0.875}
+    # per prompt (what a paired comparison of two runs needs): a greedy right with 2 of 4, b wrong with 0 of 4
+    per = evaluate(engine, samples, k=4, batch_size=4, progress=False, per_prompt=True)["per_prompt"]
+    assert per == [{"id": "a", "greedy": 1, "hits": 2}, {"id": "b", "greedy": 0, "hits": 0}]
 
 
 def test_custom_judge_and_k_zero():
@@ -110,6 +113,14 @@ def test_eval_run_dir_reproduces_the_runs_final_eval_exactly(evaluated_run, tmp_
 
     run, after = evaluated_run
     assert after["format_rate"] > 0 and after["n"] == 10 and after["k"] == 3  # run's eval.limit and eval.k
+    # each prompt's outcome, in the run folder; they add up to the logged means
+    import json
+
+    per = [json.loads(line) for line in (run / "eval" / "step_000001.jsonl").read_text().splitlines()]
+    assert len(per) == 10 and all(p["k"] == 3 for p in per)
+    assert sum(p["greedy"] for p in per) / 10 == after["greedy_accuracy"]
+    assert sum(p["hits"] for p in per) / 30 == pytest.approx(after["avg@3"])
+    assert sum(p["hits"] > 0 for p in per) / 10 == after["pass@3"]
     logged = [r for r in read_metrics(run / "metrics.jsonl") if "eval/greedy_accuracy" in r][-1]
     got = _eval_cli([str(run)], tmp_path)
     for key, value in after.items():

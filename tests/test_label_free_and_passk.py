@@ -100,6 +100,55 @@ def test_pass_at_k_refuses_k_above_the_group_size_before_the_model_loads(tmp_pat
     assert res.returncode == 2 and "k=9 exceeds rollout.group_size=8" in res.stderr, res.stderr
 
 
+# ------------------------------------------------------------------------------------------------ CoCoV
+def _thought(count: str | None, answer: str | None) -> Completion:
+    think = f"<think>I count {count}.</think>" if count is not None else "<think>hmm</think>"
+    return Completion(think + (f"<answer>{answer}</answer>" if answer is not None else ""))
+
+
+def test_cocov_modes_by_the_majority_share():
+    # high (share 6/8 >= 0.75): the majority 1, a parsable dissenter the bonus 0.2, an unparsable row 0
+    high = [_thought("2", "2")] * 6 + [_thought("3", "3"), _thought(None, None)]
+    # mid (share 4/8, in [0.5, 0.75)): plain majority vote
+    mid = [_thought("1", "1")] * 4 + [_thought("2", "2")] * 2 + [_thought("3", "3"), _thought(None, None)]
+    # low (share 3/8 < 0.5): three rows answer 1 against their own thinking (which says 2), two answer 2 and
+    # their thinking agrees -> the verifier (plain consistency) picks "2", not the plain majority "1"
+    low = [_thought("2", "1")] * 3 + [_thought("2", "2")] * 2 + [_thought("3", "3"), _thought("0", "0"),
+                                                                  _thought(None, None)]
+    comps = high + mid + low
+    groups = [0] * 8 + [1] * 8 + [2] * 8
+    samples = [_s(str(g), gold=["2", "1", "2"][g], kind="number") for g in groups]
+    fn = build_reward("cocov")
+    out = score_batch(fn, comps, samples, group_index=groups)
+    assert [r.score for r in out[:8]] == pytest.approx([1] * 6 + [0.2, 0])
+    assert [r.score for r in out[8:16]] == [1] * 4 + [0] * 4
+    assert [r.score for r in out[16:]] == [0, 0, 0, 1, 1, 0, 0, 0]
+    assert [out[i].parsed["cocov_mode"] for i in (0, 8, 16)] == ["explore", "majority", "verified"]
+    assert out[16].parsed["pseudo_label"] == "2" and out[16].parsed["pseudo_label_correct"] is True
+    m = fn.metrics()
+    assert m["cocov/low_share"] == pytest.approx(1 / 3) and m["cocov/high_share"] == pytest.approx(1 / 3)
+    assert m["cocov/verifier_changed"] == 1.0 and m["majority/pseudo_label_accuracy"] == 1.0
+
+
+def test_cocov_reads_no_gold_label():
+    rng = torch.Generator().manual_seed(1)
+    pool = [_thought("2", "2"), _thought("2", "1"), _thought("1", "1"), _thought("3", "3.0"), _thought(None, None),
+            _thought("0", "0")]
+    comps = [pool[int(i)] for i in torch.randint(0, len(pool), (64,), generator=rng)]
+    groups = [i // 8 for i in range(64)]
+    with_gold = [_s(str(g), gold=str(g % 4)) for g in groups]
+    stripped = [dataclasses.replace(s, answer=None) for s in with_gold]
+    a = score_batch(build_reward("cocov"), comps, with_gold, group_index=groups)
+    b = score_batch(build_reward("cocov"), comps, stripped, group_index=groups)
+    assert [r.score for r in a] == [r.score for r in b]
+    assert {r.parsed["cocov_mode"] for r in a} >= {"verified", "majority"}  # the draw reaches the verifier
+
+
+def test_cocov_refuses_thresholds_out_of_order():
+    with pytest.raises(ValueError, match="low <= high"):
+        build_reward("cocov", low=0.8, high=0.5)
+
+
 # ----------------------------------------------------------------------------------- 20 steps and resume
 def _train(out: Path, *extra: str) -> list[dict]:
     cmd = [sys.executable, "-m", "mmrlvr.cli", "train", "configs/demo-tiny.yaml", f"output_dir={out}",
@@ -115,7 +164,8 @@ def _train(out: Path, *extra: str) -> list[dict]:
     ["rewards.1.name=majority_vote"],
     ["algo.advantage=pass_at_k", "algo.advantage_params.k=2"],
     ["rewards.1.name=gated_process"],
-], ids=["majority_vote", "pass_at_k", "gated_process"])
+    ["rewards.1.name=cocov", "algo.advantage=pass_at_k", "algo.advantage_params.k=2"],
+], ids=["majority_vote", "pass_at_k", "gated_process", "cocov"])
 def test_trains_20_steps_and_resumes_exactly(tmp_path, option):
     straight = _train(tmp_path / "a", "max_steps=20", *option)
     _train(tmp_path / "b", "max_steps=10", *option)
@@ -125,6 +175,8 @@ def test_trains_20_steps_and_resumes_exactly(tmp_path, option):
     assert clean == [{k: v for k, v in r.items() if not k.startswith("time/")} for r in resumed[-10:]]
     if "majority_vote" in option[0]:
         assert all("majority/tie_share" in r and "reward/majority_vote" in r for r in straight)
+    if "cocov" in option[0]:
+        assert all("cocov/low_share" in r for r in straight)
     if "gated_process" in option[0]:
         assert all("reward/gated_process" in r for r in straight)
 

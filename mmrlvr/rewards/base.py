@@ -88,6 +88,19 @@ def build_reward(name: str, **params: Any) -> RewardFn:
     return factory(**with_run_settings(factory, params))
 
 
+def build_nested_reward(spec: dict[str, Any] | str, owner: str, role: str) -> RewardFn:
+    """A reward a reward is built from (``gated_process``'s outcome, ``cocov``'s verifier): a spec ``{name: ...,
+    params: {...}}`` or a bare name, built like any configured reward (the run settings reach it)."""
+    from mmrlvr.errors import UserError
+
+    if isinstance(spec, str):
+        spec = {"name": spec}
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise UserError(f"{owner}: {role} must be a reward spec like {{name: auto_accuracy, params: {{}}}}, "
+                        f"got {spec!r}")
+    return build_reward(spec["name"], **dict(spec.get("params") or {}))
+
+
 def is_group_aware(fn: Any) -> bool:
     """A reward that scores a row against its group (``group_aware = True``): majority votes, group-normalised
     judges, rubric saturation. The guard hands it whole groups and never splits one."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
-from mmrlvr.rewards.base import REWARDS, build_reward, score_batch
+from mmrlvr.rewards.base import REWARDS, build_nested_reward, score_batch
 from mmrlvr.rewards.parsing import split_think_answer
 from mmrlvr.types import Completion, RewardResult, Sample
 
@@ -85,8 +85,8 @@ class GatedProcess:
                  eta: float = 0.3, threshold: float = 1.0) -> None:
         if not 0.0 <= float(eta) <= 1.0:
             raise ValueError(f"eta must be in [0, 1], got {eta}")
-        self.outcome = _build(outcome or {"name": "auto_accuracy"}, "outcome")
-        self.process = _build(process or {"name": "named_objects"}, "process")
+        self.outcome = build_nested_reward(outcome or {"name": "auto_accuracy"}, "gated_process", "outcome")
+        self.process = build_nested_reward(process or {"name": "named_objects"}, "gated_process", "process")
         self.eta, self.threshold = float(eta), float(threshold)
 
     def __call__(self, completion: Completion | str, sample: Sample) -> RewardResult:
@@ -103,14 +103,3 @@ class GatedProcess:
                              {"outcome": o.parsed, "process": p.parsed, "gated": o.score < self.threshold},
                              dropped=o.dropped)
                 for s, o, p in zip(scores, out_r, proc_r)]
-
-
-def _build(spec: dict[str, Any] | str, role: str) -> Any:
-    from mmrlvr.errors import UserError
-
-    if isinstance(spec, str):
-        spec = {"name": spec}
-    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-        raise UserError(f"gated_process: {role} must be a reward spec like {{name: auto_accuracy, params: {{}}}}, "
-                        f"got {spec!r}")
-    return build_reward(spec["name"], **dict(spec.get("params") or {}))

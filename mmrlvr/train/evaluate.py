@@ -15,13 +15,15 @@ from mmrlvr.errors import UserError
 
 
 def evaluate_samples(engine, samples, *, k: int = 8, temperature: float = 1.0, max_new_tokens: int = 64,
-                     seed: int = 0, progress: bool = True, batch_size: int = 32, observe=None) -> dict[str, Any]:
+                     seed: int = 0, progress: bool = True, batch_size: int = 32, observe=None,
+                     per_prompt: bool = False) -> dict[str, Any]:
     """Evaluate with the project's answer verifiers (same normalisation as the accuracy reward)."""
     from mmrlvr.evaluation import evaluate
     from mmrlvr.rewards import answer_judge
 
     return evaluate(engine, samples, k=k, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
-                    judge=answer_judge, batch_size=batch_size, progress=progress, observe=observe)
+                    judge=answer_judge, batch_size=batch_size, progress=progress, observe=observe,
+                    per_prompt=per_prompt)
 
 
 class EvalExtras:
@@ -99,11 +101,11 @@ def eval_rubric(cfg, fns: list, reward_state: dict | None = None):
 
 
 def evaluate_run(engine, samples: list, *, k: int, temperature: float, max_new_tokens: int, seed: int,
-                 rubric=None, progress: bool = True) -> dict[str, Any]:
+                 rubric=None, progress: bool = True, per_prompt: bool = False) -> dict[str, Any]:
     """What the trainer's ``evaluate`` computes: the eval metrics plus the extras on the same responses."""
     extras = EvalExtras(rubric=rubric, group_size=k)
     result = evaluate_samples(engine, samples, k=k, temperature=temperature, max_new_tokens=max_new_tokens,
-                              seed=seed, progress=progress, observe=extras)
+                              seed=seed, progress=progress, observe=extras, per_prompt=per_prompt)
     result.update(extras.metrics())
     return result
 

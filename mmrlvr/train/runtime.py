@@ -152,7 +152,7 @@ class Runtime:
         self.model.eval()
         result = evaluate_run(self.engine, self.eval_samples, k=cfg.eval.k, temperature=cfg.eval.temperature,
                               max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed, rubric=self.eval_rubric(),
-                              progress=cfg.progress and self.is_main)
+                              progress=cfg.progress and self.is_main, per_prompt=True)
         metrics = {f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))}
         metrics["eval/accuracy"] = result["greedy_accuracy"]  # the headline number's documented name
         return result, metrics

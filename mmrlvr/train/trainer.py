@@ -129,9 +129,20 @@ class Trainer:
 
     # ---------------------------------------------------------------------------------- eval/ckpt
     def evaluate(self, step: int) -> dict[str, float]:
-        """Held-out evaluation (``Runtime.evaluate``), logged at ``step``."""
+        """Held-out evaluation (``Runtime.evaluate``), logged at ``step``; each prompt's outcome goes to
+        ``eval/step_NNNNNN.jsonl`` (id, greedy 0/1, hits of k) so two runs compare prompt by prompt (paired)."""
         result, metrics = self.rt.evaluate()
         self.metrics.log(step, metrics)
+        rows = result.pop("per_prompt", None)
+        if self.is_main and rows:
+            import json
+
+            folder = self.run_dir / "eval"
+            folder.mkdir(exist_ok=True)
+            path = folder / f"step_{step:06d}.jsonl"
+            tmp = path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(json.dumps({**row, "k": result.get("k")}) + "\n" for row in rows))
+            tmp.replace(path)  # a crash mid-write leaves the previous file, never half of one
         return result
 
     def save(self, step: int) -> None:
