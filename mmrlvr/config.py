@@ -136,6 +136,8 @@ class AlgoConfig:
     rollout_correction: str = _f("none", "rollout/training mismatch correction on the policy loss: none | tis (truncate) | mis (mask)")
     rollout_correction_cap: float = _f(3.0, "TIS/MIS cap on pi_old/pi_rollout (TRL's default 3.0; verl's 2.0)")
     rollout_correction_level: str = _f("token", "rollout correction per token | sequence (product over the response)")
+    aux_losses: list[dict[str, Any]] = _f([], "auxiliary losses added to the policy loss, a list of {name, weight, "
+                                          "params}: forward_ce (distillation from a privileged or other expert)")
     mask_truncated: bool = _f(False, "DAPO: drop responses that hit max_new_tokens from the loss")
     overlong_cache: int = _f(0, "DAPO overlong shaping: penalise linearly in the last N tokens (0 = off)")
     overlong_penalty: float = _f(1.0, "DAPO overlong shaping: penalty at max length")
@@ -221,7 +223,7 @@ class StagesConfig:
                                        "priority order (drop_unscored, overlong, mask_truncated, dynamic_sampling)")
     advantages: str | None = _f(None, "advantage stage (group, consistency_split, poise, popo)")
     reference: str | list[str] | None = _f(None, "pi_old recompute and pi_ref for the KL term, added to the automatic "
-                                           "ones (old_policy, frozen)")
+                                           "ones (old_policy, frozen, aux_losses)")
     credit: str | None = _f(None, "token credit stage (none, in_update, separate, hidden_credit)")
     update: str | None = _f(None, "policy update (policy_gradient, popo)")
     record: str | None = _f(None, "metrics and rollout records (metrics_and_rollouts)")
@@ -714,6 +716,8 @@ def _builtin_method_problems(cfg: RunConfig, where: str) -> list[str]:
 
     out: list[str] = []
     for kind, mk in METHOD_KINDS.items():
+        if mk.listed:  # checked whole (names included) by mmrlvr.validation.method_problems
+            continue
         name = _dotted(cfg, mk.name_key)
         if mk.params_key and name in _declared(kind):
             out += resolve_method(kind, name, _dotted(cfg, mk.params_key), where)[1]

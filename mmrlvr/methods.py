@@ -7,6 +7,8 @@ sit beside that name, under one key per kind, addressed the same way for built-i
     algo.advantage + algo.advantage_params       advantage estimators (mmrlvr.algos.advantages.ADVANTAGES)
     algo.clip + algo.clip_params                 clip rules           (mmrlvr.algos.clipping.CLIP_RULES)
     rollout.sampler + rollout.sampler_params     prompt samplers      (mmrlvr.train.samplers.SAMPLERS)
+    algo.aux_losses: [{name, weight, params}]    auxiliary losses     (mmrlvr.train.aux_losses.AUX_LOSSES),
+                                                 a list: each entry names one and holds its parameters
 
 (credit schemes and rewards already took a ``params`` mapping: ``credit.params``, ``rewards[i].params``.)
 
@@ -49,7 +51,7 @@ class Param:
 
     def problem(self, value: Any) -> str | None:
         """Why ``value`` is not accepted (a phrase), or None."""
-        tp = self.kind if self.default is None else type(self.default)
+        tp = self.kind if self.default is None or self.kind is object else type(self.default)
         if value is None:
             return None if self.default is None else f"expected {_type_word(tp)}, got null"
         if tp is bool and not isinstance(value, bool):
@@ -74,7 +76,7 @@ class Param:
 
     def coerce(self, value: Any) -> Any:
         """The value in the parameter's type (an integral float for an int, an int for a float)."""
-        tp = self.kind if self.default is None else type(self.default)
+        tp = self.kind if self.default is None or self.kind is object else type(self.default)
         if value is None or isinstance(value, bool):
             return value
         if tp is int and isinstance(value, float):
@@ -164,6 +166,8 @@ class MethodKind:
     runtime_args: frozenset[str] = frozenset()
     #: positional inputs of an implementation (not parameters)
     positional: int = 0
+    #: ``name_key`` holds a list of ``{name, weight, params}`` entries (several methods at once), not one name
+    listed: bool = False
 
 
 METHOD_KINDS: dict[str, MethodKind] = {
@@ -182,6 +186,9 @@ METHOD_KINDS: dict[str, MethodKind] = {
     "sampler": MethodKind("sampler", "prompt sampler", "rollout.sampler", "rollout.sampler_params",
                           "mmrlvr.train.samplers", ("mmrlvr.train.samplers", "SAMPLERS"),
                           frozenset({"n", "batch_size", "seed"}), 0),
+    "aux_loss": MethodKind("aux_loss", "auxiliary loss", "algo.aux_losses", "algo.aux_losses.<i>.params",
+                           "mmrlvr.algos.params", ("mmrlvr.train.aux_losses", "AUX_LOSSES"),
+                           frozenset({"rt", "weight"}), 0, listed=True),
 }
 
 _DECLARED: dict[str, dict[str, Method]] = {k: {} for k in METHOD_KINDS}
@@ -321,6 +328,55 @@ def _dotted(cfg: Any, key: str) -> Any:
     return cfg
 
 
+#: the keys an ``algo.aux_losses`` entry takes
+ENTRY_KEYS = ("name", "weight", "params")
+
+
+def listed_entries(cfg: Any, kind: str, where: str = "config") -> tuple[list[tuple[str, float, dict[str, Any]]],
+                                                                          list[str]]:
+    """The entries of a listed kind (``algo.aux_losses``) as (name, weight, parameters in force), and every
+    problem with them: an entry that is not a mapping, a missing or unknown name, a weight that is not a positive
+    number, unknown keys, and each method's own parameter checks (``<key>.<i>.params.<param>``)."""
+    mk = METHOD_KINDS[kind]
+    raw = _dotted(cfg, mk.name_key)
+    out: list[tuple[str, float, dict[str, Any]]] = []
+    problems: list[str] = []
+    if not isinstance(raw, (list, tuple)):
+        return [], [f"{where}: {mk.name_key}: expected a list of {{name, weight, params}}, got {raw!r}"]
+    known = method_names(kind)
+    for i, entry in enumerate(raw):
+        key = f"{mk.name_key}.{i}"
+        if isinstance(entry, str):
+            entry = {"name": entry}
+        if not isinstance(entry, Mapping):
+            problems.append(f"{where}: {key}: expected {{name: ..., weight: ..., params: {{...}}}}, got {entry!r}")
+            continue
+        extra = [k for k in entry if k not in ENTRY_KEYS]
+        if extra:
+            problems.append(f"{where}: {key}: unknown key(s) {', '.join(map(str, extra))}; an entry takes "
+                            f"{', '.join(ENTRY_KEYS)}{did_you_mean(str(extra[0]), ENTRY_KEYS)}")
+        name = entry.get("name")
+        if name not in known:
+            problems.append(f"{where}: {key}.name: unknown {mk.what} {name!r}; known: {', '.join(known) or '(none)'}"
+                            f"{did_you_mean(str(name), known)}")
+            continue
+        weight = entry.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+            problems.append(f"{where}: {key}.weight: expected a number > 0, got {weight!r}")
+            continue
+        given = entry.get("params") or {}
+        if not isinstance(given, Mapping):
+            problems.append(f"{where}: {key}.params: expected a mapping, got {given!r}")
+            continue
+        spec = method_spec(kind, name)
+        values, bad = spec.resolve(given, f"{key}.params") if spec is not None else (dict(given), [])
+        problems += [f"{where}: {p}" for p in bad]
+        if not bad and spec is not None and spec.config_check is not None:
+            problems += [f"{where}: {key}.params: {mk.what} {name!r}: {p}" for p in spec.config_check(cfg, values)]
+        out.append((name, float(weight), values))
+    return out, problems
+
+
 def configured(cfg: Any, kind: str) -> tuple[str, dict[str, Any]]:
     """(the method ``cfg`` names for ``kind``, its parameters in force): what a stage builds the method with.
     Config load has validated them; a problem here (a config built in code) raises ``UserError``."""
@@ -358,6 +414,8 @@ def help_lines(kinds: Iterable[str] | None = None) -> list[str]:
     for kind in kinds or METHOD_KINDS:
         mk = METHOD_KINDS[kind]
         where = f"; parameters under {mk.params_key}" if mk.params_key else ""
+        if mk.listed:
+            where = "; a list of {name, weight, params} entries"
         plural = mk.what + ("es" if mk.what.endswith("s") else "s")
         out.append(f"{mk.name_key} ({plural}{where}):")
         for name in method_names(kind):

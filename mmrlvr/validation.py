@@ -135,10 +135,14 @@ def method_problems(cfg: RunConfig, where: str) -> list[str]:
     aggregation, sampler) is registered — built-ins, plug-ins and methods a stage serves —, its parameters are
     ones it declares, of the right type and range, and a plug-in method's own ``validate_config(cfg, params)``
     accepts the run (e.g. an estimator whose k must not exceed the group size)."""
-    from mmrlvr.methods import METHOD_KINDS, _dotted, _live, method_names, method_spec, resolve_method
+    from mmrlvr.methods import (METHOD_KINDS, _dotted, _live, listed_entries, method_names, method_spec,
+                                resolve_method)
 
     out: list[str] = []
     for kind, mk in METHOD_KINDS.items():
+        if mk.listed:  # algo.aux_losses: a list of entries, each checked like one method
+            out += listed_entries(cfg, kind, where)[1]
+            continue
         name = _dotted(cfg, mk.name_key)
         known = method_names(kind)
         if name not in known:

@@ -226,6 +226,10 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     'mmrlvr train configs/demo-tiny.yaml rewards.1.name=cocov algo.advantage=pass_at_k "algo.advantage_params={k: 4}"':
         ("the option trains 20 steps (tiny run, same keys, k 2 for G 4) and resumes exactly",
          ("tests/test_label_free_and_passk.py::test_trains_20_steps_and_resumes_exactly", T_DRY)),
+    'mmrlvr train configs/demo-tiny.yaml "algo.aux_losses=[{name: forward_ce, weight: 0.1, params: '
+    '{horizon: progressive}}]"':
+        ("the option trains 20 steps (tiny run, same keys, horizon_steps 20) and resumes exactly",
+         ("tests/test_label_free_and_passk.py::test_trains_20_steps_and_resumes_exactly", T_DRY)),
     "OMP_NUM_THREADS=1 python benchmarks/seed_study.py --task count --steps 20 --seeds 0 1 2 --eval-size 100 --k 4 "
     "--arms lr0 grpo acpo grpo_epochs2 delta popo poise lora_default lora_rlpo lora_rlmo lora_milora":
         ("run by hand (docs/methods.md table); the script runs two arms, resumes and plots in a test; options "

@@ -165,7 +165,11 @@ def _train(out: Path, *extra: str) -> list[dict]:
     ["algo.advantage=pass_at_k", "algo.advantage_params.k=2"],
     ["rewards.1.name=gated_process"],
     ["rewards.1.name=cocov", "algo.advantage=pass_at_k", "algo.advantage_params.k=2"],
-], ids=["majority_vote", "pass_at_k", "gated_process", "cocov"])
+    ["algo.aux_losses=[{name: forward_ce, weight: 0.1, params: {horizon: progressive, horizon_steps: 20, top_k: 5}}]"],
+    ["algo.aux_losses=[{name: forward_ce, weight: 0.1, params: {expert: 'tiny:qwen2_5_vl:warm', horizon: 0.25}}]",
+     "algo.micro_batch_size=3"],
+], ids=["majority_vote", "pass_at_k", "gated_process", "cocov", "forward_ce_privileged_progressive",
+        "forward_ce_model_folder_quarter_horizon"])
 def test_trains_20_steps_and_resumes_exactly(tmp_path, option):
     straight = _train(tmp_path / "a", "max_steps=20", *option)
     _train(tmp_path / "b", "max_steps=10", *option)
@@ -177,6 +181,14 @@ def test_trains_20_steps_and_resumes_exactly(tmp_path, option):
         assert all("majority/tie_share" in r and "reward/majority_vote" in r for r in straight)
     if "cocov" in option[0]:
         assert all("cocov/low_share" in r for r in straight)
+    if "forward_ce" in option[0]:
+        assert all(r["distill/ce"] > 0 and r["distill/teacher_tokens"] > 0 for r in straight)
+        shares = [r["distill/horizon"] for r in straight]
+        if "progressive" in option[0]:  # grows from 0.25 to 1 over the 20 steps, token cost with it
+            assert shares[0] == pytest.approx(0.25) and shares[-1] == pytest.approx(1.0) and shares == sorted(shares)
+            assert straight[0]["distill/teacher_token_share"] < 0.5 < straight[-1]["distill/teacher_token_share"]
+        else:
+            assert set(shares) == {0.25} and all(r["distill/teacher_token_share"] < 0.5 for r in straight)
     if "gated_process" in option[0]:
         assert all("reward/gated_process" in r for r in straight)
 

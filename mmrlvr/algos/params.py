@@ -91,3 +91,28 @@ declare("agg", "token-mean", "mean over every response token of the batch (DAPO)
 declare("agg", "seq-mean-token-mean", "mean over tokens per sequence, then over sequences (GRPO)")
 declare("agg", "seq-mean-token-sum", "sum over tokens per sequence, mean over sequences")
 declare("agg", "seq-mean-token-sum-norm", "sum over tokens / max_new_tokens, mean over sequences (Dr.GRPO)")
+
+# --------------------------------------------------------------------------------------- auxiliary losses
+
+
+def _horizon_ok(v) -> bool:
+    if v in ("full", "progressive"):
+        return True
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and 0 < v <= 1
+
+
+declare("aux_loss", "forward_ce", "forward cross-entropy to an expert's top-k next-token distribution on the "
+        "student's own responses (rich-feedback DAgger; with a horizon, on-policy distillation)",
+        Param("expert", "privileged", "privileged: the policy itself with `context` added to its prompt | a model "
+              "folder (or tiny: spec) with the same tokenizer"),
+        Param("context", "answer", "privileged context: answer (the row's gold answer) | a dataset column name "
+              "kept in the row's metadata (e.g. a verifier's trace)"),
+        Param("top_k", 20, "the expert's top-k tokens the cross-entropy sums over", ">= 1", lambda v: v >= 1),
+        Param("horizon", "full", "the share of each response the expert scores: full | a share in (0, 1] | "
+              "progressive (grows from horizon_start to 1 over horizon_steps)", "full | (0, 1] | progressive",
+              _horizon_ok, kind=object),
+        Param("horizon_start", 0.25, "the progressive horizon's share at step 0", "in (0, 1]",
+              lambda v: 0 < v <= 1),
+        Param("horizon_steps", 0, "steps over which the progressive horizon grows to 1 (0: max_steps)", ">= 0",
+              lambda v: v >= 0),
+        source="arXiv:2606.05152 (forward CE), arXiv:2605.31490 (horizon)")

@@ -16,7 +16,10 @@ if TYPE_CHECKING:  # the batch is a plain container: importing it (stage selecti
     from mmrlvr.rollout.base import RolloutBatch
 
 #: an auxiliary loss term: given the policy's response log-probs of the *whole* batch [N, L] (rows outside the
-#: current micro-batch detached), the per-token loss [N, L] to add (e.g. PAPO's perception term)
+#: current micro-batch detached), the per-token loss [N, L] to add (e.g. PAPO's perception term).
+#: A term with an ``ids`` attribute ([N, L, k] vocabulary ids) is a *distribution* term instead: the update gathers
+#: the policy's log-probs of those ids per micro-batch and calls ``term.token_loss(rows, logp_ids [n, L, k])``
+#: -> [n, L] (distillation: ``mmrlvr.train.aux_losses``)
 AuxLoss = Callable[["torch.Tensor"], "torch.Tensor"]
 
 
@@ -67,8 +70,15 @@ class StepBatch:
 
     @property
     def extra_loss(self) -> AuxLoss | None:
-        if not self.aux_losses:
+        """The plain auxiliary terms (over the sampled tokens' log-probs) as one, or None."""
+        plain = [fn for fn in self.aux_losses if getattr(fn, "ids", None) is None]
+        if not plain:
             return None
-        if len(self.aux_losses) == 1:
-            return self.aux_losses[0]
-        return lambda logp: sum(fn(logp) for fn in self.aux_losses)
+        if len(plain) == 1:
+            return plain[0]
+        return lambda logp: sum(fn(logp) for fn in plain)
+
+    @property
+    def distribution_losses(self) -> list[Any]:
+        """The auxiliary terms over the policy's log-probs of chosen vocabulary ids (they have ``ids``)."""
+        return [fn for fn in self.aux_losses if getattr(fn, "ids", None) is not None]

@@ -155,3 +155,60 @@ class FrozenReference(Stage):
                                        **prefix_sharing(self.cfg, rollouts))
                 out.append(lp)
         b.ref_logprobs = zero_masked(torch.cat(out), rollouts.response_mask > 0)
+
+
+@register_stage("reference", "aux_losses", priority=0)
+class AuxiliaryLosses(Stage):
+    """This step's auxiliary loss terms (``algo.aux_losses``, ``mmrlvr.train.aux_losses``): each entry's teacher
+    pass (forward CE's expert) runs here, before the update, and its term joins ``batch.aux_losses``."""
+
+    selected_by = ("algo.aux_losses",)
+    reads = ("algo.aux_losses",)
+    when_text = "algo.aux_losses is not empty"
+
+    @classmethod
+    def when(cls, cfg) -> bool:
+        return bool(cfg.algo.aux_losses)
+
+    @classmethod
+    def reason(cls, cfg) -> str:
+        return "algo.aux_losses: " + ", ".join(str(e.get("name") if isinstance(e, dict) else e)
+                                                for e in cfg.algo.aux_losses)
+
+    @classmethod
+    def plan_params(cls, cfg) -> dict:
+        from mmrlvr.methods import listed_entries
+
+        out = {}
+        for i, (name, weight, params) in enumerate(listed_entries(cfg, "aux_loss")[0]):
+            out[f"algo.aux_losses.{i}.name"] = name
+            out[f"algo.aux_losses.{i}.weight"] = weight
+            out.update({f"algo.aux_losses.{i}.params.{k}": v for k, v in params.items()})
+        return out
+
+    def __init__(self, rt) -> None:
+        super().__init__(rt)
+        from mmrlvr.methods import listed_entries
+        from mmrlvr.train.aux_losses import AUX_LOSSES
+
+        entries, problems = listed_entries(self.cfg, "aux_loss")
+        if problems:
+            from mmrlvr.errors import ConfigErrors
+
+            raise ConfigErrors(problems)
+        self.terms = [AUX_LOSSES.get(name)(rt, weight=weight, **params) for name, weight, params in entries]
+
+    def __call__(self, b: StepBatch) -> None:
+        for term in self.terms:
+            part = term.prepare(b)
+            if part is not None:
+                b.aux_losses.append(part)
+
+    def state_dict(self):
+        states = [getattr(t, "state_dict", lambda: None)() for t in self.terms]
+        return None if all(s is None for s in states) else {"terms": states}
+
+    def load_state_dict(self, state) -> None:
+        for term, s in zip(self.terms, state.get("terms", [])):
+            if s is not None:
+                term.load_state_dict(s)

@@ -177,18 +177,35 @@ class PolicyGradient(Stage):
         inputs = rt.inputs(rollouts, b.vision, b.images_per_row, rows)
         mask = rollouts.response_mask[rows]
         dc = b.deferred if b.deferred is not None and not b.deferred.done else None
-        if dc is not None:  # credit from this pass's own clean logits (mmrlvr.train.deferred_credit)
+        dense = b.distribution_losses  # terms over the policy's log-probs of chosen vocabulary ids (distillation)
+        logits = None
+        if dc is not None or dense:  # this pass needs the vocabulary logits, not only the sampled tokens' log-probs
             logits = response_logits(rt.model, inputs, rollouts.response_ids.shape[1])  # on the model's device
             ids = rollouts.response_ids[rows]
             logp = logprobs_from_logits(logits, ids.to(logits.device), temperature=cfg.rollout.temperature,
                                         chunk_size=LOGPROB_CHUNK).to(ids.device)
-            w, adv, ent = dc.apply(rows, logits, rollouts.response_ids[rows], mask, rollouts.old_logprobs[rows])
-            b.token_weights[rows] = w
-            b.advantages[rows] = adv
-            del logits
+            if dc is not None:  # credit from this pass's own clean logits (mmrlvr.train.deferred_credit)
+                w, adv, ent = dc.apply(rows, logits, rollouts.response_ids[rows], mask, rollouts.old_logprobs[rows])
+                b.token_weights[rows] = w
+                b.advantages[rows] = adv
+            else:
+                from mmrlvr.algos.logits import entropy_from_logits
+
+                with torch.no_grad():
+                    ent = entropy_from_logits(logits.detach(), temperature=cfg.rollout.temperature,
+                                              chunk_size=LOGPROB_CHUNK).to(ids.device)
         else:
             logp, ent = token_logprobs(rt.model, inputs, rollouts.response_ids[rows], cfg.rollout.temperature,
                                        with_entropy=True, **prefix_sharing(cfg, rollouts))
+        dense_tok = None
+        if dense:
+            from mmrlvr.algos.distill import logprobs_of_ids
+
+            for term in dense:
+                part = term.token_loss(rows, logprobs_of_ids(logits, term.ids[rows].to(logits.device),
+                                                             cfg.rollout.temperature)).to(logp.device)
+                dense_tok = part if dense_tok is None else dense_tok + part
+        del logits
         w = b.token_weights[rows]
         if b.token_ratio is None:
             b.token_entropy = torch.zeros_like(rollouts.old_logprobs)
@@ -212,12 +229,14 @@ class PolicyGradient(Stage):
             kl_val = float((kl_tok.detach() * mask).sum())
         # the normaliser's tokens: a credit scheme's norm_weights (VPPO: all response tokens), else the weights
         nw = b.norm_weights[rows] if b.norm_weights is not None else None
-        aux_tok = None
-        if b.aux_losses:
+        aux_tok = dense_tok
+        if b.extra_loss is not None:
             # an auxiliary term is defined over the whole batch: place this micro-batch's log-probs
             # (with gradient) into a full-size tensor, then keep its rows
             full = rollouts.old_logprobs.index_copy(0, torch.arange(rows.start, rows.stop), logp)
-            aux_tok = b.extra_loss(full)[rows]
+            plain = b.extra_loss(full)[rows]
+            aux_tok = plain if aux_tok is None else aux_tok + plain
+        if aux_tok is not None:
             if nw is None:
                 loss_tok, aux_tok = loss_tok + aux_tok, None
         local_den = agg_denominator(nw if nw is not None else w, a.agg)  # what agg_loss divides this slice by

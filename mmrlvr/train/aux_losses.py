@@ -1,0 +1,233 @@
+"""Auxiliary losses chosen in the config: ``algo.aux_losses: [{name: forward_ce, weight: 0.1, params: {...}}]``.
+
+Each entry builds one object from ``AUX_LOSSES`` with the run and its parameters; every step the ``aux_losses``
+reference stage (``mmrlvr.train.stages.reference``) asks each for this step's term (``prepare(batch)``) and appends
+it to ``StepBatch.aux_losses``, which the update adds to the per-token policy loss. A term is either
+
+- a plain ``AuxLoss`` (``logp [N, L] -> loss [N, L]``, from the policy's log-probs of the sampled tokens), or
+- a ``TokenDistributionLoss``: it names vocabulary ids per response position (``ids`` [N, L, k]); the update's
+  forward gathers the policy's log-probs of those ids (``logp_ids`` [n, L, k], with gradient) for each micro-batch
+  and calls ``term.token_loss(rows, logp_ids)`` -> [n, L]. Distillation needs the policy's probability of the
+  *teacher's* tokens, not only of the sampled one: this is the stage contract's extension for it.
+
+A plug-in registers a class the same way: ``@AUX_LOSSES.register("my_loss")`` with ``__init__(self, rt, weight,
+**params)`` and ``prepare(self, batch)``; optional ``state_dict`` / ``load_state_dict`` go into checkpoints.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+from mmrlvr.errors import UserError
+from mmrlvr.lazy_import import lazy_module
+from mmrlvr.registry import Registry
+
+torch = lazy_module("torch")
+
+AUX_LOSSES: Registry = Registry("auxiliary loss")
+
+#: the privileged context appended to the expert's copy of the prompt (never to the student's)
+PRIVILEGED_TEMPLATE = "\n\n(Reference {what}, for checking your work: {value})"
+
+
+def privileged_sample(sample: Any, context: str) -> Any:
+    """A copy of ``sample`` whose last user message ends with the privileged context: the gold answer
+    (``context: answer``) or the row's ``meta[context]`` (a dataset column such as a verifier's trace). The
+    original sample (the student's prompt) is not touched. Raises ``UserError`` naming the row when it has none."""
+    value = sample.answer if context == "answer" else (sample.meta or {}).get(context)
+    if value is None or str(value).strip() == "":
+        where = "a gold answer" if context == "answer" else f"a {context!r} value in its row"
+        raise UserError(f"forward_ce (expert: privileged): sample {sample.id!r} has no {where} to give the expert")
+    hint = PRIVILEGED_TEMPLATE.format(what="answer" if context == "answer" else context, value=str(value).strip())
+    messages = copy.deepcopy(sample.messages)
+    user = next((m for m in reversed(messages) if m.get("role") == "user"), None)
+    if user is None:
+        raise UserError(f"forward_ce (expert: privileged): sample {sample.id!r} has no user message")
+    content = user.get("content")
+    if isinstance(content, list):
+        texts = [part for part in content if isinstance(part, dict) and part.get("type") == "text"]
+        if texts:
+            texts[-1]["text"] = str(texts[-1].get("text", "")) + hint
+        else:
+            content.append({"type": "text", "text": hint.lstrip()})
+    else:
+        user["content"] = str(content or "") + hint
+    out = copy.copy(sample)
+    out.messages = messages
+    return out
+
+
+class TopKTarget:
+    """This step's forward-CE term: the expert's top-k ids and probabilities per response position
+    (``ids``, ``probs`` [N, L, k]) and the horizon mask [N, L]; ``token_loss(rows, logp_ids)`` is
+    ``weight · forward_ce`` on those rows (``mmrlvr.algos.distill``)."""
+
+    def __init__(self, ids: torch.Tensor, probs: torch.Tensor, mask: torch.Tensor, weight: float,
+                 diagnostics: dict[str, float] | None = None) -> None:
+        self.ids, self.probs, self.mask, self.weight = ids, probs, mask, weight
+        self.diagnostics = diagnostics  # the step's: ``distill/ce`` from the first pass over each row
+        self.tokens = float((mask > 0).sum())
+        self._seen: set[int] = set()
+
+    def token_loss(self, rows: slice, logp_ids: torch.Tensor) -> torch.Tensor:
+        from mmrlvr.algos.distill import forward_ce
+
+        mask = self.mask[rows].to(logp_ids.device)
+        ce = forward_ce(logp_ids, self.probs[rows].to(logp_ids.device), mask)
+        if self.diagnostics is not None and rows.start not in self._seen and self.tokens:
+            self._seen.add(rows.start)
+            self.diagnostics["distill/ce"] = (self.diagnostics.get("distill/ce", 0.0)
+                                              + float(ce.detach().sum()) / self.tokens)
+        return self.weight * ce
+
+
+@AUX_LOSSES.register("forward_ce")
+class ForwardCE:
+    """Forward cross-entropy to an expert on the student's own responses (``mmrlvr.algos.distill``).
+
+    ``expert: privileged`` — the policy itself (its current weights, no gradient) with the privileged context in
+    its prompt (``privileged_sample``): the prompt is re-encoded with the hint, the student's sampled response
+    appended, and the pass teacher-forces the response. The student's rows (``batch.rollouts``) are never changed.
+    ``expert: MODEL_DIR`` (or a ``tiny:`` spec) — another model, frozen, on the student's own prompt; its tokenizer
+    must be the student's (same vocabulary), checked at start.
+
+    Horizon: only the first share of each response is scored (``horizon``); the teacher's forward covers the
+    prompt plus the longest kept prefix of the micro-batch. Logged: ``distill/ce`` (mean CE per scored token),
+    ``distill/horizon`` (the share), ``distill/teacher_tokens`` (response tokens the expert scored this step) and
+    ``distill/teacher_token_share`` (of all response tokens: 1 − share is the teacher cost the horizon saved),
+    ``distill/expert_top_k_mass`` (the expert probability the top k hold), ``time/distill_expert_s``.
+    """
+
+    def __init__(self, rt: Any, weight: float = 1.0, expert: str = "privileged", context: str = "answer",
+                 top_k: int = 20, horizon: Any = "full", horizon_start: float = 0.25, horizon_steps: int = 0) -> None:
+        self.rt, self.weight = rt, float(weight)
+        self.context, self.top_k = context, int(top_k)
+        self.horizon, self.horizon_start = horizon, float(horizon_start)
+        self.horizon_steps = int(horizon_steps) or int(rt.cfg.max_steps)  # a resumed run must keep the schedule
+        self.expert_name = expert
+        self.model = None if expert == "privileged" else self._load_expert(expert)
+
+    def _load_expert(self, spec: str) -> Any:
+        from mmrlvr.models.loading import load_policy
+        from mmrlvr.models.placement import model_device
+        from mmrlvr.train.model_path import resolve_model_path
+
+        path = resolve_model_path(spec)
+        model, processor = load_policy(path, dtype=self.rt.cfg.model.dtype, device=str(model_device(self.rt.policy)))
+        ours = getattr(self.rt.processor, "tokenizer", self.rt.processor).get_vocab()
+        theirs = getattr(processor, "tokenizer", processor).get_vocab()
+        if ours != theirs:
+            raise UserError(f"forward_ce: the expert {spec!r} has another tokenizer than the policy "
+                            f"({len(theirs)} vs {len(ours)} tokens, or different ids): distillation needs the same "
+                            "vocabulary")
+        model.eval()
+        model.requires_grad_(False)
+        return model
+
+    # ------------------------------------------------------------------------------------------------ step
+    def prepare(self, b: Any) -> TopKTarget | None:
+        from mmrlvr.algos.distill import expert_top_k, horizon_columns, horizon_mask, horizon_share
+
+        rollouts = b.rollouts
+        share = horizon_share(self.horizon, b.step, self.horizon_steps, self.horizon_start)
+        mask = horizon_mask(rollouts.response_mask, share)
+        n, length = rollouts.response_ids.shape
+        ids = torch.zeros(n, length, self.top_k, dtype=torch.long)
+        probs = torch.zeros(n, length, self.top_k)
+        t0 = time.perf_counter()
+        mass, scored = 0.0, 0.0
+        for rows in self.rt.micro_slices(n):
+            cols = horizon_columns(mask[rows])
+            if cols == 0:
+                continue
+            logits = self.expert_logits(b, rows, cols)  # [n, cols, V]
+            top_ids, top_p = expert_top_k(logits, self.top_k, self.rt.cfg.rollout.temperature)
+            ids[rows, :cols] = top_ids.cpu()
+            probs[rows, :cols] = top_p.cpu()
+            kept = mask[rows, :cols] > 0
+            mass += float(top_p.sum(-1).cpu()[kept].sum())
+            scored += float(kept.sum())
+            del logits
+        total = float((rollouts.response_mask > 0).sum())
+        b.diagnostics.update({"distill/horizon": share, "distill/teacher_tokens": scored,
+                              "distill/teacher_token_share": scored / total if total else 0.0,
+                              "distill/expert_top_k_mass": mass / scored if scored else 0.0,
+                              "time/distill_expert_s": time.perf_counter() - t0})
+        b.metric_weights["distill/teacher_token_share"] = total
+        b.metric_weights["distill/expert_top_k_mass"] = scored
+        b.metric_weights["distill/ce"] = scored
+        return TopKTarget(ids, probs, mask, self.weight, b.diagnostics)
+
+    def expert_logits(self, b: Any, rows: slice, cols: int) -> torch.Tensor:
+        """The expert's logits predicting response tokens [0, cols) of ``rows`` (no gradient)."""
+        from mmrlvr.train.forward import response_logits
+
+        rollouts = b.rollouts
+        P = rollouts.prompt_length
+        if self.model is None:
+            inputs, model = self.privileged_inputs(b, rows, cols), self.rt.policy
+        else:
+            from mmrlvr.train.forward import slice_inputs
+
+            full = slice_inputs(rollouts.model_inputs(), rows, b.images_per_row)
+            seq = full["input_ids"].shape[1]
+            # per-token entries (ids, mask, mm_token_type_ids) end where the kept response prefix ends
+            inputs = {k: (v[:, :P + cols] if isinstance(v, torch.Tensor) and v.dim() == 2 and v.shape[1] == seq
+                          else v) for k, v in full.items()}
+            model = self.model
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                return response_logits(model, inputs, cols)
+        finally:
+            model.train(was_training)
+
+    def privileged_inputs(self, b: Any, rows: slice, cols: int) -> dict[str, Any]:
+        """The expert's inputs for ``rows``: each prompt re-encoded with the privileged context (left-padded),
+        then the student's sampled response tokens [0, cols). New tensors: the batch is not modified."""
+        from mmrlvr.rollout.hf import encode_prompt_batch, expand_vision
+
+        rollouts = b.rollouts
+        P = rollouts.prompt_length
+        samples = rollouts.samples[rows]
+        group = rollouts.group_index[rows].tolist()
+        firsts = [i for i, g in enumerate(group) if i == 0 or group[i - 1] != g]  # one prompt per group run
+        counts = [(firsts[j + 1] if j + 1 < len(firsts) else len(group)) - f for j, f in enumerate(firsts)]
+        distinct = [privileged_sample(samples[f], self.context) for f in firsts]
+        enc = encode_prompt_batch(self.rt.processor, distinct)
+        images = [len(s.images) for s in distinct]
+        videos = [len(s.meta.get("videos") or []) for s in distinct]
+        # one prompt per row (a micro-batch may cut a group: each prompt repeats by its own count)
+        repeats = torch.tensor(counts)
+        prompt_ids = enc["input_ids"].repeat_interleave(repeats, dim=0)
+        prompt_mask = enc["attention_mask"].repeat_interleave(repeats, dim=0)
+        vision = _repeat_vision(enc, images, videos, counts, expand_vision)
+        response = rollouts.input_ids[rows, P:P + cols]
+        response_mask = rollouts.attention_mask[rows, P:P + cols]
+        n, p = prompt_ids.shape
+        for key, value in vision.items():  # per-token entries (mm_token_type_ids): the response is text
+            if isinstance(value, torch.Tensor) and value.dim() == 2 and tuple(value.shape) == (n, p):
+                vision[key] = torch.cat([value, torch.zeros(n, cols, dtype=value.dtype)], dim=1)
+        return {"input_ids": torch.cat([prompt_ids, response], dim=1),
+                "attention_mask": torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1), **vision}
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return None  # the horizon follows the step; the expert is the policy itself or a frozen model
+
+
+def _repeat_vision(enc: dict[str, Any], images: list[int], videos: list[int], counts: list[int],
+                   expand_vision: Any) -> dict[str, Any]:
+    """The vision inputs of distinct prompts repeated ``counts[j]`` times each, in the processor's layout."""
+    if all(c == counts[0] for c in counts):
+        return expand_vision(enc, images, counts[0], videos)
+    from mmrlvr.rollout.hf import _slice_rows
+
+    parts = []
+    for j, c in enumerate(counts):
+        one = _slice_rows({k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask")}, images, j, j + 1,
+                          videos)
+        parts.append(expand_vision(one, images[j:j + 1], c, videos[j:j + 1]))
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
