@@ -37,10 +37,15 @@ ARMS: dict[str, list[str]] = {
     # issue 39: label-free rewards (no gold label reaches a reward), the pass@k advantage, the gated process reward
     "majority_vote": ["rewards.1.name=majority_vote"],
     "cocov": ["rewards.1.name=cocov"],
+    # the verifier decides whenever fewer than 6 of 8 agree (the default gate hands it only share < 0.5)
+    "cocov_verify": ["rewards.1.name=cocov", "rewards.1.params={low: 0.75, high: 1.0}"],
     "pass_at_k": ["algo.advantage=pass_at_k", "algo.advantage_params.k=4"],
     "gated_process": ["rewards.1.name=gated_process"],
     "forward_ce": ["algo.aux_losses=[{name: forward_ce, weight: 0.1, params: {expert: privileged}}]"],
 }
+#: arms run for as many steps as fit in GRPO's training seconds (same seed), from the named arm's time per step
+WALL_MATCHED = {"forward_ce@wall": "forward_ce"}
+ARMS["forward_ce@wall"] = ARMS["forward_ce"]
 LORA = ["model.lora.enabled=true", "model.lora.r=16", "model.lora.alpha=32"]
 LORA_ARMS = {"lora_default": ["model.lora.init=default"], "lora_rlpo": ["model.lora.init=rlpo"],
              "lora_rlmo": ["model.lora.init=rlmo"], "lora_milora": ["model.lora.init=milora"]}
@@ -158,7 +163,7 @@ def table(results: list[dict[str, Any]], k: int) -> str:
 
 
 def plot(results: list[dict[str, Any]], k: int, path: Path, title: str) -> None:
-    """Held-out avg@k and greedy per arm: a bar at the seeds' mean, a dot per seed (matplotlib, if present)."""
+    """Held-out avg@k, greedy and pass@k per arm: a bar at the seeds' mean, a dot per seed (matplotlib, if present)."""
     try:
         import matplotlib
 
@@ -172,14 +177,15 @@ def plot(results: list[dict[str, Any]], k: int, path: Path, title: str) -> None:
         arms.setdefault(r["arm"], []).append(r)
     names = list(arms)
     fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(names) + 2), 4.2))
-    for offset, key, colour in ((-0.2, f"avg@{k}", "tab:blue"), (0.2, "greedy", "tab:orange")):
+    bars = ((-0.27, f"avg@{k}", "tab:blue"), (0.0, "greedy", "tab:orange"), (0.27, f"pass@{k}", "tab:green"))
+    for offset, key, colour in bars:
         for i, name in enumerate(names):
             vals = [r[key] for r in arms[name] if r.get(key) is not None]
             if not vals:
                 continue
-            ax.bar(i + offset, statistics.mean(vals), width=0.38, color=colour, alpha=0.45,
+            ax.bar(i + offset, statistics.mean(vals), width=0.26, color=colour, alpha=0.45,
                    label=key if i == 0 else None)
-            ax.scatter([i + offset] * len(vals), vals, color=colour, s=14, zorder=3)
+            ax.scatter([i + offset] * len(vals), vals, color=colour, s=10, zorder=3)
     base = [r[f"avg@{k}"] for r in arms.get("grpo", []) if r.get(f"avg@{k}") is not None]
     if base:
         ax.axhline(statistics.mean(base), color="tab:blue", lw=0.8, ls="--", label=f"GRPO avg@{k} (mean)")
@@ -227,7 +233,15 @@ def main(argv: list[str] | None = None) -> int:
         for name, overrides in plan:
             if (name, seed) in finished:
                 continue
-            res = run_arm(name, overrides, seed, args.steps, out / f"{name}-seed{seed}", args.task, args.k,
+            steps = args.steps
+            if name in WALL_MATCHED:  # as many steps as fit in GRPO's training time of the same seed
+                base, arm = (next((r for r in results if r["arm"] == a and r["seed"] == seed), None)
+                             for a in ("grpo", WALL_MATCHED[name]))
+                if base is None or arm is None:
+                    raise SystemExit(f"{name} needs the grpo and {WALL_MATCHED[name]} arms of seed {seed} first: "
+                                     "list them before it in --arms")
+                steps = max(1, round(args.steps * base["train_s"] / arm["train_s"]))
+            res = run_arm(name, overrides, seed, steps, out / f"{name}-seed{seed}", args.task, args.k,
                           args.eval_size)
             results.append(res)
             print(f"[{name} seed {seed}] greedy {res['greedy']} avg@{args.k} {res[f'avg@{args.k}']} "
@@ -236,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             (out / "results.md").write_text(report(results, args.k))
     (out / "results.md").write_text(report(results, args.k))
     plot(results, args.k, out / "results.png", title=f"synth:{args.task}, {args.steps} steps, "
-         f"{len(args.seeds)} seed(s), held-out avg@{args.k} and greedy")
+         f"{len(args.seeds)} seed(s), held-out avg@{args.k}, greedy and pass@{args.k}")
     print(report(results, args.k))
     return 0
 

@@ -102,8 +102,9 @@ class RolloutConfig:
     top_p: float = _f(1.0, "nucleus sampling")
     top_k: int = _f(0, "top-k sampling (0 = off)")
     vllm_gpu_memory_utilization: float = _f(0.35, "vLLM: share of GPU memory for the colocated engine")
-    sampler: str = _f("shuffle", "which prompts each step draws (parameters: rollout.sampler_params): shuffle (a fresh "
-                      "permutation per epoch) | plug-ins")
+    sampler: str = _f("uniform", "which prompts each step draws (parameters: rollout.sampler_params): uniform (a fresh "
+                      "permutation per epoch; also called shuffle) | disagreement (SGAC: prompts whose answers "
+                      "disagree most) | plug-ins")
     sampler_params: dict[str, Any] = _f({}, "parameters of rollout.sampler")
 
 

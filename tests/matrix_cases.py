@@ -1,6 +1,6 @@
 """The multi-process matrix: the configs users run and one short variant per registered option.
 
-Built from the registries, so a new loss, advantage estimator, credit scheme, shape stage, reward or LoRA init
+Built from the registries, so a new loss, advantage estimator, credit scheme, shape stage, reward, auxiliary loss or LoRA init
 joins the matrix without editing it. A variant is the smallest config that selects the option: an option
 already used by one of the shipped tiny configs runs on that config (a grounding reward needs boxes, a rubric
 reward rubrics), any other on ``configs/demo-tiny.yaml``.
@@ -101,6 +101,10 @@ def _option(kind: str, name: str) -> list[str]:
         return ["model.lora.enabled=true", "model.lora.r=4", "model.lora.alpha=8", f"model.lora.init={name}"]
     if kind == "reward":
         return [f"rewards=[{{name: format, weight: 0.2}}, {{name: {name}, weight: 1.0}}]"]
+    if kind == "sampler":
+        return [f"rollout.sampler={name}"]
+    if kind == "aux_loss":
+        return [f"algo.aux_losses=[{{name: {name}, weight: 0.1}}]"]
     raise ValueError(kind)
 
 
@@ -111,6 +115,8 @@ def options() -> list[tuple[str, str]]:
     from mmrlvr.credit import CREDIT_SCHEMES
     from mmrlvr.models.lora import INITS
     from mmrlvr.rewards import REWARDS
+    from mmrlvr.train.aux_losses import AUX_LOSSES
+    from mmrlvr.train.samplers import SAMPLERS
     from mmrlvr.train.stages.base import STAGES
 
     advantage_stages = [n for n in STAGES["advantages"].names() if n not in ("group", "consistency_split", "popo")]
@@ -119,7 +125,9 @@ def options() -> list[tuple[str, str]]:
             + [("credit", n) for n in CREDIT_SCHEMES.names() if n != "none"]
             + [("shape", n) for n in STAGES["shape"].names()]
             + [("reward", n) for n in REWARDS.names()]
-            + [("lora_init", n) for n in INITS])
+            + [("lora_init", n) for n in INITS]
+            + [("aux_loss", n) for n in AUX_LOSSES.names()]
+            + [("sampler", n) for n in SAMPLERS.names() if n not in ("uniform", "shuffle")])
 
 
 def cases() -> list[Case]:
@@ -139,8 +147,10 @@ def cases() -> list[Case]:
         overrides = [] if base != ROOT / "configs" / "demo-tiny.yaml" and kind == "reward" else _option(kind, name)
         refused = _refused(kind, name)
         key = f"{kind}:{name}"
-        # credit schemes call the backbone for hidden states outside the root's forward: FSDP2 too
-        case = Case(f"{kind}-{name}", base, overrides, ("ddp", "fsdp2") if kind == "credit" else ("ddp",))
+        # credit schemes call the backbone for hidden states outside the root's forward, an auxiliary loss's
+        # teacher runs its own pass (forward CE's privileged expert is the policy itself): FSDP2 too
+        case = Case(f"{kind}-{name}", base, overrides,
+                    ("ddp", "fsdp2") if kind in ("credit", "aux_loss") else ("ddp",))
         if refused:
             case.expect, case.why = "refused", refused
         elif key in NOT_EQUAL:

@@ -29,6 +29,9 @@ def test_demo_runs_and_writes_table_plots_and_summary(tmp_path, capsys):
                  "eval.every=0", "progress=false", "rollout.prompts_per_step=4"]) == 0
     printed = capsys.readouterr().out
     assert "greedy accuracy" in printed and "inconsistency rate" in printed and "rubric score" in printed
+    # coverage beside sharpening: pass@k sits next to avg@k and greedy in the closing table
+    table = printed[printed.index("metric"):]
+    assert "avg@2 accuracy (T=1)" in table and "pass@2" in table
     assert f"run directory: {out}" in printed
     assert (out / "curves.png").stat().st_size > 10_000
     summary = json.loads((out / "summary.json").read_text())

@@ -115,8 +115,7 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         (INSTALL + " + GPU", (T_PYPROJECT, T_VLLM + "test_missing_vllm_is_a_clear_user_error")),
     QWEN_3B: (GPU, (T_DRY, T_CFG_LOAD, *T_GPU_CPU)),
     QWEN_7B: (ON_8_GPUS, (T_DRY, T_CFG_LOAD, T_TWO_PROC, *T_GPU_CPU)),
-    "python -m pytest -q -n 0 -m matrix tests/test_multiprocess_matrix.py tests/test_distributed_demo.py "
-    "tests/test_distributed.py tests/test_distributed_faults.py":
+    "python -m pytest -q -n 0 -m matrix":
         (RUN + " (by CI after the suite: .ci/run)",
          ("tests/test_multiprocess_matrix.py::test_the_matrix_covers_every_registered_option", T_OPTS)),
     "mmrlvr demo [--out runs/demo] [--steps N] [--eval-size N] [--inspect]":
@@ -226,6 +225,9 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     'mmrlvr train configs/demo-tiny.yaml rewards.1.name=cocov algo.advantage=pass_at_k "algo.advantage_params={k: 4}"':
         ("the option trains 20 steps (tiny run, same keys, k 2 for G 4) and resumes exactly",
          ("tests/test_label_free_and_passk.py::test_trains_20_steps_and_resumes_exactly", T_DRY)),
+    'mmrlvr train configs/demo-tiny.yaml rollout.sampler=disagreement "rollout.sampler_params={floor: 0.05}"':
+        ("the option trains 20 steps (tiny run) and resumes exactly; 2 ranks in the matrix",
+         ("tests/test_sampler_methods.py::test_disagreement_trains_20_steps_and_resumes_exactly", T_DRY)),
     'mmrlvr train configs/demo-tiny.yaml "algo.aux_losses=[{name: forward_ce, weight: 0.1, params: '
     '{horizon: progressive}}]"':
         ("the option trains 20 steps (tiny run, same keys, horizon_steps 20) and resumes exactly",

@@ -203,7 +203,7 @@ def test_dry_run_prints_the_plan_every_kind_with_reason_and_parameters(tmp_path)
                                ("record", "metrics_and_rollouts", "default")]:
         assert any(ln.split() [:2] == [kind, name] and reason in ln for ln in out.splitlines()), (kind, out)
     assert "algo.advantage_params.unbiased = true  (preset)" in out and "algo.kl_coef = 0.05  (user)" in out
-    assert "rollout.sampler = shuffle  (default)" in out
+    assert "rollout.sampler = uniform  (default)" in out
 
 
 def test_a_misspelt_stage_name_fails_the_dry_run(tmp_path):

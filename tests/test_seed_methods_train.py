@@ -125,7 +125,39 @@ def test_seed_study_runs_two_arms_resumes_and_plots(tmp_path, capsys):
     table = (out / "results.md").read_text()
     assert "| lr0 | 1 |" in table and "| grpo | 1 |" in table
     assert (out / "results.png").stat().st_size > 1000
+    assert "| grpo − lr0 | 1 × 4 |" in table  # the paired comparison, over the 4 held-out prompts
+    assert all(len(r["per_prompt"]) == 4 for r in rows)
     capsys.readouterr()
     assert study.main(argv) == 0  # resumed: nothing retrained
     assert "resuming: 2 finished runs" in capsys.readouterr().out
     assert json.loads((out / "results.json").read_text())["results"] == rows
+
+
+def test_seed_study_paired_differences_by_hand():
+    """The paired comparison: per prompt, the difference averaged over seeds; SE over prompts and over seeds."""
+    import importlib.util
+    import math
+    import statistics
+
+    spec = importlib.util.spec_from_file_location("seed_study", ROOT / "benchmarks" / "seed_study.py")
+    study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study)
+    k = 4
+    runs = [  # per prompt [greedy, hits of k]: three prompts, two seeds
+        {"arm": "lr0", "seed": 0, "per_prompt": [[0, 1], [1, 2], [0, 0]]},
+        {"arm": "lr0", "seed": 1, "per_prompt": [[0, 2], [1, 2], [0, 1]]},
+        {"arm": "grpo", "seed": 0, "per_prompt": [[1, 3], [1, 2], [0, 0]]},
+        {"arm": "grpo", "seed": 1, "per_prompt": [[1, 4], [1, 3], [0, 1]]},
+    ]
+    d = study.paired(runs, "grpo", "lr0", "avg@4", k)
+    # avg@4 differences: seed 0 [2/4, 0, 0], seed 1 [2/4, 1/4, 0] -> per prompt [0.5, 0.125, 0]
+    by_prompt = [0.5, 0.125, 0.0]
+    assert d["diff"] == pytest.approx(statistics.mean(by_prompt))
+    assert d["se_prompt"] == pytest.approx(statistics.stdev(by_prompt) / math.sqrt(3))
+    by_seed = [0.5 / 3, 0.75 / 3]
+    assert d["se_seed"] == pytest.approx(statistics.stdev(by_seed) / math.sqrt(2))
+    assert d["se"] == max(d["se_prompt"], d["se_seed"]) and (d["seeds"], d["prompts"]) == (2, 3)
+    g = study.paired(runs, "grpo", "lr0", "greedy", k)
+    assert g["diff"] == pytest.approx(1 / 3)  # prompt 1 greedy flips right in both seeds
+    p = study.paired(runs, "grpo", "lr0", "pass@4", k)
+    assert p["diff"] == pytest.approx(0.0)  # the same prompts have a hit in both arms

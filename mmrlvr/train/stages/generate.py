@@ -69,11 +69,21 @@ class FlatGroups(Stage):
         from mmrlvr.train.stages.shape import row_accuracy
 
         acc = row_accuracy(b)
-        mine = (prompts, rewards, acc.reshape(-1, G).tolist() if acc is not None else None)
+        answers = [self.final_answer(c.text) for c in b.rollouts.completions]
+        mine = (prompts, rewards, acc.reshape(-1, G).tolist() if acc is not None else None,
+                [answers[i:i + G] for i in range(0, len(answers), G)])
         parts = _all_gather(mine, self.rt.accel.num_processes)
         accuracy = None if any(p[2] is None for p in parts) else [a for p in parts for a in p[2]]
         self.sampler.observe(StepOutcome(b.step, [i for p in parts for i in p[0]], [r for p in parts for r in p[1]],
-                                         accuracy))
+                                         accuracy, [a for p in parts for a in p[3]]))
+
+    def final_answer(self, text: str) -> str | None:
+        """A response's final answer under the run's answer convention (R1 tags, ``\\boxed{}``, raw), or None."""
+        from mmrlvr.data.prompts import answer_format
+        from mmrlvr.rewards.parsing import locate_answer
+
+        answer = locate_answer(text, answer_format(self.cfg.data))[0]
+        return answer.strip() if answer and answer.strip() else None
 
     def state_dict(self):
         return self.sampler.state_dict()

@@ -1,0 +1,124 @@
+"""Seed methods that choose the prompts: the SGAC disagreement curriculum (``rollout.sampler: disagreement``) and
+the default ``uniform`` sampler's name. The formula by hand, the draw's probabilities, state, refill rounds, and
+20 training steps with an exact resume (one process here; two ranks in the matrix marker's test below)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from analysis_helpers import train_tiny_run
+from mmrlvr.train.samplers import SAMPLERS, StepOutcome, answer_entropy, build_sampler
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_answer_entropy_by_hand():
+    assert answer_entropy(["1", "1", "2", "2"]) == pytest.approx(math.log(2))
+    assert answer_entropy(["3", "3.0", " 3 ", "3."]) == 0.0  # one answer written four ways
+    assert answer_entropy([None, None, "1", "1"]) == pytest.approx(math.log(2))  # unparsable is a category
+    assert answer_entropy(["a", "b", "c", "d"]) == pytest.approx(math.log(4))
+    # 3 of one, 1 of another: -(3/4 ln 3/4 + 1/4 ln 1/4)
+    assert answer_entropy(["x", "x", "x", "y"]) == pytest.approx(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25)))
+
+
+def test_uniform_is_the_default_and_shuffle_its_old_name():
+    from mmrlvr.config import RunConfig
+
+    assert RunConfig().rollout.sampler == "uniform"
+    a, b = build_sampler("uniform", 10, 3, 0, {}), build_sampler("shuffle", 10, 3, 0, {})
+    assert [a.indices(s) for s in range(5)] == [b.indices(s) for s in range(5)]
+
+
+def _observe(sampler, answers_by_prompt: dict[int, list]) -> None:
+    prompts = list(answers_by_prompt)
+    sampler.observe(StepOutcome(0, prompts, [[0.0] * len(a) for a in answers_by_prompt.values()], None,
+                                list(answers_by_prompt.values())))
+
+
+def test_unseen_prompts_come_first_then_draws_follow_the_normalised_entropy():
+    s = build_sampler("disagreement", 5, 2, 3, {"floor": 0.05})
+    first = s.indices(0)
+    assert len(first) == 2 and len(set(first)) == 2
+    _observe(s, {i: ["1", "1", "1", "1"] for i in first})  # agreed: entropy 0
+    second = s.indices(1)
+    assert not set(second) & set(first)  # still-unseen prompts first
+    # every prompt seen: 0 and 1 disagree fully (H = ln 4 -> weight 1), 2 half (ln 2 / ln 4 = 0.5), 3 and 4 agree
+    _observe(s, {0: ["a", "b", "c", "d"], 1: ["a", "b", "c", "d"], 2: ["a", "a", "b", "b"], 3: ["z"] * 4,
+                 4: ["z"] * 4})
+    assert s.entropy == pytest.approx({0: 1.0, 1: 1.0, 2: 0.5, 3: 0.0, 4: 0.0})
+    # one prompt per step: the draw picks prompt i with probability w_i / sum w (Efraimidis-Spirakis, k = 1)
+    one = build_sampler("disagreement", 5, 1, 3, {"floor": 0.05})
+    one.load_state_dict(s.state_dict())
+    n = 6000
+    counts = Counter(one.indices(step)[0] for step in range(n))
+    w = [1.0, 1.0, 0.5, 0.05, 0.05]
+    for i, wi in enumerate(w):
+        p = wi / sum(w)
+        assert abs(counts[i] / n - p) < 4 * math.sqrt(p * (1 - p) / n), (i, counts[i] / n, p)
+    assert counts[3] > 0 and counts[4] > 0  # the floor keeps every prompt in play
+
+
+def test_state_round_trip_and_refill_rounds_draw_other_prompts():
+    s = build_sampler("disagreement", 8, 3, 1, {})
+    _observe(s, {i: [str(i % 3), "0", "1", str(i)] for i in range(8)})
+    t = build_sampler("disagreement", 8, 3, 1, {})
+    t.load_state_dict(json.loads(json.dumps(s.state_dict())))  # plain data: JSON survives it too
+    assert [s.indices(k) for k in range(20)] == [t.indices(k) for k in range(20)]
+    r0, r1 = s.indices(4, 0), s.indices(4, 1)
+    assert not set(r0) & set(r1)
+
+
+def test_floor_out_of_range_is_a_config_error(tmp_path):
+    from analysis_helpers import cli
+
+    res = cli("train", "configs/demo-tiny.yaml", "--dry-run", "--config-only", f"output_dir={tmp_path}/r",
+              "rollout.sampler=disagreement", "rollout.sampler_params={floor: 0}")
+    assert res.returncode == 2 and "rollout.sampler_params.floor" in res.stderr and "in (0, 1]" in res.stderr
+
+
+def _metrics(run: Path) -> list[dict]:
+    return [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in ln]
+
+
+def test_disagreement_trains_20_steps_and_resumes_exactly(tmp_path):
+    opts = ["rollout.sampler=disagreement", "log_rollouts=false", "save_every=10"]
+    straight = _metrics(train_tiny_run(tmp_path / "a", "max_steps=20", *opts))
+    train_tiny_run(tmp_path / "b", "max_steps=10", *opts)
+    resumed = _metrics(train_tiny_run(tmp_path / "b", "max_steps=20", "--resume", *opts))
+    clean = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in straight[10:]]
+    assert clean == [{k: v for k, v in r.items() if not k.startswith("time/")} for r in resumed[-10:]]
+    import torch
+
+    state_a = torch.load(tmp_path / "a" / "checkpoints" / "step-00000020" / "training_state" / "stage_state.pt",
+                         weights_only=False)
+    state_b = torch.load(tmp_path / "b" / "checkpoints" / "step-00000020" / "training_state" / "stage_state.pt",
+                         weights_only=False)
+    assert state_a == state_b and state_a  # the sampler's entropies, equal after the resume
+    assert "disagreement" in SAMPLERS.names()
+
+
+@pytest.mark.matrix
+def test_disagreement_on_two_ranks_trains_what_one_process_trains(tmp_path):
+    """20 steps under torchrun with 2 DDP ranks: whole groups per rank, every rank's sampler fed the gathered
+    answers, so both draw the same prompts and the result equals one process's."""
+    from multiproc import assert_same_params, final_params, run, topology, torchrun_cmd
+
+    from mmrlvr.train.model_path import resolve_model_path
+
+    args = ["configs/demo-tiny.yaml", "max_steps=20", "rollout.prompts_per_step=4", "rollout.group_size=4",
+            "rollout.max_new_tokens=16", "data.train_size=16", "eval.at_start=false", "eval.at_end=false",
+            "eval.every=0", "progress=false", "save_every=0", "log_rollouts=false", "tensorboard=false",
+            "model.prefix_sharing=false", "rollout.sampler=disagreement"]
+    one = run([sys.executable, "-m", "mmrlvr.cli", "train", *args, f"output_dir={tmp_path / 'one'}"], timeout=1200)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = run(torchrun_cmd("-m", "mmrlvr.cli", "train", *args, f"output_dir={tmp_path / 'two'}"), timeout=1200)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert topology(tmp_path / "two")["world_size"] == 2
+    model = str(resolve_model_path("tiny:qwen2_5_vl:warm"))
+    assert_same_params(final_params(tmp_path / "one", model), final_params(tmp_path / "two", model))
