@@ -42,6 +42,9 @@ ARMS: dict[str, list[str]] = {
     "pass_at_k": ["algo.advantage=pass_at_k", "algo.advantage_params.k=4"],
     "gated_process": ["rewards.1.name=gated_process"],
     "forward_ce": ["algo.aux_losses=[{name: forward_ce, weight: 0.1, params: {expert: privileged}}]"],
+    # the distillation horizon: the first quarter of each response, or a share growing from 0.25 to 1
+    "forward_ce_h25": ["algo.aux_losses=[{name: forward_ce, weight: 0.1, params: {horizon: 0.25}}]"],
+    "forward_ce_prog": ["algo.aux_losses=[{name: forward_ce, weight: 0.1, params: {horizon: progressive}}]"],
 }
 #: arms run for as many steps as fit in GRPO's training seconds (same seed), from the named arm's time per step
 WALL_MATCHED = {"forward_ce@wall": "forward_ce"}
@@ -192,7 +195,8 @@ def plot(results: list[dict[str, Any]], k: int, path: Path, title: str) -> None:
     ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
     ax.set_ylabel("held-out accuracy")
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
+    ax.set_ylim(0, 1.08)
+    ax.legend(fontsize=8, loc="lower center", ncol=4, framealpha=0.9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -185,7 +185,7 @@ METHOD_KINDS: dict[str, MethodKind] = {
                       ("mmrlvr.algos.aggregation", "AGG_MODES")),
     "sampler": MethodKind("sampler", "prompt sampler", "rollout.sampler", "rollout.sampler_params",
                           "mmrlvr.train.samplers", ("mmrlvr.train.samplers", "SAMPLERS"),
-                          frozenset({"n", "batch_size", "seed"}), 0),
+                          frozenset({"n", "batch_size", "seed", "group_size"}), 0),
     "aux_loss": MethodKind("aux_loss", "auxiliary loss", "algo.aux_losses", "algo.aux_losses.<i>.params",
                            "mmrlvr.algos.params", ("mmrlvr.train.aux_losses", "AUX_LOSSES"),
                            frozenset({"rt", "weight"}), 0, listed=True),

@@ -5,6 +5,8 @@ A sampler is a registered class built once per run with ``(n, batch_size, seed, 
 - ``indices(step, round)`` returns the *global* batch of step ``step`` (``batch_size`` dataset indices; round r > 0
   is a dynamic-sampling refill round and should draw other prompts). Every process calls it with the same
   arguments and must get the same answer: each takes its contiguous share.
+- ``group_sizes(prompts)`` (optional) gives each of the step's prompts its own group size (the whole global
+  batch, in order; every process gets the same answer); without it every prompt gets ``rollout.group_size``.
 - ``observe(outcome)`` is called after every step with the step's prompts and their rewards (``StepOutcome``,
   gathered from every process, so every rank's sampler sees the same numbers and stays identical). A curriculum
   or a budget allocator learns here.
@@ -161,6 +163,130 @@ declare("sampler", "disagreement", "SGAC: unseen prompts first, then prompts dra
         source="arXiv:2605.01823")
 
 
-def build_sampler(name: str, n: int, batch_size: int, seed: int, params: dict[str, Any]) -> Sampler:
-    """The sampler ``name`` for ``n`` samples, ``batch_size`` prompts per step."""
-    return SAMPLERS.get(name)(n, batch_size, seed, **params)
+def allocate_budget(scores: list[float], budget: int, g_min: int, g_max: int) -> list[int]:
+    """Integer group sizes G_i ∝ scores within [g_min, g_max] that sum to ``budget`` (TRACE's allocation).
+
+    Water-filling: the λ with Σ clamp(λ·s_i, g_min, g_max) = budget (bisection), then each size rounded down and
+    the units left given to the largest remainders among prompts below g_max. All-zero scores split the budget
+    evenly. A budget outside [n·g_min, n·g_max] is clamped to it (the caller logs the total it got)."""
+    n = len(scores)
+    if n == 0:
+        return []
+    budget = min(max(int(budget), n * g_min), n * g_max)
+    s = [max(float(x), 0.0) for x in scores]
+    if sum(s) <= 0:
+        s = [1.0] * n
+
+    def total(lam: float) -> float:
+        return sum(min(max(lam * x, g_min), g_max) for x in s)
+
+    lo, hi = 0.0, 1.0
+    while total(hi) < budget and hi < 1e12:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if total(mid) < budget:
+            lo = mid
+        else:
+            hi = mid
+    real = [min(max(hi * x, g_min), g_max) for x in s]
+    sizes = [int(math.floor(r + 1e-9)) for r in real]
+    left = budget - sum(sizes)
+    order = sorted(range(n), key=lambda i: (-(real[i] - sizes[i]), -s[i], i))
+    for i in order:
+        if left <= 0:
+            break
+        if sizes[i] < g_max:
+            sizes[i] += 1
+            left -= 1
+    return sizes
+
+
+@SAMPLERS.register("budget")
+class BudgetSampler(ShuffleSampler):
+    """Reward-contrast budget allocation (TRACE, arXiv 2606.11119, its prompt-level part; no official code is
+    public): how many responses each prompt gets.
+
+    Prompts are drawn as ``uniform`` draws them. Per prompt an EMA of its pass rate, p̂ ← (1 − ``ema``)·p̂ + ``ema``·
+    (the share of its last group the verifier judged right; the first observation sets p̂). A step's group sizes
+    G_i ∝ p̂_i(1 − p̂_i) — the variance of a Bernoulli reward, the contrast a group can show — within
+    [``g_min``, ``g_max``] and a per-step sample ``budget`` (``allocate_budget``); prompts not seen yet get the
+    default G and the seen ones share what is left. ``budget`` defaults to prompts_per_step × G and must lie in
+    [B·g_min, B·g_max] (validated); while most prompts are unseen the step's total can differ from it (the unseen
+    take G each): ``sampler/samples`` logs each step's total. ``ema`` 0.5, ``g_min`` 2 and ``g_max`` 2·G are ours
+    (the paper's values are not public). State in checkpoints: every seen prompt's p̂.
+    """
+
+    def __init__(self, n: int, batch_size: int, seed: int, group_size: int = 8, budget: int = 0, g_min: int = 2,
+                 g_max: int = 0, ema: float = 0.5) -> None:
+        super().__init__(n, batch_size, seed)
+        self.group_size = int(group_size)
+        self.g_min, self.g_max = int(g_min), int(g_max) or 2 * int(group_size)
+        self.budget = int(budget) or batch_size * int(group_size)
+        self.ema = float(ema)
+        self.pass_rate: dict[int, float] = {}
+
+    def group_sizes(self, prompts: list[int]) -> list[int]:
+        """The group size of each of a step's prompts (the whole global batch, in order)."""
+        seen = [i for i, p in enumerate(prompts) if p in self.pass_rate]
+        sizes = [self.group_size] * len(prompts)
+        if not seen:
+            return sizes
+        left = self.budget - self.group_size * (len(prompts) - len(seen))
+        scores = [self.pass_rate[prompts[i]] * (1 - self.pass_rate[prompts[i]]) for i in seen]
+        for i, g in zip(seen, allocate_budget(scores, left, self.g_min, self.g_max)):
+            sizes[i] = g
+        return sizes
+
+    def observe(self, outcome: StepOutcome) -> None:
+        rates = outcome.accuracy if outcome.accuracy is not None else outcome.rewards
+        for i, group in zip(outcome.prompts, rates):
+            if i < 0 or not group:
+                continue
+            rate = sum(1.0 for x in group if x >= 1.0) / len(group) if outcome.accuracy is None else \
+                sum(group) / len(group)
+            old = self.pass_rate.get(i)
+            self.pass_rate[i] = rate if old is None else (1 - self.ema) * old + self.ema * rate
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pass_rate": dict(self.pass_rate)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pass_rate = {int(k): float(v) for k, v in (state or {}).get("pass_rate", {}).items()}
+
+
+def _budget_check(cfg: Any, p: dict[str, Any]) -> list[str]:
+    r = cfg.rollout
+    g_max = p["g_max"] or 2 * r.group_size
+    budget = p["budget"] or r.prompts_per_step * r.group_size
+    out = []
+    if p["g_min"] > g_max:
+        out.append(f"g_min={p['g_min']} exceeds g_max={g_max}")
+    lo, hi = r.prompts_per_step * p["g_min"], r.prompts_per_step * g_max
+    if not lo <= budget <= hi:
+        out.append(f"budget={budget} is outside [prompts_per_step x g_min, prompts_per_step x g_max] = [{lo}, {hi}]")
+    if not p["g_min"] <= r.group_size <= g_max:
+        out.append(f"rollout.group_size={r.group_size} (an unseen prompt's size) is outside [g_min, g_max] = "
+                   f"[{p['g_min']}, {g_max}]")
+    return out
+
+
+declare("sampler", "budget", "TRACE: uniform prompts, group sizes proportional to p(1 - p) of each prompt's EMA pass "
+        "rate within a per-step sample budget",
+        Param("budget", 0, "responses per step (0: prompts_per_step x group_size)", ">= 0", lambda v: v >= 0),
+        Param("g_min", 2, "smallest group size", ">= 1", lambda v: v >= 1),
+        Param("g_max", 0, "largest group size (0: 2 x group_size)", ">= 0", lambda v: v >= 0),
+        Param("ema", 0.5, "weight of the newest pass rate in the EMA", "in (0, 1]", lambda v: 0 < v <= 1),
+        source="arXiv:2606.11119", config_check=_budget_check)
+
+
+def build_sampler(name: str, n: int, batch_size: int, seed: int, params: dict[str, Any],
+                  group_size: int | None = None) -> Sampler:
+    """The sampler ``name`` for ``n`` samples, ``batch_size`` prompts per step (and the run's group size, for a
+    sampler that sizes groups)."""
+    import inspect
+
+    cls = SAMPLERS.get(name)
+    extra = {"group_size": group_size} if group_size is not None and "group_size" in inspect.signature(cls).parameters \
+        else {}
+    return cls(n, batch_size, seed, **extra, **params)
