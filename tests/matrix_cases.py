@@ -30,6 +30,7 @@ COMMON = ["max_steps=2", "save_every=0", "eval.every=0", "eval.at_start=false", 
 #: options whose multi-process run is not the 1-process run by design (the reason is the docs')
 NOT_EQUAL = {
     "shape:dynamic_sampling": "refill rounds fill each rank's shard from its own refill prompts (docs/scaling.md)",
+    "sampler:budget": "each rank allocates its even share of the budget over its own prompts (docs/methods.md)",
 }
 
 

@@ -83,7 +83,7 @@ def test_floor_out_of_range_is_a_config_error(tmp_path):
 
 
 def _metrics(run: Path) -> list[dict]:
-    return [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in ln]
+    return [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines() if '"reward/mean"' in ln]
 
 
 def test_disagreement_trains_20_steps_and_resumes_exactly(tmp_path):
@@ -122,3 +122,107 @@ def test_disagreement_on_two_ranks_trains_what_one_process_trains(tmp_path):
     assert topology(tmp_path / "two")["world_size"] == 2
     model = str(resolve_model_path("tiny:qwen2_5_vl:warm"))
     assert_same_params(final_params(tmp_path / "one", model), final_params(tmp_path / "two", model))
+
+
+# ------------------------------------------------------------------------------- TRACE budget allocation
+def test_allocate_budget_by_hand():
+    from mmrlvr.train.samplers import allocate_budget
+
+    # scores 0.25, 0.09, 0.16, 0.21 (p(1-p) of p = 0.5, 0.1, 0.2, 0.3), budget 32, sizes in [2, 16]:
+    # lambda = 32 / 0.71 -> 11.27, 4.06, 7.21, 9.46 -> floors 11, 4, 7, 9 (31) -> the largest remainder (.46) +1
+    assert allocate_budget([0.25, 0.09, 0.16, 0.21], 32, 2, 16) == [11, 4, 7, 10]
+    # the caps bind: a zero score sits at g_min until the only positive one is full, then the rest goes round
+    assert allocate_budget([0.25, 0.0, 0.0, 0.0], 32, 2, 16) == [16, 6, 5, 5]
+    assert allocate_budget([0.0, 0.0, 0.0], 10, 2, 16) == [4, 3, 3]  # no contrast anywhere: an even split
+    assert allocate_budget([0.2, 0.1], 100, 2, 16) == [16, 16]  # a budget above n * g_max is clamped to it
+
+
+def test_budget_sampler_sizes_follow_p_times_one_minus_p_within_the_budget():
+    s = build_sampler("budget", 10, 4, 0, {"g_min": 2}, group_size=8)
+    assert s.budget == 32 and s.g_max == 16
+    # a hand-built history: prompt 0 right 4 of 8 times, 1 right 1 of 8, then 2 of 8 (EMA 0.5), 2 never, 3 always
+    s.observe(StepOutcome(0, [0, 1, 2, 3], [[0.0] * 8] * 4, [[1.0] * 4 + [0.0] * 4, [1.0] + [0.0] * 7, [0.0] * 8,
+                                                              [1.0] * 8]))
+    s.observe(StepOutcome(1, [1], [[0.0] * 8], [[1.0] * 2 + [0.0] * 6]))
+    assert s.pass_rate == pytest.approx({0: 0.5, 1: 0.5 * 0.125 + 0.5 * 0.25, 2: 0.0, 3: 1.0})
+    sizes = s.group_sizes([0, 1, 2, 3])
+    # scores p(1-p): 0.25, 0.1875 * 0.8125 = 0.1523, 0, 0. Prompts 2 and 3 (no contrast) sit at g_min = 2; the
+    # water level lambda with clamp(0.25 lambda, 2, 16) + clamp(0.1523 lambda, 2, 16) = 28 is 78.8: prompt 0
+    # hits the cap (19.7 -> 16) and prompt 1 takes the rest, 0.1523 * 78.8 = 12
+    assert sizes == [16, 12, 2, 2]
+    # an unseen prompt gets G = 8; the seen share the rest (24)
+    mixed = s.group_sizes([0, 1, 7, 2])
+    assert mixed[2] == 8 and sum(mixed) == 32
+    # state round trip
+    t = build_sampler("budget", 10, 4, 0, {"g_min": 2}, group_size=8)
+    t.load_state_dict(json.loads(json.dumps(s.state_dict())))
+    assert t.group_sizes([0, 1, 2, 3]) == sizes
+
+
+def test_budget_outside_its_range_is_a_config_error(tmp_path):
+    from analysis_helpers import cli
+
+    res = cli("train", "configs/demo-tiny.yaml", "--dry-run", "--config-only", f"output_dir={tmp_path}/r",
+              "rollout.sampler=budget", "rollout.sampler_params={budget: 300, g_max: 12}")
+    assert res.returncode == 2, res.stderr
+    assert "budget=300 is outside [prompts_per_step x g_min, prompts_per_step x g_max] = [32, 192]" in res.stderr
+
+
+def test_budget_trains_20_steps_with_groups_of_several_sizes_and_resumes_exactly(tmp_path):
+    """Groups of different sizes pass through every stage (advantages, dynamic sampling's filter, records): each
+    step's total is the budget, the group sizes differ once prompts are seen, the inspector's records carry each
+    row's own group size, and a resumed run equals an uninterrupted one (sampler state included)."""
+    opts = ["rollout.sampler=budget", "rollout.prompts_per_step=4", "data.train_size=8", "save_every=10",
+            "stages.shape=[dynamic_sampling]", "algo.dynamic_sampling_max_rounds=1"]
+    straight = _metrics(train_tiny_run(tmp_path / "a", "max_steps=20", *opts))
+    train_tiny_run(tmp_path / "b", "max_steps=10", *opts)
+    resumed = _metrics(train_tiny_run(tmp_path / "b", "max_steps=20", "--resume", *opts))
+    clean = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in straight[10:]]
+    assert clean == [{k: v for k, v in r.items() if not k.startswith("time/")} for r in resumed[-10:]]
+    assert all(r["sampler/samples"] == 16 for r in straight)  # 4 prompts x G 4: the default budget, every step
+    assert any(r["group_size/max"] > r["group_size/min"] for r in straight)  # sizes differ once prompts are seen
+    from mmrlvr.store.reader import RolloutReader
+
+    frame = RolloutReader(tmp_path / "a").index
+    sizes = frame.groupby(["step", "prompt_id"])["group_size"].agg(["first", "count"])
+    assert (sizes["first"] == sizes["count"]).all() and sizes["first"].nunique() > 1
+
+
+def test_budget_with_refill_rounds_is_refused_on_several_processes(tmp_path):
+    import os
+
+    from analysis_helpers import ROOT as R, ENV
+
+    res = __import__("subprocess").run(
+        [sys.executable, "-m", "mmrlvr.cli", "train", "configs/demo-tiny.yaml", "--dry-run", "--config-only",
+         f"output_dir={tmp_path}/r", "rollout.sampler=budget", "algo.dynamic_sampling=true"],
+        capture_output=True, text=True, cwd=R, env={**ENV, "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"},
+        timeout=120)
+    assert res.returncode == 2 and "runs on one process only" in res.stderr and "budget" in res.stderr, res.stderr
+
+
+@pytest.mark.matrix
+def test_budget_on_two_ranks_keeps_the_budget_and_resumes_exactly(tmp_path):
+    """2 DDP ranks, 20 steps: whole groups of several sizes on each rank, each rank's share of the budget, the
+    step's total (summed over ranks) equal to the budget every step, and a resumed 2-rank run equal to an
+    uninterrupted one (the samplers' state restored on every rank)."""
+    from multiproc import run, topology, torchrun_cmd
+
+    args = ["configs/demo-tiny.yaml", "rollout.prompts_per_step=4", "rollout.group_size=4",
+            "rollout.max_new_tokens=16", "data.train_size=8", "eval.at_start=false", "eval.at_end=false",
+            "eval.every=0", "progress=false", "save_every=10", "log_rollouts=false", "tensorboard=false",
+            "rollout.sampler=budget"]
+
+    def train(out, *extra):
+        res = run(torchrun_cmd("-m", "mmrlvr.cli", "train", *args, f"output_dir={out}", *extra), timeout=1200)
+        assert res.returncode == 0, res.stderr[-3000:]
+        return _metrics(out)
+
+    straight = train(tmp_path / "a", "max_steps=20")
+    assert topology(tmp_path / "a")["world_size"] == 2
+    assert all(r["sampler/samples"] == 16 for r in straight)
+    assert any(r["group_size/max"] > r["group_size/min"] for r in straight)
+    train(tmp_path / "b", "max_steps=10")
+    resumed = train(tmp_path / "b", "max_steps=20", "--resume")
+    clean = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in straight[10:]]
+    assert clean == [{k: v for k, v in r.items() if not k.startswith("time/")} for r in resumed[-10:]]

@@ -70,6 +70,22 @@ class RolloutBatch:
     def num_rows(self) -> int:
         return int(self.input_ids.shape[0])
 
+    def group_slices(self) -> list[slice]:
+        """The rows of each group, in order (groups are contiguous; their sizes may differ: a budget sampler)."""
+        gi = self.group_index.tolist()
+        starts = [i for i in range(len(gi)) if i == 0 or gi[i] != gi[i - 1]]
+        return [slice(a, b) for a, b in zip(starts, starts[1:] + [len(gi)])]
+
+    def rows_per_group(self) -> int | list[int]:
+        """G when every group has G rows, else each group's row count (``VisionFeatureCache``'s layout)."""
+        g = self.uniform_group_size()
+        return g if g is not None else [s.stop - s.start for s in self.group_slices()]
+
+    def uniform_group_size(self) -> int | None:
+        """G when every group has G rows, else None (then nothing may assume rows_per_prompt = G)."""
+        sizes = {s.stop - s.start for s in self.group_slices()}
+        return sizes.pop() if len(sizes) == 1 else None
+
     def model_inputs(self) -> dict[str, Any]:
         """Keyword arguments for ``model(**inputs)`` (teacher forcing of prompt + response)."""
         return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, **self.vision}

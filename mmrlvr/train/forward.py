@@ -153,7 +153,10 @@ def prefix_sharing(cfg: Any, rollouts: Any) -> dict[str, Any]:
     and prompt length with ``model.prefix_sharing``, nothing without it."""
     if not cfg.model.prefix_sharing:
         return {}
-    return {"prompt_length": rollouts.prompt_length, "rows_per_prompt": cfg.rollout.group_size}
+    g = rollouts.uniform_group_size()
+    if g is None:  # groups of different sizes: no shared layout of G rows per prompt, whole rows instead
+        return {}
+    return {"prompt_length": rollouts.prompt_length, "rows_per_prompt": g}
 
 
 def prefix_shared_logprobs(model: torch.nn.Module, inputs: dict[str, Any], response_ids: torch.Tensor,
@@ -210,7 +213,8 @@ class VisionFeatureCache:
     """
 
     def __init__(self, model: torch.nn.Module, vision: dict[str, Any], images_per_row: list[int],
-                 rows_per_prompt: int, features: list[torch.Tensor] | None = None) -> None:
+                 rows_per_prompt: int | list[int], features: list[torch.Tensor] | None = None) -> None:
+        # rows_per_prompt: G, or each group's row count when the sizes differ
         self.ok = False
         self.images_per_row = images_per_row
         grid = vision.get("image_grid_thw")
@@ -224,15 +228,17 @@ class VisionFeatureCache:
             offsets = [0]
             for p in grid.prod(-1).tolist():
                 offsets.append(offsets[-1] + p)
-            keep = [i for r in range(0, len(images_per_row), rows_per_prompt)
-                    for i in range(first_image[r], first_image[r + 1])]
+            sizes = ([rows_per_prompt] * -(-len(images_per_row) // rows_per_prompt)
+                     if isinstance(rows_per_prompt, int) else list(rows_per_prompt))
+            starts = {sum(sizes[:j]) for j in range(len(sizes))}
+            keep = [i for r in sorted(starts) for i in range(first_image[r], first_image[r + 1])]
             if not keep:
                 return
             pixels = torch.cat([vision["pixel_values"][offsets[i]:offsets[i + 1]] for i in keep], dim=0)
             distinct = encode_images(model, pixels, grid[keep])
             features, cursor = [], 0
             for r, k in enumerate(images_per_row):
-                if r % rows_per_prompt == 0:
+                if r in starts:
                     group = distinct[cursor:cursor + k]
                     cursor += k
                 features.extend(group)

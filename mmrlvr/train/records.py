@@ -88,6 +88,7 @@ def build_records(step: int, data, processor, writer, cfg) -> list[RolloutRecord
             raise ValueError(f"record field {name!r}: {len(values)} values for {batch.num_rows} rows (a stage must "
                              f"give one value per row of the batch the record stage sees)")
     records = []
+    sizes = [s.stop - s.start for s in batch.group_slices() for _ in range(s.stop - s.start)]  # each row's group
     for i in range(batch.num_rows):
         sample, comp, res = batch.samples[i], batch.completions[i], data.results[i]
         n = int(batch.response_mask[i].sum())
@@ -102,7 +103,7 @@ def build_records(step: int, data, processor, writer, cfg) -> list[RolloutRecord
         criteria = rubric.get("rubric") if isinstance(rubric.get("rubric"), list) else []
         records.append(RolloutRecord(
             run_id=run_id, step=step, prompt_id=str(sample.id), sample_index=int(batch.sample_index[i]),
-            group_size=cfg.rollout.group_size, prompt_text=sample.question,
+            group_size=sizes[i], prompt_text=sample.question,
             image_refs=[refs.ref(im) for im in sample.images],
             response_text=comp.text, response_token_ids=ids,
             response_tokens=[tok.decode([t]) for t in ids],

@@ -168,7 +168,9 @@ def allocate_budget(scores: list[float], budget: int, g_min: int, g_max: int) ->
 
     Water-filling: the λ with Σ clamp(λ·s_i, g_min, g_max) = budget (bisection), then each size rounded down and
     the units left given to the largest remainders among prompts below g_max. All-zero scores split the budget
-    evenly. A budget outside [n·g_min, n·g_max] is clamped to it (the caller logs the total it got)."""
+    evenly. When the caps bind — every prompt with a score at g_max and the rest (score 0) at g_min still short of
+    the budget — the units left go round the prompts below g_max (largest remainder, then score, first) [ours: the
+    budget is kept exactly]. A budget outside [n·g_min, n·g_max] is clamped to it (the caller logs the total it got)."""
     n = len(scores)
     if n == 0:
         return []
@@ -193,12 +195,11 @@ def allocate_budget(scores: list[float], budget: int, g_min: int, g_max: int) ->
     sizes = [int(math.floor(r + 1e-9)) for r in real]
     left = budget - sum(sizes)
     order = sorted(range(n), key=lambda i: (-(real[i] - sizes[i]), -s[i], i))
-    for i in order:
-        if left <= 0:
-            break
-        if sizes[i] < g_max:
-            sizes[i] += 1
-            left -= 1
+    while left > 0:  # largest remainders first; when the caps bind (zero scores at g_min), round after round
+        for i in order:
+            if left > 0 and sizes[i] < g_max:
+                sizes[i] += 1
+                left -= 1
     return sizes
 
 
@@ -212,8 +213,12 @@ class BudgetSampler(ShuffleSampler):
     G_i ∝ p̂_i(1 − p̂_i) — the variance of a Bernoulli reward, the contrast a group can show — within
     [``g_min``, ``g_max``] and a per-step sample ``budget`` (``allocate_budget``); prompts not seen yet get the
     default G and the seen ones share what is left. ``budget`` defaults to prompts_per_step × G and must lie in
-    [B·g_min, B·g_max] (validated); while most prompts are unseen the step's total can differ from it (the unseen
-    take G each): ``sampler/samples`` logs each step's total. ``ema`` 0.5, ``g_min`` 2 and ``g_max`` 2·G are ours
+    [B·g_min, B·g_max] (validated). Where the unseen prompts' G each leaves the seen an impossible share (a budget
+    far from B·G early in the run), the unseen sizes absorb the difference [ours: the total stays the budget, so
+    every step, and every process, has the same number of samples]; ``sampler/samples`` logs each step's total.
+    With several processes each allocates its even share of the budget over its own prompts (whole groups per
+    rank, equal rows per rank) [ours: the paper allocates over the whole batch]; the budget must divide by the
+    number of processes. ``ema`` 0.5, ``g_min`` 2 and ``g_max`` 2·G are ours
     (the paper's values are not public). State in checkpoints: every seen prompt's p̂.
     """
 
@@ -226,16 +231,28 @@ class BudgetSampler(ShuffleSampler):
         self.ema = float(ema)
         self.pass_rate: dict[int, float] = {}
 
-    def group_sizes(self, prompts: list[int]) -> list[int]:
-        """The group size of each of a step's prompts (the whole global batch, in order)."""
+    def group_sizes(self, prompts: list[int], budget: int | None = None) -> list[int]:
+        """The group size of each of ``prompts`` (a process's share of the step, in order) within ``budget``
+        samples (default: the whole budget). Unseen prompts take G; the seen share what is left in proportion to
+        p̂(1 − p̂). When that cannot meet the budget (too many unseen prompts for a budget far from B·G), the
+        unseen sizes absorb the difference within [g_min, g_max], so the total always equals the budget — and
+        every process, given the same share, holds the same number of rows."""
+        budget = self.budget if budget is None else int(budget)
+        n = len(prompts)
+        budget = min(max(budget, n * self.g_min), n * self.g_max)
         seen = [i for i, p in enumerate(prompts) if p in self.pass_rate]
-        sizes = [self.group_size] * len(prompts)
-        if not seen:
-            return sizes
-        left = self.budget - self.group_size * (len(prompts) - len(seen))
-        scores = [self.pass_rate[prompts[i]] * (1 - self.pass_rate[prompts[i]]) for i in seen]
-        for i, g in zip(seen, allocate_budget(scores, left, self.g_min, self.g_max)):
-            sizes[i] = g
+        unseen = [i for i in range(n) if i not in set(seen)]
+        sizes = [self.group_size] * n
+        left = budget - self.group_size * len(unseen)
+        left_seen = min(max(left, len(seen) * self.g_min), len(seen) * self.g_max)
+        if seen:
+            scores = [self.pass_rate[prompts[i]] * (1 - self.pass_rate[prompts[i]]) for i in seen]
+            for i, g in zip(seen, allocate_budget(scores, left_seen, self.g_min, self.g_max)):
+                sizes[i] = g
+        if unseen and left_seen != left:  # the unseen absorb what the seen could not take
+            for i, g in zip(unseen, allocate_budget([1.0] * len(unseen), budget - left_seen, self.g_min,
+                                                    self.g_max)):
+                sizes[i] = g
         return sizes
 
     def observe(self, outcome: StepOutcome) -> None:

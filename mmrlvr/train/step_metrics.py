@@ -32,8 +32,12 @@ def rollout_metrics(batch: RolloutBatch, rewards: torch.Tensor, results: list, g
     lengths = batch.response_mask.sum(dim=1)
     m["response_length/mean"] = float(lengths.mean())
     m["truncated_fraction"] = _mean([float(c.finish_reason == "length") for c in batch.completions])
-    groups = rewards.view(-1, group_size)
-    m["zero_std_group_fraction"] = float((groups.std(dim=1, unbiased=False) < 1e-8).float().mean())
+    groups = [rewards[s] for s in batch.group_slices()]  # sizes may differ (a budget sampler)
+    m["zero_std_group_fraction"] = _mean([float(g.std(unbiased=False) < 1e-8) if len(g) > 1 else 1.0 for g in groups])
+    sizes = [len(g) for g in groups]
+    m["group_size/mean"] = _mean([float(x) for x in sizes])
+    m["group_size/max"] = float(max(sizes)) if sizes else 0.0
+    m["group_size/min"] = float(min(sizes)) if sizes else 0.0
     verdicts = [r.parsed.get("consistency", {}).get("verdict") for r in results
                 if isinstance(r.parsed.get("consistency"), dict)]
     if verdicts:

@@ -82,7 +82,7 @@ class InUpdateCredit(_CreditStage):
         if self.scheme.needs_perturbed:
             with self.rt.unsharded():  # the backbone is called directly (FSDP2: its root weights gathered first)
                 pert = response_hidden(self.rt.policy, self.perturbed_inputs(b), rollouts.prompt_length,
-                                       rollouts.response_ids.shape[1], rows_per_prompt=cfg.rollout.group_size)
+                                       rollouts.response_ids.shape[1], rows_per_prompt=rollouts.uniform_group_size() or 1)
         b.deferred = DeferredCredit(self.scheme, pert, b.token_weights.clone(), b.advantages.clone(),
                                     cfg.credit.chunk_size, cfg.rollout.temperature)
 
@@ -113,7 +113,7 @@ class SeparateCredit(_CreditStage):
                 rt.policy, clean if distribution else None, pert_inputs, rollouts.prompt_length,
                 rollouts.response_ids, rollouts.response_mask, chunk_size=cfg.credit.chunk_size,
                 temperature=cfg.rollout.temperature, old_logprobs=rollouts.old_logprobs,
-                distribution=distribution, rows_per_prompt=cfg.rollout.group_size,
+                distribution=distribution, rows_per_prompt=rollouts.uniform_group_size() or 1,
             )
         from mmrlvr.credit.schemes import takes_reduce
 
@@ -161,7 +161,7 @@ class HiddenStateCredit(Stage):
         rollouts = b.rollouts
         with torch.no_grad(), self.rt.unsharded():  # the backbone is called directly (FSDP2: gathered first)
             hidden = response_hidden(self.rt.policy, all_rows(self.rt, b), rollouts.prompt_length,
-                                     rollouts.response_ids.shape[1], rows_per_prompt=self.cfg.rollout.group_size)
+                                     rollouts.response_ids.shape[1], rows_per_prompt=rollouts.uniform_group_size() or 1)
         dev, home = hidden.states.device, b.token_weights.device  # [N, L, H] stays on the model's device
         reduce = self.rt.reduce_fn()  # several processes: batch-wide statistics of the global batch
         from mmrlvr.credit.schemes import takes_reduce

@@ -36,6 +36,30 @@ class FlatGroups(Stage):
                 "rollout.engine": r.engine, "rollout.max_new_tokens": r.max_new_tokens,
                 "rollout.temperature": r.temperature}
 
+    @classmethod
+    def validate(cls, cfg) -> list[str]:
+        """A sampler that sizes groups splits its budget evenly across processes: the budget must divide."""
+        if cfg.rollout.sampler != "budget":
+            return []
+        from mmrlvr.methods import configured
+        from mmrlvr.train.distributed import expected_world_size
+
+        world, how = expected_world_size()
+        budget = configured(cfg, "sampler")[1]["budget"] or cfg.rollout.prompts_per_step * cfg.rollout.group_size
+        out = []
+        if world > 1 and budget % world:
+            out.append(f"rollout.sampler_params.budget: {budget} samples per step do not split evenly over {world} "
+                       f"processes ({how}); each process allocates an equal share: choose a multiple of {world}")
+        shape = cfg.stages.shape if isinstance(cfg.stages.shape, list) else [cfg.stages.shape]
+        refills = (cfg.algo.dynamic_sampling or "dynamic_sampling" in shape) and cfg.algo.dynamic_sampling_max_rounds > 1
+        if world > 1 and refills:
+            from mmrlvr.train.distributed import one_process_only
+
+            out += one_process_only("rollout.sampler: budget with dynamic-sampling refill rounds",
+                                    "refilled groups of other sizes would leave the processes with different row "
+                                    "counts; set algo.dynamic_sampling_max_rounds: 1")
+        return out
+
     #: refill round r samples with the engine's seed key step + r * ROUND_KEY, so its responses never repeat
     #: round 0's (the engine seeds per seed, step, prompt and sample)
     ROUND_KEY = 10_000_000
@@ -47,14 +71,19 @@ class FlatGroups(Stage):
 
         name, params = configured(self.cfg, "sampler")
         self.sampler = build_sampler(name, len(rt.train_samples), self.cfg.rollout.prompts_per_step, self.cfg.seed,
-                                     params)
+                                     params, group_size=self.cfg.rollout.group_size)
         self._index = {id(s): i for i, s in enumerate(rt.train_samples)}  # sample -> dataset index
 
-    def prompts(self, step: int, round: int = 0) -> list:
-        """This process's share of step ``step``'s prompts (round r > 0: a refill round's)."""
+    def prompts(self, step: int, round: int = 0) -> tuple[list, list[int] | None]:
+        """This process's share of step ``step``'s prompts (round r > 0: a refill round's), and their group sizes
+        when the sampler sizes groups (``group_sizes``; each process allocates its even share of the budget, so
+        every rank holds the same number of rows), else None (``rollout.group_size`` each)."""
         rt = self.rt
         idx = shard(self.sampler.indices(step, round), rt.accel.process_index, rt.accel.num_processes)
-        return [rt.train_samples[i] for i in idx]
+        sizes = None
+        if getattr(self.sampler, "group_sizes", None) is not None:
+            sizes = self.sampler.group_sizes(idx, self.sampler.budget // rt.accel.num_processes)
+        return [rt.train_samples[i] for i in idx], sizes
 
     def after_step(self, b: StepBatch) -> None:
         """The sampler observes the step's prompts and rewards, gathered from every process (in rank order)."""
@@ -63,15 +92,15 @@ class FlatGroups(Stage):
 
         if type(self.sampler).observe is Sampler.observe or b.rollouts is None or b.rewards is None:
             return  # a sampler that learns nothing needs no gather
-        G, rows = self.cfg.rollout.group_size, b.rollouts.samples
-        prompts = [self._index.get(id(rows[i]), -1) for i in range(0, len(rows), G)]
-        rewards = b.rewards.reshape(-1, G).tolist()
+        rows, spans = b.rollouts.samples, b.rollouts.group_slices()  # groups may differ in size
+        prompts = [self._index.get(id(rows[s.start]), -1) for s in spans]
+        rewards = [b.rewards[s].tolist() for s in spans]
         from mmrlvr.train.stages.shape import row_accuracy
 
         acc = row_accuracy(b)
         answers = [self.final_answer(c.text) for c in b.rollouts.completions]
-        mine = (prompts, rewards, acc.reshape(-1, G).tolist() if acc is not None else None,
-                [answers[i:i + G] for i in range(0, len(answers), G)])
+        mine = (prompts, rewards, [acc[s].tolist() for s in spans] if acc is not None else None,
+                [answers[s] for s in spans])
         parts = _all_gather(mine, self.rt.accel.num_processes)
         accuracy = None if any(p[2] is None for p in parts) else [a for p in parts for a in p[2]]
         self.sampler.observe(StepOutcome(b.step, [i for p in parts for i in p[0]], [r for p in parts for r in p[1]],
@@ -96,13 +125,28 @@ class FlatGroups(Stage):
         from mmrlvr.train.forward import VisionFeatureCache
 
         cfg, rt = self.cfg, self.rt
-        b.samples = self.prompts(b.step, b.round)
+        b.samples, sizes = self.prompts(b.step, b.round)
         params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
                                 top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k)
         rt.model.eval()
         t0 = time.perf_counter()
-        rollouts = rt.engine.generate(b.samples, cfg.rollout.group_size, params, seed=cfg.seed,
-                                      step=b.step + b.round * self.ROUND_KEY)
+        step_key = b.step + b.round * self.ROUND_KEY
+        if sizes is None:
+            rollouts = rt.engine.generate(b.samples, cfg.rollout.group_size, params, seed=cfg.seed, step=step_key)
+        else:  # one engine call per group size, joined (samples are seeded per prompt and index: order-free)
+            from mmrlvr.rollout.merge import concat_rollouts
+
+            by_size: dict[int, list] = {}
+            for sample, g in zip(b.samples, sizes):
+                by_size.setdefault(g, []).append(sample)
+            pieces = [rt.engine.generate(by_size[g], g, params, seed=cfg.seed, step=step_key) for g in sorted(by_size)]
+            tok = getattr(rt.processor, "tokenizer", rt.processor)
+            rollouts = concat_rollouts(pieces, pad_id=tok.pad_token_id if tok.pad_token_id is not None else 0)
+            rollouts.timings = {k: sum(p.timings.get(k, 0.0) for p in pieces) for k in pieces[0].timings}
+            b.samples = [s for g in sorted(by_size) for s in by_size[g]]
+            b.diagnostics["sampler/samples"] = float(sum(sizes))
+        for i, c in zip(rollouts.group_index.tolist(), rollouts.completions):
+            c.meta["group_index"] = i  # rewards that group by completion read it (groups may differ in size)
         rollouts.timings.setdefault("generate_s", time.perf_counter() - t0)
         rollouts.timings["step"] = b.step
         b.rollouts = rollouts
@@ -110,7 +154,7 @@ class FlatGroups(Stage):
         prompt_ids = rollouts.input_ids[:, :rollouts.prompt_length]
         b.images_per_row = (prompt_ids == rt.vision_start_id).sum(dim=1).tolist()
         if cfg.model.freeze_vision:
-            vision = VisionFeatureCache(rt.policy, rollouts.vision, b.images_per_row, cfg.rollout.group_size,
+            vision = VisionFeatureCache(rt.policy, rollouts.vision, b.images_per_row, rollouts.rows_per_group(),
                                         features=rollouts.image_features)
             b.vision = vision if vision.ok else None
         b.token_weights = rollouts.response_mask.clone()

@@ -128,8 +128,7 @@ class DynamicSampling(Stage):
     def __call__(self, b: StepBatch) -> None:
         if b.round > 0:  # inside a refill round only the earlier stages run (Pipeline.run stops before us)
             return
-        G = self.cfg.rollout.group_size
-        target = b.rollouts.num_rows // G
+        target = len(b.rollouts.group_slices())  # groups (their sizes may differ: a budget sampler)
         keep = self.keep_groups(b)
         parts = [(b, [g for g in range(target) if keep[g]])]
         dropped = [(b, [g for g in range(target) if not keep[g]])]
@@ -140,7 +139,7 @@ class DynamicSampling(Stage):
             extra = self.rt.pipeline.run(b.step, round=rounds, stop_before=self)
             rounds += 1
             k = self.keep_groups(extra)
-            n_extra = extra.rollouts.num_rows // G
+            n_extra = len(extra.rollouts.group_slices())
             take = [g for g in range(n_extra) if k[g]][:max(target - kept, 0)]
             parts.append((extra, take))
             dropped.append((extra, [g for g in range(n_extra) if not k[g]]))
@@ -166,7 +165,7 @@ class DynamicSampling(Stage):
         from mmrlvr.rollout.merge import concat_rollouts, select_rows
         from mmrlvr.train.forward import VisionFeatureCache
 
-        rt, G = self.rt, self.cfg.rollout.group_size
+        rt = self.rt
         pieces, results, rewards, weights, keep_rows = [], [], [], [], []
         # consecutive groups from the same source batch are selected together
         by_src: list[tuple[StepBatch, list[int], list[bool]]] = []
@@ -178,23 +177,24 @@ class DynamicSampling(Stage):
                 by_src.append((src, [g], [kept]))
         length = max(src.rollouts.response_ids.shape[1] for src, _, _ in by_src)
         for src, groups, kept in by_src:
-            rows = [g * G + j for g in groups for j in range(G)]
+            spans = src.rollouts.group_slices()
+            rows = [r for g in groups for r in range(spans[g].start, spans[g].stop)]
             pieces.append(select_rows(src.rollouts, rows, rt.vision_start_id))
             results.extend(src.results[r] for r in rows)
             rewards.append(src.rewards[rows])
             w = src.token_weights[rows]
             weights.append(torch.nn.functional.pad(w, (0, length - w.shape[1])))
-            keep_rows.extend(k for k in kept for _ in range(G))
+            keep_rows.extend(k for g, k in zip(groups, kept) for _ in range(spans[g].stop - spans[g].start))
         tok = getattr(rt.processor, "tokenizer", rt.processor)
         rollouts = concat_rollouts(pieces, pad_id=tok.pad_token_id if tok.pad_token_id is not None else 0)
         rollouts.timings = dict(b.rollouts.timings)
         b.rollouts, b.results, b.rewards = rollouts, results, torch.cat(rewards)
-        b.samples = [rollouts.samples[i] for i in range(0, rollouts.num_rows, G)]
+        b.samples = [rollouts.samples[s.start] for s in rollouts.group_slices()]
         b.row_mask = torch.tensor(keep_rows)
         b.token_weights = torch.cat(weights)
         b.token_weights[~b.row_mask] = 0.0
         b.images_per_row = (rollouts.input_ids[:, :rollouts.prompt_length] == rt.vision_start_id).sum(dim=1).tolist()
         if b.vision is not None:
-            vision = VisionFeatureCache(rt.policy, rollouts.vision, b.images_per_row, G,
+            vision = VisionFeatureCache(rt.policy, rollouts.vision, b.images_per_row, rollouts.rows_per_group(),
                                         features=rollouts.image_features)
             b.vision = vision if vision.ok else None
