@@ -106,6 +106,9 @@ class RolloutConfig:
                       "permutation per epoch; also called shuffle) | disagreement (SGAC: prompts whose answers "
                       "disagree most) | plug-ins")
     sampler_params: dict[str, Any] = _f({}, "parameters of rollout.sampler")
+    guide: dict[str, Any] = _f({}, "NPO near-future guides: {from: CHECKPOINT_DIR, gate: 0.6, tries: 4} puts one "
+                               "verified-correct response of a later checkpoint into each group below the gate "
+                               "(empty: off)")
 
 
 @dataclass
@@ -221,7 +224,7 @@ class StagesConfig:
     generate: str | None = _f(None, "sampler + rollout strategy (groups)")
     score: str | None = _f(None, "rewards for every rollout (rewards)")
     shape: str | list[str] | None = _f(None, "reward transforms / row filters, added to the automatic ones, run in "
-                                       "priority order (drop_unscored, overlong, mask_truncated, dynamic_sampling)")
+                                       "priority order (guide, drop_unscored, overlong, mask_truncated, dynamic_sampling)")
     advantages: str | None = _f(None, "advantage stage (group, consistency_split, poise, popo)")
     reference: str | list[str] | None = _f(None, "pi_old recompute and pi_ref for the KL term, added to the automatic "
                                            "ones (old_policy, frozen, aux_losses)")

@@ -535,6 +535,15 @@ def _plugins_here(plugins: list[str]) -> bool:
     return True
 
 
+def guide_problems(cfg: RunConfig, where: str) -> list[str]:
+    """``rollout.guide.from`` names a finished checkpoint folder on this machine (NPO's guide)."""
+    src = cfg.rollout.guide.get("from") if isinstance(cfg.rollout.guide, dict) else None
+    if not isinstance(src, str) or not src or (Path(src) / "state.json").is_file():
+        return []
+    return [f"{where}: rollout.guide.from: {src} is not a checkpoint folder (no state.json); name a "
+            "RUN_DIR/checkpoints/step-K of a finished save"]
+
+
 def preflight_problems(cfg: RunConfig, where: str, *, dry_run: bool = False, resume: bool = False,
                        overwrite: bool = False, allow_config_change: bool = False,
                        environment: bool = True) -> list[str]:
@@ -557,7 +566,7 @@ def preflight_problems(cfg: RunConfig, where: str, *, dry_run: bool = False, res
         problems, checks = [], []
         cfg.plugins_unchecked = True  # not a config key: the plan is not checked either
     if environment:
-        checks += [model_problems, data_problems, package_problems]
+        checks += [model_problems, data_problems, package_problems, guide_problems]
     for check in checks:
         try:
             problems += check(cfg, where)

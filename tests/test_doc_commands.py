@@ -225,6 +225,17 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     'mmrlvr train configs/demo-tiny.yaml rewards.1.name=cocov algo.advantage=pass_at_k "algo.advantage_params={k: 4}"':
         ("the option trains 20 steps (tiny run, same keys, k 2 for G 4) and resumes exactly",
          ("tests/test_label_free_and_passk.py::test_trains_20_steps_and_resumes_exactly", T_DRY)),
+    "mmrlvr train configs/demo-tiny.yaml output_dir=runs/ahead max_steps=60":
+        ("the first run of the recipe (a tiny run; the test trains 4 steps ahead)",
+         ("tests/test_npo_guide.py::test_guide_trains_20_steps_and_resumes_exactly", T_DRY)),
+    'mmrlvr train configs/demo-tiny.yaml output_dir=runs/guided max_steps=40 '
+    '"rollout.guide={from: runs/ahead/checkpoints/step-00000060}"':
+        ("the guided run trains 20 steps from a later checkpoint and resumes exactly; 2 ranks in the matrix",
+         ("tests/test_npo_guide.py::test_guide_trains_20_steps_and_resumes_exactly",)),
+    'mmrlvr train configs/demo-tiny.yaml rollout.sampler=budget "rollout.sampler_params={g_min: 2, g_max: 16}"':
+        ("the option trains 20 steps (tiny run, G 4) with groups of several sizes and resumes exactly; 2 ranks in "
+         "the matrix", ("tests/test_sampler_methods.py::"
+                        "test_budget_trains_20_steps_with_groups_of_several_sizes_and_resumes_exactly", T_DRY)),
     'mmrlvr train configs/demo-tiny.yaml rollout.sampler=disagreement "rollout.sampler_params={floor: 0.05}"':
         ("the option trains 20 steps (tiny run) and resumes exactly; 2 ranks in the matrix",
          ("tests/test_sampler_methods.py::test_disagreement_trains_20_steps_and_resumes_exactly", T_DRY)),

@@ -373,12 +373,22 @@ def group_cards_html(records: Sequence[RolloutRecord], selected: int | None = No
         cards.append(
             f'<div class="mm-card" data-sample="{rec.sample_index}" style="border:{border};border-radius:6px;'
             'padding:6px;width:200px;font-size:12px">'
-            f'<div><b>#{rec.sample_index}</b> reward <b>{fmt(rec.reward)}</b></div>'
+            f'<div><b>#{rec.sample_index}</b> reward <b>{fmt(rec.reward)}</b>{_guide_badge(rec)}</div>'
             f'<div>adv <span style="color:{adv_colour}">{fmt(rec.advantage)}</span> · '
             f"{rec.num_response_tokens} tok · {esc(rec.finish_reason)}</div>"
             f'<div style="color:#555;white-space:pre-wrap;word-break:break-word;max-height:6em;overflow:hidden">'
             f"{esc(preview)}</div></div>")
     return head + '<div class="mm-cards" style="display:flex;flex-wrap:wrap;gap:6px">' + "".join(cards) + "</div>"
+
+
+def _guide_badge(rec: RolloutRecord) -> str:
+    """A "guide" badge on a slot a later checkpoint filled (NPO: ``extra["guide"]``), naming the checkpoint."""
+    guide = (rec.extra or {}).get("guide")
+    if not guide:
+        return ""
+    src = guide.get("from", "") if isinstance(guide, dict) else str(guide)
+    return (f' <span class="mm-guide" title="{esc(src)}" style="background:#6a1b9a;color:#fff;border-radius:4px;'
+            'padding:0 5px">guide</span>')
 
 
 def group_choices(summary: pd.DataFrame) -> list[tuple[str, str]]:

@@ -124,6 +124,7 @@ def build_records(step: int, data, processor, writer, cfg) -> list[RolloutRecord
             config_hash=chash, git_commit=commit,
             extra={"task": sample.meta.get("task", ""), "answer_type": sample.answer_type,
                    **(_video_extra(sample, refs.ref) if sample.meta.get("videos") else {}),
+                   **({"guide": comp.meta["guide"]} if comp.meta.get("guide") else {}),
                    **{k: v[i] for k, v in fields.items()}},
         ))
     return records

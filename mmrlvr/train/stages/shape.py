@@ -198,3 +198,182 @@ class DynamicSampling(Stage):
             vision = VisionFeatureCache(rt.policy, rollouts.vision, b.images_per_row, rollouts.rows_per_group(),
                                         features=rollouts.image_features)
             b.vision = vision if vision.ok else None
+
+
+#: the keys ``rollout.guide`` takes, with their defaults (``from`` has none: it names the guide)
+GUIDE_DEFAULTS = {"gate": 0.6, "tries": 4}
+
+
+@register_stage("shape", "guide", priority=50)
+class NearFutureGuide(Stage):
+    """NPO, near-future guide trajectories (arXiv 2604.20733; no official code is public): for every group whose
+    on-policy accuracy is below ``gate`` (0.6, the paper's), one slot becomes a verified-correct response of a
+    *later* checkpoint of the same run (``rollout.guide.from``); the objective is unchanged.
+
+    Per gated group the guide samples ``tries`` responses to the prompt [ours: 4] and the first the verifier judges
+    right replaces the group's last wrong row (none right: the group stays as it is — counted). The guide's
+    response is teacher-forced through the *current* policy for its log-probabilities, so π_old is the policy's
+    own (the ratio starts at 1, as for every other row), and the group is scored again (group-aware rewards see
+    the new member). Runs first among the shaping stages (the length and dynamic-sampling stages then see the
+    guided group). The slot is marked: ``completion.meta["guide"]`` and the record's ``extra["guide"]`` (the
+    inspector shows a "guide" badge). Metrics: ``npo/groups_gated``, ``npo/groups_guided``,
+    ``npo/guide_acceptance`` (guided / gated: how often the guide found a verified-correct response),
+    ``npo/group_accuracy_before`` and ``_after`` (over the gated groups).
+
+    The two-run recipe: train ahead, then restart an earlier checkpoint with ``rollout.guide: {from:
+    RUN_DIR/checkpoints/step-K}``. The guide is loaded once, frozen, and samples with the run's own sampling
+    settings (seeded per step, prompt and try).
+    """
+
+    selected_by = ("rollout.guide",)
+    reads = ("rollout.guide",)
+    when_text = "rollout.guide is set"
+
+    #: the guide's sampling seed key: steps never collide with the run's own samples
+    GUIDE_KEY = 20_000_000
+
+    @classmethod
+    def when(cls, cfg) -> bool:
+        return bool(cfg.rollout.guide)
+
+    @classmethod
+    def plan_params(cls, cfg) -> dict[str, Any]:
+        return {f"rollout.guide.{k}": v for k, v in {**GUIDE_DEFAULTS, **cfg.rollout.guide}.items()}
+
+    @classmethod
+    def validate(cls, cfg) -> list[str]:
+        from pathlib import Path
+
+        g, out = cfg.rollout.guide, []
+        if not isinstance(g, dict):
+            return [f"rollout.guide: expected {{from: CHECKPOINT_DIR, gate: 0.6}}, got {g!r}"]
+        unknown = [k for k in g if k not in ("from", *GUIDE_DEFAULTS)]
+        if unknown:
+            out.append(f"rollout.guide: unknown key(s) {', '.join(map(str, unknown))}; accepted: from, "
+                       f"{', '.join(GUIDE_DEFAULTS)}")
+        src = g.get("from")
+        if not isinstance(src, str) or not src:
+            out.append("rollout.guide.from: the guide's checkpoint folder (RUN_DIR/checkpoints/step-K) is required")
+        else:  # the folder itself is checked with this machine's files (mmrlvr.validation.guide_problems)
+            folder = Path(src)
+            own = (Path(cfg.output_dir) / "checkpoints").resolve()
+            if folder.resolve().parent == own and cfg.keep_checkpoints > 0:
+                out.append(f"rollout.guide.from: {src} is one of this run's own checkpoints and keep_checkpoints="
+                           f"{cfg.keep_checkpoints} would prune it as the run saves newer ones (a resumed run needs "
+                           "it again): set keep_checkpoints: 0 or copy the guide elsewhere")
+        gate = g.get("gate", GUIDE_DEFAULTS["gate"])
+        if isinstance(gate, bool) or not isinstance(gate, (int, float)) or not 0 < gate <= 1:
+            out.append(f"rollout.guide.gate: a group accuracy in (0, 1], got {gate!r}")
+        tries = g.get("tries", GUIDE_DEFAULTS["tries"])
+        if isinstance(tries, bool) or not isinstance(tries, int) or tries < 1:
+            out.append(f"rollout.guide.tries: an integer >= 1, got {tries!r}")
+        return out
+
+    def __init__(self, rt) -> None:
+        super().__init__(rt)
+        from pathlib import Path
+
+        from mmrlvr.models.loading import load_policy
+        from mmrlvr.models.placement import model_device
+        from mmrlvr.rollout.hf import HFEngine
+        from mmrlvr.train.checkpoint import load_trainable_into
+        from mmrlvr.train.model_path import resolve_model_path
+
+        g = {**GUIDE_DEFAULTS, **self.cfg.rollout.guide}
+        self.gate, self.tries, self.source = float(g["gate"]), int(g["tries"]), str(g["from"])
+        model, _ = load_policy(resolve_model_path(self.cfg.model.path), dtype=self.cfg.model.dtype,
+                               device=str(model_device(rt.policy)))
+        self.guide = load_trainable_into(model, Path(self.source)).eval().requires_grad_(False)
+        self.engine = HFEngine(self.guide, rt.processor)
+
+    def __call__(self, b: StepBatch) -> None:
+        from mmrlvr.rewards.combine import answer_judge
+        from mmrlvr.rollout.base import SamplingParams
+
+        cfg, rollouts = self.cfg, b.rollouts
+        acc = row_accuracy(b)
+        if acc is None:  # no gold answers: nothing can be verified correct
+            return
+        params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
+                                top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k)
+        gated = guided = 0
+        before, after = [], []
+        for span in rollouts.group_slices():
+            group_acc = float(acc[span].mean())
+            if group_acc >= self.gate:
+                continue
+            gated += 1
+            before.append(group_acc)
+            sample = rollouts.samples[span.start]
+            tries = self.engine.generate([sample], self.tries, params, seed=cfg.seed,
+                                         step=b.step + b.round * 10_000_000 + self.GUIDE_KEY)
+            hit = next((j for j, c in enumerate(tries.completions) if answer_judge(c, sample)[0]), None)
+            wrong = [r for r in range(span.start, span.stop) if acc[r] < 1.0]
+            if hit is None or not wrong:
+                after.append(group_acc)
+                continue
+            guided += 1
+            n = int(tries.response_mask[hit].sum())
+            self.place(b, wrong[-1], tries.response_ids[hit, :n], tries.completions[hit])
+            acc[wrong[-1]] = 1.0
+            after.append(float(acc[span].mean()))
+        if gated:
+            self.rescore(b, [s for s in rollouts.group_slices() if any(
+                rollouts.completions[r].meta.get("guide") for r in range(s.start, s.stop))])
+        b.diagnostics.update({"npo/groups_gated": float(gated), "npo/groups_guided": float(guided),
+                              "npo/guide_acceptance": guided / gated if gated else 0.0})
+        if before:
+            b.diagnostics.update({"npo/group_accuracy_before": sum(before) / len(before),
+                                  "npo/group_accuracy_after": sum(after) / len(after)})
+            b.metric_weights.update({"npo/guide_acceptance": float(gated), "npo/group_accuracy_before": float(gated),
+                                     "npo/group_accuracy_after": float(gated)})
+
+    def place(self, b: StepBatch, row: int, response: torch.Tensor, completion) -> None:
+        """Row ``row`` becomes ``response`` (the guide's tokens, EOS included): ids, masks, the completion, and
+        π_old from the current policy, teacher-forced. Every response field is re-padded when it is longer."""
+        from mmrlvr.train.forward import prefix_sharing, token_logprobs
+
+        rt, r = self.rt, b.rollouts
+        P, L, n = r.prompt_length, r.response_ids.shape[1], int(response.shape[0])
+        tok = getattr(rt.processor, "tokenizer", rt.processor)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        if n > L:  # widen every [N, L] and [N, P + L] field
+            grow = n - L
+            r.response_ids = torch.nn.functional.pad(r.response_ids, (0, grow), value=pad)
+            r.response_mask = torch.nn.functional.pad(r.response_mask, (0, grow))
+            r.old_logprobs = torch.nn.functional.pad(r.old_logprobs, (0, grow))
+            r.input_ids = torch.nn.functional.pad(r.input_ids, (0, grow), value=pad)
+            r.attention_mask = torch.nn.functional.pad(r.attention_mask, (0, grow))
+            for key, value in r.vision.items():
+                if torch.is_tensor(value) and value.dim() == 2 and value.shape[1] == P + L:
+                    r.vision[key] = torch.nn.functional.pad(value, (0, grow))
+            b.token_weights = torch.nn.functional.pad(b.token_weights, (0, grow))
+            L = n
+        r.response_ids[row] = pad
+        r.response_ids[row, :n] = response
+        r.response_mask[row] = 0.0
+        r.response_mask[row, :n] = 1.0
+        r.input_ids[row, P:] = r.response_ids[row]
+        r.attention_mask[row, P:] = r.response_mask[row].long()
+        completion.meta["guide"] = {"from": self.source}
+        completion.meta["group_index"] = int(r.group_index[row])
+        r.completions[row] = completion
+        b.token_weights[row] = r.response_mask[row]
+        rt.model.eval()
+        with torch.no_grad():  # π_old of the guide's tokens: the current policy, as for every sampled row
+            lp, _ = token_logprobs(rt.policy, rt.inputs(r, b.vision, b.images_per_row, slice(row, row + 1)),
+                                   r.response_ids[row:row + 1], self.cfg.rollout.temperature)
+        r.old_logprobs[row] = torch.where(r.response_mask[row] > 0, lp[0].float(), torch.zeros_like(lp[0]).float())
+
+    def rescore(self, b: StepBatch, spans: list) -> None:
+        """Score the guided groups again (group-aware rewards see their new member)."""
+        from mmrlvr.rewards.base import score_batch
+
+        r = b.rollouts
+        for span in spans:
+            rows = list(range(span.start, span.stop))
+            res = score_batch(self.rt.reward, [r.completions[i] for i in rows], [r.samples[i] for i in rows],
+                              group_index=[int(r.group_index[i]) for i in rows])
+            for i, result in zip(rows, res):
+                b.results[i] = result
+                b.rewards[i] = float(result.score)
