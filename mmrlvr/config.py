@@ -104,8 +104,12 @@ class RolloutConfig:
     vllm_gpu_memory_utilization: float = _f(0.35, "vLLM: share of GPU memory for the colocated engine")
     sampler: str = _f("uniform", "which prompts each step draws (parameters: rollout.sampler_params): uniform (a fresh "
                       "permutation per epoch; also called shuffle) | disagreement (SGAC: prompts whose answers "
-                      "disagree most) | plug-ins")
+                      "disagree most) | budget (TRACE: group sizes by p(1 - p) within a sample budget) | plug-ins")
     sampler_params: dict[str, Any] = _f({}, "parameters of rollout.sampler")
+    strategy: str = _f("groups", "how a group is built: groups (G independent samples per prompt) | tree (TreeRPO: "
+                       "branching^depth leaves sharing segments; parameters: rollout.strategy_params)")
+    strategy_params: dict[str, Any] = _f({}, "tree: {depth: 2, branching: 2, segment_length: 0 (= max_new_tokens / "
+                                         "depth)}")
     guide: dict[str, Any] = _f({}, "NPO near-future guides: {from: CHECKPOINT_DIR, gate: 0.6, tries: 4} puts one "
                                "verified-correct response of a later checkpoint into each group below the gate "
                                "(empty: off)")
@@ -221,11 +225,11 @@ class StagesConfig:
     """Which registered stage fills each step of the pipeline, in the order a step runs them (docs/architecture.md);
     null = chosen from the rest of the config (e.g. ``credit.scheme`` picks the credit stage)."""
 
-    generate: str | None = _f(None, "sampler + rollout strategy (groups)")
+    generate: str | None = _f(None, "sampler + rollout strategy (groups, tree)")
     score: str | None = _f(None, "rewards for every rollout (rewards)")
     shape: str | list[str] | None = _f(None, "reward transforms / row filters, added to the automatic ones, run in "
                                        "priority order (guide, drop_unscored, overlong, mask_truncated, dynamic_sampling)")
-    advantages: str | None = _f(None, "advantage stage (group, consistency_split, poise, popo)")
+    advantages: str | None = _f(None, "advantage stage (group, consistency_split, poise, popo, tree)")
     reference: str | list[str] | None = _f(None, "pi_old recompute and pi_ref for the KL term, added to the automatic "
                                            "ones (old_policy, frozen, aux_losses)")
     credit: str | None = _f(None, "token credit stage (none, in_update, separate, hidden_credit)")

@@ -232,6 +232,9 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     '"rollout.guide={from: runs/ahead/checkpoints/step-00000060}"':
         ("the guided run trains 20 steps from a later checkpoint and resumes exactly; 2 ranks in the matrix",
          ("tests/test_npo_guide.py::test_guide_trains_20_steps_and_resumes_exactly",)),
+    'mmrlvr train configs/demo-tiny.yaml rollout.strategy=tree "rollout.strategy_params={depth: 2, branching: 2}"':
+        ("the option trains 20 steps (tiny run, 24 tokens) and resumes exactly; 2 ranks in the matrix",
+         ("tests/test_tree_rollouts.py::test_tree_trains_20_steps_and_resumes_exactly", T_DRY)),
     'mmrlvr train configs/demo-tiny.yaml rollout.sampler=budget "rollout.sampler_params={g_min: 2, g_max: 16}"':
         ("the option trains 20 steps (tiny run, G 4) with groups of several sizes and resumes exactly; 2 ranks in "
          "the matrix", ("tests/test_sampler_methods.py::"

@@ -31,6 +31,7 @@ class StepBatch:
     samples: list = field(default_factory=list)  # the prompts the sampler chose (this process's share)
     rollouts: RolloutBatch | None = None  # prompt + response ids, masks, old log-probs, vision inputs
     images_per_row: list[int] = field(default_factory=list)  # images in each row's prompt
+    tree: Any = None  # TreeLayout when the rollouts are trees (rollout.strategy: tree): each leaf's nodes and segments
     vision: Any = None  # VisionFeatureCache: vision-tower outputs shared by every later pass, or None
     # score / shape
     results: list = field(default_factory=list)  # N RewardResult (score, components, parsed)

@@ -230,3 +230,35 @@ class PopoAdvantage(Stage):
         b.advantages = adv
         b.token_weights = b.token_weights * positive[:, None].to(b.token_weights.dtype)
         b.diagnostics.update(stats)
+
+
+@register_stage("advantages", "tree", priority=5)
+class TreeAdvantage(GroupAdvantage):
+    """TreeRPO's per-token advantages (``mmrlvr.algos.tree``): each node's value, the mean reward of its leaves,
+    normalised by ``algo.advantage`` among its siblings; a leaf's depth-d segment takes its depth-d node's
+    advantage. Each tree lies whole on one process (its prompt's group), so no rank needs another's rows."""
+
+    selected_by = ("rollout.strategy",)
+    fallback = False
+    reads = GroupAdvantage.reads + ("rollout.strategy",)
+    when_text = "rollout.strategy: tree"
+
+    @classmethod
+    def when(cls, cfg) -> bool:
+        return cfg.rollout.strategy == "tree"
+
+    def __call__(self, b: StepBatch) -> None:
+        from mmrlvr.algos.tree import tree_advantages
+
+        tree, rollouts = b.tree, b.rollouts
+        if tree is None:
+            raise RuntimeError("the tree advantages need the tree generate stage (rollout.strategy: tree)")
+        keep = b.row_mask if b.row_mask is not None else torch.ones_like(b.rewards, dtype=torch.bool)
+        rewards = torch.where(keep, b.rewards, torch.zeros_like(b.rewards))
+        parents = [tree.parents(d, rollouts.group_index) for d in range(tree.depth)]
+        adv, per_depth = tree_advantages(rewards, tree.node, parents, tree.starts, tree.lengths,
+                                         rollouts.response_ids.shape[1],
+                                         lambda values, groups: self.estimate(b, values, groups))
+        adv[~keep] = 0.0
+        b.advantages = adv
+        b.diagnostics.update({f"tree/abs_advantage_depth{d + 1}": v for d, v in enumerate(per_depth)})

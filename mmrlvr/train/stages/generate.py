@@ -158,3 +158,88 @@ class FlatGroups(Stage):
                                         features=rollouts.image_features)
             b.vision = vision if vision.ok else None
         b.token_weights = rollouts.response_mask.clone()
+
+
+#: tree strategy parameters and their defaults (segment_length 0: max_new_tokens // depth)
+TREE_DEFAULTS = {"depth": 2, "branching": 2, "segment_length": 0}
+
+
+def tree_params(cfg) -> dict[str, int]:
+    """``rollout.strategy_params`` with the defaults filled in (segment length resolved)."""
+    p = {**TREE_DEFAULTS, **(cfg.rollout.strategy_params or {})}
+    if not p["segment_length"]:
+        p["segment_length"] = max(1, cfg.rollout.max_new_tokens // max(int(p["depth"]), 1))
+    return {k: int(v) for k, v in p.items()}
+
+
+@register_stage("generate", "tree")
+class TreeRollouts(FlatGroups):
+    """TreeRPO trees (``mmrlvr.rollout.tree``): per prompt branching^depth leaves that share their prompt and
+    upper segments, each computed once through a growing KV cache. The leaves are the prompt's group."""
+
+    selected_by = ("rollout.strategy",)
+    fallback = False
+    reads = ("rollout.",)
+    when_text = "rollout.strategy: tree"
+
+    @classmethod
+    def when(cls, cfg) -> bool:
+        return cfg.rollout.strategy == "tree"
+
+    @classmethod
+    def plan_params(cls, cfg) -> dict[str, Any]:
+        out = FlatGroups.plan_params(cfg)
+        out.pop("rollout.group_size", None)
+        p = tree_params(cfg)
+        out.update({"rollout.strategy": "tree", **{f"rollout.strategy_params.{k}": v for k, v in p.items()},
+                    "leaves per prompt": p["branching"] ** p["depth"]})
+        return out
+
+    @classmethod
+    def validate(cls, cfg) -> list[str]:
+        out = FlatGroups.validate(cfg)
+        given = cfg.rollout.strategy_params or {}
+        unknown = [k for k in given if k not in TREE_DEFAULTS]
+        if unknown:
+            out.append(f"rollout.strategy_params: unknown key(s) {', '.join(map(str, unknown))} of the tree strategy; "
+                       f"accepted: {', '.join(TREE_DEFAULTS)}")
+        for key, low in (("depth", 1), ("branching", 2), ("segment_length", 0)):
+            v = given.get(key, TREE_DEFAULTS[key])
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                out.append(f"rollout.strategy_params.{key}: an integer >= {low}, got {v!r}")
+        if cfg.rollout.engine != "hf":
+            out.append(f"rollout.strategy: tree samples with the hf engine's shared KV cache; rollout.engine "
+                       f"{cfg.rollout.engine!r} is not supported with it yet")
+        if cfg.rollout.sampler == "budget":
+            out.append("rollout.strategy: tree fixes each prompt's group (branching^depth leaves); the budget sampler "
+                       "sizes groups: choose one")
+        return out
+
+    def __call__(self, b: StepBatch) -> None:
+        from mmrlvr.rollout.base import SamplingParams
+        from mmrlvr.rollout.tree import generate_tree
+        from mmrlvr.train.forward import VisionFeatureCache
+
+        cfg, rt = self.cfg, self.rt
+        b.samples, _ = self.prompts(b.step, b.round)
+        p = tree_params(cfg)
+        params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
+                                top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k)
+        rt.model.eval()
+        t0 = time.perf_counter()
+        rollouts, b.tree = generate_tree(rt.engine, b.samples, params, depth=p["depth"], branching=p["branching"],
+                                         segment_length=p["segment_length"], seed=cfg.seed,
+                                         step=b.step + b.round * self.ROUND_KEY)
+        for i, c in zip(rollouts.group_index.tolist(), rollouts.completions):
+            c.meta["group_index"] = i
+        rollouts.timings["generate_s"] = time.perf_counter() - t0
+        rollouts.timings["step"] = b.step
+        b.rollouts = rollouts
+        prompt_ids = rollouts.input_ids[:, :rollouts.prompt_length]
+        b.images_per_row = (prompt_ids == rt.vision_start_id).sum(dim=1).tolist()
+        if cfg.model.freeze_vision:
+            vision = VisionFeatureCache(rt.policy, rollouts.vision, b.images_per_row, rollouts.rows_per_group())
+            b.vision = vision if vision.ok else None
+        b.token_weights = rollouts.response_mask.clone()
+        b.diagnostics["tree/decoded_tokens"] = float(sum(p["branching"] ** (d + 1) * n
+                                                         for d, n in enumerate(b.tree.lengths)) * len(b.samples))
