@@ -42,10 +42,19 @@ ARMS: dict[str, list[str]] = {
     "pass_at_k": ["algo.advantage=pass_at_k", "algo.advantage_params.k=4"],
     "gated_process": ["rewards.1.name=gated_process"],
     "forward_ce": ["algo.aux_losses=[{name: forward_ce, weight: 0.1, params: {expert: privileged}}]"],
+    # which prompts, how many samples, how a group is built: at the same 128 samples per step
+    "disagreement": ["rollout.sampler=disagreement"],
+    "budget": ["rollout.sampler=budget"],
+    "tree": ["rollout.strategy=tree", "rollout.strategy_params={depth: 3, branching: 2}"],  # 8 leaves per prompt
+    "tree@2xprompts": ["rollout.strategy=tree", "rollout.strategy_params={depth: 3, branching: 2}",
+                       "rollout.prompts_per_step=32"],  # twice the samples, about as many decoded tokens as flat
+    "npo": [],  # + the guide: the grpo arm's final checkpoint of the same seed (GUIDED below)
     # the distillation horizon: the first quarter of each response, or a share growing from 0.25 to 1
     "forward_ce_h25": ["algo.aux_losses=[{name: forward_ce, weight: 0.1, params: {horizon: 0.25}}]"],
     "forward_ce_prog": ["algo.aux_losses=[{name: forward_ce, weight: 0.1, params: {horizon: progressive}}]"],
 }
+#: arms guided by another arm's final checkpoint of the same seed (NPO's two-run recipe: that run is "ahead")
+GUIDED = {"npo": "grpo"}
 #: arms run for as many steps as fit in GRPO's training seconds (same seed), from the named arm's time per step
 WALL_MATCHED = {"forward_ce@wall": "forward_ce"}
 ARMS["forward_ce@wall"] = ARMS["forward_ce"]
@@ -55,7 +64,7 @@ LORA_ARMS = {"lora_default": ["model.lora.init=default"], "lora_rlpo": ["model.l
 
 
 def run_arm(name: str, overrides: list[str], seed: int, steps: int, out: Path, task: str, k: int,
-            eval_size: int) -> dict[str, Any]:
+            eval_size: int, train_size: int | None = None) -> dict[str, Any]:
     from mmrlvr.config import load_config
     from mmrlvr.train.metrics import read_metrics
     from mmrlvr.train.trainer import Trainer
@@ -65,7 +74,8 @@ def run_arm(name: str, overrides: list[str], seed: int, steps: int, out: Path, t
         f"output_dir={out}", f"max_steps={steps}", f"seed={seed}", "save_every=0", "log_rollouts=false",
         "progress=false", "tensorboard=false", f"model.path={warm}", f"data.train=synth:{task}",
         f"data.eval=synth:{task}", f"data.eval_size={eval_size}", f"eval.k={k}", "eval.every=0",
-        "eval.at_start=false", "eval.at_end=true", *overrides])
+        "eval.at_start=false", "eval.at_end=true", *([f"data.train_size={train_size}"] if train_size else []),
+        *overrides])
     t0, c0 = time.perf_counter(), time.process_time()
     summary = Trainer(cfg).train()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -77,7 +87,11 @@ def run_arm(name: str, overrides: list[str], seed: int, steps: int, out: Path, t
     train_s = sum(r.get("time/step_s", 0.0) for r in rows)
     extra = {key: sum(r[key] for r in rows if key in r) / max(sum(key in r for r in rows), 1)
              for key in ("majority/pseudo_label_accuracy", "cocov/low_share", "cocov/high_share",
-                         "distill/teacher_token_share") if any(key in r for r in rows)}
+                         "distill/teacher_token_share", "zero_std_group_fraction", "rollout/decoded_tokens",
+                         "npo/groups_guided", "npo/guide_acceptance") if any(key in r for r in rows)}
+    all_rows = [r for r in read_metrics(out / "metrics.jsonl") if "reward/mean" in r]
+    extra["samples_per_s"] = sum(r.get("rollout/samples", 0.0) for r in all_rows) / max(sum(
+        r.get("time/step_s", 0.0) for r in all_rows), 1e-9)
     return {"arm": name, "seed": seed, "steps": steps, "wall_s": wall, "cpu_s": cpu, "train_s": train_s,
             "greedy": after.get("greedy_accuracy"), f"avg@{k}": after.get(f"avg@{k}"),
             f"pass@{k}": after.get(f"pass@{k}"), "kl_mean": sum(kls) / max(len(kls), 1), "kl_max": max(kls or [0]),
@@ -212,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=8)
     p.add_argument("--eval-size", type=int, default=100)
     p.add_argument("--out", default="runs/seed_study")
+    p.add_argument("--train-size", type=int, default=None,
+                   help="training prompts (default: the config's 800); a smaller set makes prompts recur, which "
+                        "the samplers that learn per prompt need")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -228,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     done_file = out / "results.json"
     if done_file.exists():  # resume: keep finished (arm, seed) rows of the same study
         old = json.loads(done_file.read_text())
-        same = {key: old.get("args", {}).get(key) for key in ("task", "steps", "lr", "k", "eval_size")}
+        same = {key: old.get("args", {}).get(key) for key in ("task", "steps", "lr", "k", "eval_size", "train_size")}
         if same == {key: getattr(args, key) for key in same}:
             results = [r for r in old.get("results", [])]
             print(f"resuming: {len(results)} finished runs kept from {done_file}")
@@ -245,8 +262,14 @@ def main(argv: list[str] | None = None) -> int:
                     raise SystemExit(f"{name} needs the grpo and {WALL_MATCHED[name]} arms of seed {seed} first: "
                                      "list them before it in --arms")
                 steps = max(1, round(args.steps * base["train_s"] / arm["train_s"]))
+            if name in GUIDED:
+                ahead = out / f"{GUIDED[name]}-seed{seed}" / "checkpoints" / f"step-{args.steps:08d}"
+                if not ahead.is_dir():
+                    raise SystemExit(f"{name} needs the {GUIDED[name]} arm of seed {seed} first (its final checkpoint "
+                                     f"{ahead} guides it): list it before {name} in --arms")
+                overrides = [*overrides, f"rollout.guide={{from: {ahead}}}"]
             res = run_arm(name, overrides, seed, steps, out / f"{name}-seed{seed}", args.task, args.k,
-                          args.eval_size)
+                          args.eval_size, args.train_size)
             results.append(res)
             print(f"[{name} seed {seed}] greedy {res['greedy']} avg@{args.k} {res[f'avg@{args.k}']} "
                   f"({res['wall_s']:.0f} s)", flush=True)
@@ -259,8 +282,28 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def rollout_table(results: list[dict[str, Any]]) -> str:
+    """Per arm, what its rollouts cost and carried: samples per second of training, decoded positions per step,
+    the share of zero-variance groups (no gradient), NPO's guided groups per step."""
+    arms: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        arms.setdefault(r["arm"], []).append(r)
+
+    def mean(rs, key, fmt):
+        xs = [r[key] for r in rs if r.get(key) is not None]
+        return format(statistics.mean(xs), fmt) if xs else "–"
+
+    lines = ["| arm | samples / s | decoded tokens / step | zero-variance groups | guided groups / step |",
+             "|---|---|---|---|---|"]
+    for arm, rs in arms.items():
+        lines.append(f"| {arm} | {mean(rs, 'samples_per_s', '.1f')} | {mean(rs, 'rollout/decoded_tokens', '.0f')} | "
+                     f"{mean(rs, 'zero_std_group_fraction', '.3f')} | {mean(rs, 'npo/groups_guided', '.2f')} |")
+    return "\n".join(lines)
+
+
 def report(results: list[dict[str, Any]], k: int) -> str:
-    return table(results, k) + "\n\nPaired differences (same prompts, same seeds):\n\n" + paired_table(results, k) + "\n"
+    return (table(results, k) + "\n\nRollouts:\n\n" + rollout_table(results)
+            + "\n\nPaired differences (same prompts, same seeds):\n\n" + paired_table(results, k) + "\n")
 
 
 if __name__ == "__main__":

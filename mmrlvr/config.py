@@ -110,9 +110,10 @@ class RolloutConfig:
                        "branching^depth leaves sharing segments; parameters: rollout.strategy_params)")
     strategy_params: dict[str, Any] = _f({}, "tree: {depth: 2, branching: 2, segment_length: 0 (= max_new_tokens / "
                                          "depth)}")
-    guide: dict[str, Any] = _f({}, "NPO near-future guides: {from: CHECKPOINT_DIR, gate: 0.6, tries: 4} puts one "
-                               "verified-correct response of a later checkpoint into each group below the gate "
-                               "(empty: off)")
+    guide: dict[str, Any] = _f({}, "NPO near-future guides: {from: CHECKPOINT_DIR | auto, gate: 0.6, tries: 4, "
+                               "delta: 10} puts one verified-correct response of a later checkpoint into each group "
+                               "below the gate (auto: the run trained delta steps ahead in a second process; empty: "
+                               "off)")
 
 
 @dataclass

@@ -538,7 +538,7 @@ def _plugins_here(plugins: list[str]) -> bool:
 def guide_problems(cfg: RunConfig, where: str) -> list[str]:
     """``rollout.guide.from`` names a finished checkpoint folder on this machine (NPO's guide)."""
     src = cfg.rollout.guide.get("from") if isinstance(cfg.rollout.guide, dict) else None
-    if not isinstance(src, str) or not src or (Path(src) / "state.json").is_file():
+    if not isinstance(src, str) or not src or src == "auto" or (Path(src) / "state.json").is_file():
         return []
     return [f"{where}: rollout.guide.from: {src} is not a checkpoint folder (no state.json); name a "
             "RUN_DIR/checkpoints/step-K of a finished save"]

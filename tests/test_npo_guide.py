@@ -141,3 +141,25 @@ def test_guide_on_two_ranks_trains_what_one_process_trains(tmp_path, guide_ckpt)
     assert sum(r.get("npo/groups_guided", 0) for r in _metrics(tmp_path / "two")) > 0
     model = str(resolve_model_path("tiny:qwen2_5_vl:warm"))
     assert_same_params(final_params(tmp_path / "one", model), final_params(tmp_path / "two", model))
+
+
+def test_automatic_guide_runs_the_same_run_delta_steps_ahead_and_resumes_exactly(tmp_path):
+    """``from: auto``: a second process trains the run without guides into RUN_DIR/guide_run; at step t the guide
+    is its checkpoint t + delta (the records name it), and a resumed guided run equals an uninterrupted one."""
+    opts = ["rollout.guide={from: auto, delta: 2, gate: 1.0}", "save_every=4", "keep_checkpoints=0"]
+    straight = _metrics(train_tiny_run(tmp_path / "a", "max_steps=8", *opts))
+    ahead = tmp_path / "a" / "guide_run" / "checkpoints"
+    assert sorted(p.name for p in ahead.iterdir()) == [f"step-{k:08d}" for k in range(1, 9)]
+    assert sum(r.get("npo/groups_guided", 0) for r in straight) > 0
+    from mmrlvr.store.reader import RolloutReader
+
+    reader = RolloutReader(tmp_path / "a")
+    for row in straight:
+        step = row["step"]  # updates done after this step; the step itself ran after step - 1 updates
+        for rec in reader.read_step(step):
+            if (rec.extra or {}).get("guide"):
+                assert rec.extra["guide"]["from"] == str(ahead / f"step-{min(step - 1 + 2, 8):08d}")
+    train_tiny_run(tmp_path / "b", "max_steps=4", *opts)
+    resumed = _metrics(train_tiny_run(tmp_path / "b", "max_steps=8", "--resume", *opts))
+    clean = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in straight[4:]]
+    assert clean == [{k: v for k, v in r.items() if not k.startswith("time/")} for r in resumed[-4:]]

@@ -108,10 +108,10 @@ def generate_tree(engine: Any, samples: list, params: SamplingParams, *, depth: 
                 config = engine._generation_config(SamplingParams(max_new_tokens=segment_length,
                                                                   temperature=params.temperature,
                                                                   top_p=params.top_p, top_k=params.top_k))
+                config.return_dict_in_generate = True  # the cache comes back with the sequences
                 with engine._own_generation_defaults():
                     out = model.generate(input_ids=ids, attention_mask=mask, cache=cache,
-                                         generation_config=config, logits_processor=LogitsProcessorList([sampler]),
-                                         return_dict_in_generate=True)
+                                         generation_config=config, logits_processor=LogitsProcessorList([sampler]))
                 new = out.sequences[:, ids.shape[1]:]
                 length = new.shape[1]
                 logp = torch.stack(sampler.logprobs[:length], dim=1).float() if length else new.float()

@@ -68,7 +68,7 @@ RULES: list[tuple[re.Pattern[str], Reduction]] = [(re.compile(p), r) for p, r in
     (r"loss|.*/tokens|.*_rows|.*/rows|reward/(errors|over_budget|dropped)|rubric/check_errors"
      r"|judge/(requests|calls|timeouts|retries|errors|unparseable|cache_hits)"
      r"|popo/groups(_without_positive)?|poise/lone_rows|dynamic_sampling/(kept|fill)_groups"
-     r"|distill/teacher_tokens|sampler/samples|tree/decoded_tokens", SUM),
+     r"|distill/teacher_tokens|sampler/samples|rollout/decoded_tokens|rollout/samples", SUM),
     # the slowest rank's time; maxima; decisions every rank shares (also maxima: one rank's skip is the step's)
     (r"time/.*|.*(/|_)max|skipped|update/zero_signal|dynamic_sampling/rounds", MAX),
     (r".*(/|_)min", MIN),

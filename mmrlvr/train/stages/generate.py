@@ -147,6 +147,10 @@ class FlatGroups(Stage):
             b.diagnostics["sampler/samples"] = float(sum(sizes))
         for i, c in zip(rollouts.group_index.tolist(), rollouts.completions):
             c.meta["group_index"] = i  # rewards that group by completion read it (groups may differ in size)
+        b.diagnostics["rollout/samples"] = float(rollouts.num_rows)
+        # positions decoded: every row runs until its engine call's longest response ends
+        b.diagnostics["rollout/decoded_tokens"] = float(rollouts.num_rows * rollouts.response_ids.shape[1]) \
+            if sizes is None else float(sum(p.num_rows * p.response_ids.shape[1] for p in pieces))
         rollouts.timings.setdefault("generate_s", time.perf_counter() - t0)
         rollouts.timings["step"] = b.step
         b.rollouts = rollouts
@@ -241,5 +245,7 @@ class TreeRollouts(FlatGroups):
             vision = VisionFeatureCache(rt.policy, rollouts.vision, b.images_per_row, rollouts.rows_per_group())
             b.vision = vision if vision.ok else None
         b.token_weights = rollouts.response_mask.clone()
-        b.diagnostics["tree/decoded_tokens"] = float(sum(p["branching"] ** (d + 1) * n
-                                                         for d, n in enumerate(b.tree.lengths)) * len(b.samples))
+        b.diagnostics["rollout/samples"] = float(rollouts.num_rows)
+        # positions decoded: each depth's rows times its segment (the prompt is prefilled once per tree)
+        b.diagnostics["rollout/decoded_tokens"] = float(sum(p["branching"] ** (d + 1) * n
+                                                            for d, n in enumerate(b.tree.lengths)) * len(b.samples))

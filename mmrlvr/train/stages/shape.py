@@ -201,7 +201,7 @@ class DynamicSampling(Stage):
 
 
 #: the keys ``rollout.guide`` takes, with their defaults (``from`` has none: it names the guide)
-GUIDE_DEFAULTS = {"gate": 0.6, "tries": 4}
+GUIDE_DEFAULTS = {"gate": 0.6, "tries": 4, "delta": 10}
 
 
 @register_stage("shape", "guide", priority=50)
@@ -221,8 +221,10 @@ class NearFutureGuide(Stage):
     ``npo/group_accuracy_before`` and ``_after`` (over the gated groups).
 
     The two-run recipe: train ahead, then restart an earlier checkpoint with ``rollout.guide: {from:
-    RUN_DIR/checkpoints/step-K}``. The guide is loaded once, frozen, and samples with the run's own sampling
-    settings (seeded per step, prompt and try).
+    RUN_DIR/checkpoints/step-K}``; the guide is loaded once. Automatic: ``{from: auto, delta: Δ}`` (Δ 10 [ours])
+    trains the same run without guides Δ steps ahead in a second process (``mmrlvr.train.guide_run``) and loads its
+    checkpoint t + Δ at step t. The guide is frozen and samples with the run's own sampling settings (seeded per
+    step, prompt and try).
     """
 
     selected_by = ("rollout.guide",)
@@ -252,9 +254,13 @@ class NearFutureGuide(Stage):
             out.append(f"rollout.guide: unknown key(s) {', '.join(map(str, unknown))}; accepted: from, "
                        f"{', '.join(GUIDE_DEFAULTS)}")
         src = g.get("from")
+        delta = g.get("delta", GUIDE_DEFAULTS["delta"])
+        if isinstance(delta, bool) or not isinstance(delta, int) or delta < 1:
+            out.append(f"rollout.guide.delta: an integer >= 1 (steps the automatic guide runs ahead), got {delta!r}")
         if not isinstance(src, str) or not src:
-            out.append("rollout.guide.from: the guide's checkpoint folder (RUN_DIR/checkpoints/step-K) is required")
-        else:  # the folder itself is checked with this machine's files (mmrlvr.validation.guide_problems)
+            out.append("rollout.guide.from: the guide's checkpoint folder (RUN_DIR/checkpoints/step-K) or auto is "
+                       "required")
+        elif src != "auto":  # the folder itself is checked with this machine's files (mmrlvr.validation.guide_problems)
             folder = Path(src)
             own = (Path(cfg.output_dir) / "checkpoints").resolve()
             if folder.resolve().parent == own and cfg.keep_checkpoints > 0:
@@ -273,18 +279,37 @@ class NearFutureGuide(Stage):
         super().__init__(rt)
         from pathlib import Path
 
+        g = {**GUIDE_DEFAULTS, **self.cfg.rollout.guide}
+        self.gate, self.tries, self.source = float(g["gate"]), int(g["tries"]), str(g["from"])
+        self.delta, self.run, self.loaded = int(g["delta"]), None, None
+        if self.source != "auto":
+            self.load(Path(self.source))
+
+    def load(self, folder) -> None:
+        """The guide model from a checkpoint folder (the base model, then the checkpoint's weights), frozen."""
         from mmrlvr.models.loading import load_policy
         from mmrlvr.models.placement import model_device
         from mmrlvr.rollout.hf import HFEngine
         from mmrlvr.train.checkpoint import load_trainable_into
         from mmrlvr.train.model_path import resolve_model_path
 
-        g = {**GUIDE_DEFAULTS, **self.cfg.rollout.guide}
-        self.gate, self.tries, self.source = float(g["gate"]), int(g["tries"]), str(g["from"])
         model, _ = load_policy(resolve_model_path(self.cfg.model.path), dtype=self.cfg.model.dtype,
-                               device=str(model_device(rt.policy)))
-        self.guide = load_trainable_into(model, Path(self.source)).eval().requires_grad_(False)
-        self.engine = HFEngine(self.guide, rt.processor)
+                               device=str(model_device(self.rt.policy)))
+        self.guide = load_trainable_into(model, folder).eval().requires_grad_(False)
+        self.engine = HFEngine(self.guide, self.rt.processor)
+        self.loaded = str(folder)
+
+    def current_guide(self, step: int) -> None:
+        """Automatic guides: the guide run's checkpoint step + Δ, started (main process) and loaded as needed."""
+        if self.source != "auto":
+            return
+        from mmrlvr.train.guide_run import GuideRun
+
+        if self.run is None:
+            self.run = GuideRun(self.cfg.output_dir, self.delta, self.cfg.max_steps, start=self.rt.is_main)
+        folder = self.run.checkpoint(step)
+        if str(folder) != self.loaded:
+            self.load(folder)
 
     def __call__(self, b: StepBatch) -> None:
         from mmrlvr.rewards.combine import answer_judge
@@ -294,6 +319,7 @@ class NearFutureGuide(Stage):
         acc = row_accuracy(b)
         if acc is None:  # no gold answers: nothing can be verified correct
             return
+        self.current_guide(b.step)
         params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
                                 top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k)
         gated = guided = 0
@@ -355,7 +381,7 @@ class NearFutureGuide(Stage):
         r.response_mask[row, :n] = 1.0
         r.input_ids[row, P:] = r.response_ids[row]
         r.attention_mask[row, P:] = r.response_mask[row].long()
-        completion.meta["guide"] = {"from": self.source}
+        completion.meta["guide"] = {"from": self.loaded}
         completion.meta["group_index"] = int(r.group_index[row])
         r.completions[row] = completion
         b.token_weights[row] = r.response_mask[row]
