@@ -80,6 +80,25 @@ def test_only_groups_below_the_gate_get_a_verified_guide_with_the_policys_old_lo
     d = b.diagnostics
     assert d["npo/groups_gated"] == len(gated) and d["npo/groups_guided"] == len(guided)
     assert d["npo/group_accuracy_after"] > d["npo/group_accuracy_before"]
+    # a guide response longer than every sampled one widens the batch (ids, masks, per-token vision entries and
+    # the vision cache's copies of them); its pi_old is still the policy's
+    from mmrlvr.types import Completion
+
+    i, L = guided[0], r.response_ids.shape[1]
+    longer = torch.cat([r.response_ids[i, :int(r.response_mask[i].sum()) - 1],
+                        torch.full((L,), int(r.response_ids[i, 0])), r.response_ids[i, int(r.response_mask[i].sum()) - 1:
+                                                                                        int(r.response_mask[i].sum())]])
+    stage.place(b, i, longer, Completion("long"))
+    n = len(longer)
+    assert r.response_ids.shape[1] == n and r.input_ids.shape[1] == r.prompt_length + n
+    if "mm_token_type_ids" in r.vision:  # the processor's per-token entry (transformers 5's Qwen processors)
+        assert r.vision["mm_token_type_ids"].shape[1] == r.prompt_length + n
+    with torch.no_grad():
+        inputs = trainer.rt.inputs(r, b.vision, b.images_per_row, slice(i, i + 1))
+        P = r.prompt_length
+        logits = trainer.rt.policy(**inputs, use_cache=False).logits[0, P - 1:P - 1 + n].float()
+        expect = torch.log_softmax(logits, -1).gather(-1, r.response_ids[i, :n, None])[:, 0]
+    torch.testing.assert_close(r.old_logprobs[i, :n], expect, rtol=1e-4, atol=1e-4)
 
 
 def _metrics(run: Path) -> list[dict]:

@@ -373,6 +373,10 @@ class NearFutureGuide(Stage):
             for key, value in r.vision.items():
                 if torch.is_tensor(value) and value.dim() == 2 and value.shape[1] == P + L:
                     r.vision[key] = torch.nn.functional.pad(value, (0, grow))
+            extra = getattr(b.vision, "extra", None)  # the vision cache keeps its own per-token entries
+            for key, value in (extra or {}).items():
+                if torch.is_tensor(value) and value.dim() == 2 and value.shape[1] == P + L:
+                    extra[key] = torch.nn.functional.pad(value, (0, grow))
             b.token_weights = torch.nn.functional.pad(b.token_weights, (0, grow))
             L = n
         r.response_ids[row] = pad
