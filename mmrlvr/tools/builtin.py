@@ -1,0 +1,63 @@
+"""Built-in tools: looking again at an image — ``zoom`` (a region, enlarged) and ``rotate``.
+
+Boxes use the coordinate frames the grounding reward reads (``mmrlvr.rewards.grounding.to_frame``): ``absolute``
+pixels of the image as the model saw it (Qwen2.5-VL), ``normalized_1000`` (Qwen2-VL / Qwen3-VL) or ``normalized_1``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mmrlvr.tools.base import ToolContext, ToolResult, register_tool
+
+#: the longest side of a zoomed crop (the crop is enlarged to it, keeping its aspect ratio)
+ZOOM_SIDE = 224
+
+
+def _image(context: ToolContext, image: int) -> Any:
+    if not context.images:
+        raise ValueError("the conversation has no image")
+    if not -len(context.images) <= int(image) < len(context.images):
+        raise ValueError(f"image {image} does not exist: the conversation has {len(context.images)} image(s), "
+                         f"0 to {len(context.images) - 1}")
+    return context.images[int(image)]
+
+
+@register_tool()
+def zoom(image: int, box: list[float], coords: str = "absolute", context: ToolContext | None = None) -> ToolResult:
+    """Crop a region of an image and return it enlarged, to look at small details again.
+
+    Args:
+        image: index of the image in the conversation (0 is the first; images returned by tools count too)
+        box: the region as [x1, y1, x2, y2]
+        coords: the box's frame: absolute (pixels), normalized_1000 (0-1000) or normalized_1 (0-1)
+    """
+    from mmrlvr.rewards.grounding import to_frame
+
+    src = _image(context or ToolContext(), image)
+    if not isinstance(box, (list, tuple)) or len(box) != 4 or not all(isinstance(v, (int, float)) for v in box):
+        raise ValueError(f"box must be four numbers [x1, y1, x2, y2], got {box!r}")
+    w, h = src.size
+    (x1, y1, x2, y2), = to_frame([tuple(float(v) for v in box)], coords, (w, h), (w, h))
+    x1, x2 = sorted((max(0.0, min(w, x1)), max(0.0, min(w, x2))))
+    y1, y2 = sorted((max(0.0, min(h, y1)), max(0.0, min(h, y2))))
+    if x2 - x1 < 1 or y2 - y1 < 1:
+        raise ValueError(f"the box {box!r} ({coords}) covers no pixels of the {w}x{h} image")
+    crop = src.crop((int(x1), int(y1), int(round(x2)), int(round(y2))))
+    scale = ZOOM_SIDE / max(crop.size)
+    out = crop.resize((max(1, round(crop.size[0] * scale)), max(1, round(crop.size[1] * scale))))
+    return ToolResult(text=f"zoomed into [{int(x1)}, {int(y1)}, {int(round(x2))}, {int(round(y2))}] of image {image}",
+                      images=[out])
+
+
+@register_tool()
+def rotate(image: int, degrees: float, context: ToolContext | None = None) -> ToolResult:
+    """Rotate an image counter-clockwise (the whole image stays in view).
+
+    Args:
+        image: index of the image in the conversation (0 is the first; images returned by tools count too)
+        degrees: the angle, counter-clockwise
+    """
+    src = _image(context or ToolContext(), image)
+    return ToolResult(text=f"image {image} rotated by {float(degrees):g} degrees",
+                      images=[src.rotate(float(degrees), expand=True)])
