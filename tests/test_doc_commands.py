@@ -259,6 +259,10 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "forward_ce_h25 forward_ce_prog":
         ("run by hand (docs/methods.md tables); the script runs two arms, resumes, plots and pairs in tests; every "
          "arm's option trains 20 steps in tests", (T_SEED_STUDY, T_OPTS)),
+    "OMP_NUM_THREADS=1 python benchmarks/seed_study.py --task count --steps 40 --seeds 0 1 2 --eval-size 300 --k 8 "
+    "--train-size 128 --arms lr0 grpo disagreement budget tree tree@2xprompts npo":
+        ("run by hand (docs/methods.md tables); the script runs two arms, resumes, plots and pairs in tests; every "
+         "arm's option trains 20 steps in tests", (T_SEED_STUDY, T_OPTS)),
     "OMP_NUM_THREADS=1 python benchmarks/seed_study.py --task count_chatter --steps 20 --seeds 0 1 2 --eval-size 100 "
     "--k 4 --arms lr0 grpo delta popo poise":
         ("run by hand (docs/methods.md table); the script is tested on count", (T_SEED_STUDY, T_OPTS)),
