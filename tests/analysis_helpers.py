@@ -37,3 +37,20 @@ def train_tiny_run(run: Path, *overrides: str) -> Path:
     res = cli("train", "configs/demo-tiny.yaml", f"output_dir={run}", *FAST_RUN, *overrides)
     assert res.returncode == 0, res.stderr[-2000:]
     return run
+
+
+def assert_same_final_state(run_a: Path, run_b: Path) -> None:
+    """Two runs of the same steps end in the same place: every parameter of their newest checkpoints (applied to
+    the base model) and every stage's saved state (a sampler's table, ...)."""
+    import torch
+
+    from multiproc import assert_same_params, final_params
+    from mmrlvr.train.checkpoint import list_checkpoints
+    from mmrlvr.train.model_path import resolve_model_path
+
+    model = str(resolve_model_path("tiny:qwen2_5_vl:warm"))
+    assert_same_params(final_params(run_a, model), final_params(run_b, model), atol=0)
+    a, b = (list_checkpoints(r)[-1] / "training_state" / "stage_state.pt" for r in (run_a, run_b))
+    assert a.exists() == b.exists()
+    if a.exists():
+        assert torch.load(a, weights_only=False) == torch.load(b, weights_only=False)

@@ -177,6 +177,9 @@ def test_trains_20_steps_and_resumes_exactly(tmp_path, option):
     assert [r["step"] for r in straight] == list(range(1, 21))
     clean = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in straight[10:]]
     assert clean == [{k: v for k, v in r.items() if not k.startswith("time/")} for r in resumed[-10:]]
+    from analysis_helpers import assert_same_final_state
+
+    assert_same_final_state(tmp_path / "a", tmp_path / "b")  # parameters too, not only the logged numbers
     if "majority_vote" in option[0]:
         assert all("majority/tie_share" in r and "reward/majority_vote" in r for r in straight)
     if "cocov" in option[0]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from analysis_helpers import cli, train_tiny_run
+from analysis_helpers import assert_same_final_state, cli, train_tiny_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -113,6 +113,7 @@ def test_guide_trains_20_steps_and_resumes_exactly(tmp_path, guide_ckpt):
     clean = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in straight[10:]]
     assert clean == [{k: v for k, v in r.items() if not k.startswith("time/")} for r in resumed[-10:]]
     assert sum(r.get("npo/groups_guided", 0) for r in straight) > 0
+    assert_same_final_state(tmp_path / "a", tmp_path / "b")
     # the inspector's records mark the guide slot
     from mmrlvr.store.reader import RolloutReader
 
@@ -182,3 +183,4 @@ def test_automatic_guide_runs_the_same_run_delta_steps_ahead_and_resumes_exactly
     resumed = _metrics(train_tiny_run(tmp_path / "b", "max_steps=8", "--resume", *opts))
     clean = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in straight[4:]]
     assert clean == [{k: v for k, v in r.items() if not k.startswith("time/")} for r in resumed[-4:]]
+    assert_same_final_state(tmp_path / "a", tmp_path / "b")

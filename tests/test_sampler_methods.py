@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis_helpers import train_tiny_run
+from analysis_helpers import assert_same_final_state, train_tiny_run
 from mmrlvr.train.samplers import SAMPLERS, StepOutcome, answer_entropy, build_sampler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,6 +101,7 @@ def test_disagreement_trains_20_steps_and_resumes_exactly(tmp_path):
                          weights_only=False)
     assert state_a == state_b and state_a  # the sampler's entropies, equal after the resume
     assert "disagreement" in SAMPLERS.names()
+    assert_same_final_state(tmp_path / "a", tmp_path / "b")
 
 
 @pytest.mark.matrix
@@ -179,6 +180,7 @@ def test_budget_trains_20_steps_with_groups_of_several_sizes_and_resumes_exactly
     resumed = _metrics(train_tiny_run(tmp_path / "b", "max_steps=20", "--resume", *opts))
     clean = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in straight[10:]]
     assert clean == [{k: v for k, v in r.items() if not k.startswith("time/")} for r in resumed[-10:]]
+    assert_same_final_state(tmp_path / "a", tmp_path / "b")  # parameters and the sampler's pass rates
     assert all(r["sampler/samples"] == 16 for r in straight)  # 4 prompts x G 4: the default budget, every step
     assert any(r["group_size/max"] > r["group_size/min"] for r in straight)  # sizes differ once prompts are seen
     from mmrlvr.store.reader import RolloutReader

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from analysis_helpers import cli, train_tiny_run
+from analysis_helpers import assert_same_final_state, cli, train_tiny_run
 from mmrlvr.algos.advantages import grpo_advantages
 from mmrlvr.algos.tree import tree_advantages
 
@@ -118,6 +118,7 @@ def test_tree_trains_20_steps_and_resumes_exactly(tmp_path):
     clean = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in straight[10:]]
     assert clean == [{k: v for k, v in r.items() if not k.startswith("time/")} for r in resumed[-10:]]
     assert all(r["group_size/mean"] == 4 and "tree/abs_advantage_depth2" in r for r in straight)
+    assert_same_final_state(tmp_path / "a", tmp_path / "b")
 
 
 def test_tree_config_problems(tmp_path):

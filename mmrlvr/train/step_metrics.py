@@ -32,9 +32,15 @@ def rollout_metrics(batch: RolloutBatch, rewards: torch.Tensor, results: list, g
     lengths = batch.response_mask.sum(dim=1)
     m["response_length/mean"] = float(lengths.mean())
     m["truncated_fraction"] = _mean([float(c.finish_reason == "length") for c in batch.completions])
-    groups = [rewards[s] for s in batch.group_slices()]  # sizes may differ (a budget sampler)
-    m["zero_std_group_fraction"] = _mean([float(g.std(unbiased=False) < 1e-8) if len(g) > 1 else 1.0 for g in groups])
-    sizes = [len(g) for g in groups]
+    uniform = batch.uniform_group_size()
+    if uniform is not None:  # one reduction over [groups, G] (the same floats as before groups could differ in size)
+        m["zero_std_group_fraction"] = float((rewards.view(-1, uniform).std(dim=1, unbiased=False) < 1e-8).float().mean())
+        sizes = [uniform] * (len(rewards) // uniform)
+    else:  # groups of several sizes (a budget sampler): one at a time
+        groups = [rewards[s] for s in batch.group_slices()]
+        m["zero_std_group_fraction"] = _mean([float(g.std(unbiased=False) < 1e-8) if len(g) > 1 else 1.0
+                                              for g in groups])
+        sizes = [len(g) for g in groups]
     m["group_size/mean"] = _mean([float(x) for x in sizes])
     m["group_size/max"] = float(max(sizes)) if sizes else 0.0
     m["group_size/min"] = float(min(sizes)) if sizes else 0.0
