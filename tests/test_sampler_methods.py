@@ -228,3 +228,4 @@ def test_budget_on_two_ranks_keeps_the_budget_and_resumes_exactly(tmp_path):
     resumed = train(tmp_path / "b", "max_steps=20", "--resume")
     clean = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in straight[10:]]
     assert clean == [{k: v for k, v in r.items() if not k.startswith("time/")} for r in resumed[-10:]]
+    assert_same_final_state(tmp_path / "a", tmp_path / "b")  # parameters and the samplers' pass rates
