@@ -61,3 +61,26 @@ def assert_same_params(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], a
 def topology(run_dir: Path) -> dict:
     """The run's own statement of its processes (``topology.json``, written by rank 0)."""
     return json.loads((Path(run_dir) / "topology.json").read_text())
+
+
+#: a short demo-tiny run shared by the two-rank equality tests of single options (20 steps, 4 prompts x 4 rollouts)
+TWO_RANK_RUN = ["configs/demo-tiny.yaml", "max_steps=20", "rollout.prompts_per_step=4", "rollout.group_size=4",
+                "rollout.max_new_tokens=16", "data.train_size=16", "eval.at_start=false", "eval.at_end=false",
+                "eval.every=0", "progress=false", "save_every=0", "log_rollouts=false", "tensorboard=false",
+                "model.prefix_sharing=false"]
+
+
+def assert_two_ranks_train_what_one_process_trains(out: Path, *overrides: str) -> Path:
+    """``TWO_RANK_RUN`` + ``overrides`` in one process and under torchrun with 2 DDP ranks: both finish, the second
+    states world size 2, and their final parameters agree within 1e-5. Returns the two-rank run folder."""
+    from mmrlvr.train.model_path import resolve_model_path
+
+    args = [*TWO_RANK_RUN, *overrides]
+    one = run([sys.executable, "-m", "mmrlvr.cli", "train", *args, f"output_dir={out / 'one'}"], timeout=1200)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = run(torchrun_cmd("-m", "mmrlvr.cli", "train", *args, f"output_dir={out / 'two'}"), timeout=1200)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert topology(out / "two")["world_size"] == 2
+    model = str(resolve_model_path("tiny:qwen2_5_vl:warm"))
+    assert_same_params(final_params(out / "one", model), final_params(out / "two", model))
+    return out / "two"

@@ -5,7 +5,6 @@ recompute), other groups are untouched; 20 steps with an exact resume; the confi
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -145,22 +144,10 @@ def test_guide_config_problems(tmp_path, guide_ckpt):
 
 @pytest.mark.matrix
 def test_guide_on_two_ranks_trains_what_one_process_trains(tmp_path, guide_ckpt):
-    from multiproc import assert_same_params, final_params, run, topology, torchrun_cmd
+    from multiproc import assert_two_ranks_train_what_one_process_trains
 
-    from mmrlvr.train.model_path import resolve_model_path
-
-    args = ["configs/demo-tiny.yaml", "max_steps=20", "rollout.prompts_per_step=4", "rollout.group_size=4",
-            "rollout.max_new_tokens=16", "data.train_size=16", "eval.at_start=false", "eval.at_end=false",
-            "eval.every=0", "progress=false", "save_every=0", "log_rollouts=false", "tensorboard=false",
-            "model.prefix_sharing=false", f"rollout.guide={{from: {guide_ckpt}}}"]
-    one = run([sys.executable, "-m", "mmrlvr.cli", "train", *args, f"output_dir={tmp_path / 'one'}"], timeout=1200)
-    assert one.returncode == 0, one.stderr[-3000:]
-    two = run(torchrun_cmd("-m", "mmrlvr.cli", "train", *args, f"output_dir={tmp_path / 'two'}"), timeout=1200)
-    assert two.returncode == 0, two.stderr[-3000:]
-    assert topology(tmp_path / "two")["world_size"] == 2
-    assert sum(r.get("npo/groups_guided", 0) for r in _metrics(tmp_path / "two")) > 0
-    model = str(resolve_model_path("tiny:qwen2_5_vl:warm"))
-    assert_same_params(final_params(tmp_path / "one", model), final_params(tmp_path / "two", model))
+    two = assert_two_ranks_train_what_one_process_trains(tmp_path, f"rollout.guide={{from: {guide_ckpt}}}")
+    assert sum(r.get("npo/groups_guided", 0) for r in _metrics(two)) > 0
 
 
 def test_automatic_guide_runs_the_same_run_delta_steps_ahead_and_resumes_exactly(tmp_path):

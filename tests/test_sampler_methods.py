@@ -108,21 +108,9 @@ def test_disagreement_trains_20_steps_and_resumes_exactly(tmp_path):
 def test_disagreement_on_two_ranks_trains_what_one_process_trains(tmp_path):
     """20 steps under torchrun with 2 DDP ranks: whole groups per rank, every rank's sampler fed the gathered
     answers, so both draw the same prompts and the result equals one process's."""
-    from multiproc import assert_same_params, final_params, run, topology, torchrun_cmd
+    from multiproc import assert_two_ranks_train_what_one_process_trains
 
-    from mmrlvr.train.model_path import resolve_model_path
-
-    args = ["configs/demo-tiny.yaml", "max_steps=20", "rollout.prompts_per_step=4", "rollout.group_size=4",
-            "rollout.max_new_tokens=16", "data.train_size=16", "eval.at_start=false", "eval.at_end=false",
-            "eval.every=0", "progress=false", "save_every=0", "log_rollouts=false", "tensorboard=false",
-            "model.prefix_sharing=false", "rollout.sampler=disagreement"]
-    one = run([sys.executable, "-m", "mmrlvr.cli", "train", *args, f"output_dir={tmp_path / 'one'}"], timeout=1200)
-    assert one.returncode == 0, one.stderr[-3000:]
-    two = run(torchrun_cmd("-m", "mmrlvr.cli", "train", *args, f"output_dir={tmp_path / 'two'}"), timeout=1200)
-    assert two.returncode == 0, two.stderr[-3000:]
-    assert topology(tmp_path / "two")["world_size"] == 2
-    model = str(resolve_model_path("tiny:qwen2_5_vl:warm"))
-    assert_same_params(final_params(tmp_path / "one", model), final_params(tmp_path / "two", model))
+    assert_two_ranks_train_what_one_process_trains(tmp_path, "rollout.sampler=disagreement")
 
 
 # ------------------------------------------------------------------------------- TRACE budget allocation

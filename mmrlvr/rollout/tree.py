@@ -63,10 +63,6 @@ def _repeat_rope_deltas(model: torch.nn.Module, repeats: int) -> None:
             module.rope_deltas = deltas.repeat_interleave(repeats, dim=0)
 
 
-def leaves_per_prompt(depth: int, branching: int) -> int:
-    return branching ** depth
-
-
 def generate_tree(engine: Any, samples: list, params: SamplingParams, *, depth: int, branching: int,
                   segment_length: int, seed: int, step: int) -> tuple[RolloutBatch, TreeLayout]:
     """The tree of every prompt in ``samples`` with an ``HFEngine`` (its model, processor, EOS / pad ids)."""
