@@ -6,6 +6,7 @@ far past any sensible budget (measured here: it hits a 2 s timeout), so it stand
 
 from __future__ import annotations
 
+import faulthandler
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -92,3 +93,53 @@ def test_inline_isolation_off_the_main_thread_reports_instead_of_raising():
 def test_process_isolation_on_the_main_thread():
     assert math_equal("\\frac{6}{4}", "1.5", isolation="process").equal
     assert not math_equal("\\frac{6}{4}", "1.6", isolation="process").equal
+
+
+def test_a_timeout_swallowed_where_python_discards_exceptions_fires_again(monkeypatch):
+    """The alarm's exception can land in a weakref callback or ``__del__``, where Python only prints it.
+
+    A parse that swallows the first timeout (as such a callback does) and then runs on must still be cut
+    off: the deadline fires again until its exception reaches the call.
+    """
+    import signal
+
+    import math_verify
+
+    from mmrlvr.rewards.mathverify import compare_inline
+
+    swallowed = []
+
+    def parse_that_loses_the_first_alarm(*args, **kwargs):
+        try:
+            while True:
+                sum(range(1000))
+        except BaseException as e:  # noqa: BLE001 - what Python does to an exception raised in a finalizer
+            swallowed.append(type(e).__name__)
+        while True:  # runs on, unbounded, unless the deadline fires again
+            sum(range(1000))
+
+    monkeypatch.setattr(math_verify, "parse", parse_that_loses_the_first_alarm)
+    previous = signal.getsignal(signal.SIGALRM)
+    t0 = time.monotonic()
+    faulthandler.dump_traceback_later(30, exit=True)  # a one-shot alarm hangs here forever: fail, not hang
+    try:
+        v = compare_inline("1", "never-cached-gold", timeout_s=1)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    assert not v.equal and v.error.startswith("timeout")
+    assert swallowed == ["TimeoutException"]
+    assert time.monotonic() - t0 < 3
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # nothing left armed for the caller
+    assert signal.getsignal(signal.SIGALRM) is previous
+
+
+def test_a_comparison_that_finishes_leaves_no_alarm_behind():
+    import signal
+
+    from mmrlvr.rewards.mathverify import compare_inline
+
+    previous = signal.getsignal(signal.SIGALRM)
+    assert compare_inline("\\frac{1}{2}", "0.5", timeout_s=1).equal
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) is previous
+    time.sleep(1.5)  # past the deadline: no stray exception arrives

@@ -6,9 +6,12 @@ thread pool in the trainer, Gradio) with timeouts on, it raises ``ValueError``; 
 (``parsing_timeout=None``), a pathological expression such as ``(x+1)^{5000}`` against ``(x+2)^{5000}``
 can run for minutes. So:
 
-- on the main thread we call math-verify in-process with its signal timeouts (``isolation="inline"``);
+- on the main thread we call math-verify in-process under our own ``SIGALRM`` deadline (``isolation="inline"``,
+  ``time_limit``): math-verify's one-shot ``signal.alarm`` is lost when its exception lands in a weakref
+  callback or ``__del__`` (Python prints it as "Exception ignored" and carries on, unbounded), so ours
+  fires again every ``REFIRE_S`` until the exception reaches the call;
 - on any other thread we send the pair to a small worker *process* (``python -m mmrlvr.rewards._mv_worker``)
-  where math-verify runs on that process's main thread with its own timeouts, and we also wait with a
+  where math-verify runs on that process's main thread under the same deadline, and we also wait with a
   deadline: a worker that does not answer in time is killed and restarted (``isolation="process"``).
   A hung thread cannot be killed in Python and would hold the GIL; a process can.
 
@@ -24,9 +27,12 @@ import json
 import logging
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,7 +74,7 @@ class MathVerdict:
 
 
 class _QuietTimeoutWarning(logging.Filter):
-    """math-verify warns once that timeouts are off; in the worker they are on, inline we never turn them off."""
+    """math-verify warns once that its timeouts are off; ours (``time_limit``) bound every call instead."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "Timeout is disabled" not in record.getMessage()
@@ -95,6 +101,37 @@ def wrap_for_parse(s: str) -> str:
     return "\\boxed{" + s + "}"
 
 
+REFIRE_S = 0.2  # after the deadline, the alarm repeats this often until its exception escapes
+
+
+@contextmanager
+def time_limit(seconds: int) -> Iterator[None]:
+    """Raise ``math_verify.errors.TimeoutException`` in the body after ``seconds``; main thread only.
+
+    Why not math-verify's own ``timeout_seconds``: it arms ``signal.alarm`` once. A signal's exception is
+    raised in whatever Python code runs at that instant; if that is a weakref callback or a ``__del__``
+    (sympy creates and drops many), Python reports it as unraisable and the comparison runs on with no
+    bound. Ours is an interval timer: it fires again every ``REFIRE_S`` until the exception lands in the
+    body. The exception is a ``BaseException`` so ``except Exception`` blocks in sympy cannot eat it either.
+    """
+    from math_verify.errors import TimeoutException
+
+    armed = True
+
+    def fire(signum: int, frame: Any) -> None:
+        if armed:
+            raise TimeoutException(f"math-verify took more than {seconds}s")
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, float(seconds), REFIRE_S)
+    try:
+        yield
+    finally:
+        armed = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 _GOLD_CACHE: dict[tuple[str, bool], list[Any]] = {}
 _GOLD_CACHE_MAX = 4096
 
@@ -105,7 +142,9 @@ def _is_math(parsed: list[Any]) -> bool:
 
 def compare_inline(pred: str, gold: str, timeout_s: int = 5, float_rounding: int = 6,
                    options: MathOptions | None = None) -> MathVerdict:
-    """math-verify in this thread, with its signal timeouts (main thread only). Never raises.
+    """math-verify in this thread, each parse and the comparison under ``time_limit`` (main thread only).
+
+    Never raises.
 
     ``verify(parse(gold), parse(pred), **options)``, exactly as math-verify's README calls it (strings are
     anchored first unless ``options.anchor`` is False). ``float_rounding`` is kept for old callers; a
@@ -122,21 +161,26 @@ def compare_inline(pred: str, gold: str, timeout_s: int = 5, float_rounding: int
         key = (gold, opts.anchor)
         g = _GOLD_CACHE.get(key)
         if g is None:
-            g = parse(prep(gold), parsing_timeout=timeout_s, raise_on_error=True)
+            with time_limit(timeout_s):
+                g = parse(prep(gold), parsing_timeout=None, raise_on_error=True)
             if len(_GOLD_CACHE) >= _GOLD_CACHE_MAX:
                 _GOLD_CACHE.clear()
             _GOLD_CACHE[key] = g
-        p = parse(prep(pred), parsing_timeout=timeout_s, raise_on_error=True)
+        with time_limit(timeout_s):
+            p = parse(prep(pred), parsing_timeout=None, raise_on_error=True)
         verdict = MathVerdict(False, None, _is_math(g), _is_math(p))
         if not g or not p:
             return verdict
-        verdict.equal = bool(
-            verify(g, p, float_rounding=opts.float_rounding, numeric_precision=opts.numeric_precision,
-                   strict=opts.strict, allow_set_relation_comp=opts.allow_set_relation_comp,
-                   timeout_seconds=timeout_s, raise_on_error=True)
-        )
+        with time_limit(timeout_s):
+            verdict.equal = bool(
+                verify(g, p, float_rounding=opts.float_rounding, numeric_precision=opts.numeric_precision,
+                       strict=opts.strict, allow_set_relation_comp=opts.allow_set_relation_comp,
+                       timeout_seconds=None, raise_on_error=True)
+            )
         return verdict
     except TimeoutException:
+        if signal.getitimer(signal.ITIMER_REAL)[1] == REFIRE_S:  # it landed in time_limit's own exit: disarm
+            signal.setitimer(signal.ITIMER_REAL, 0)
         return MathVerdict(False, f"timeout: math-verify took more than {timeout_s}s")
     except Exception as e:  # noqa: BLE001 - any verifier failure scores 0 and is counted, never crashes
         return MathVerdict(False, f"{type(e).__name__}: {str(e)[:200]}")
