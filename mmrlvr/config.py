@@ -110,6 +110,13 @@ class RolloutConfig:
                        "branching^depth leaves sharing segments; parameters: rollout.strategy_params)")
     strategy_params: dict[str, Any] = _f({}, "tree: {depth: 2, branching: 2, segment_length: 0 (= max_new_tokens / "
                                          "depth)}")
+    tools: list[str] = _f([], "tools a multi-turn rollout offers the model (zoom, rotate, or tools a plug-in "
+                          "registers); empty: one turn. The model calls them in <tool_call> blocks")
+    max_turns: int = _f(4, "multi-turn: the most model turns per trajectory (each up to max_new_tokens)")
+    max_trajectory_tokens: int = _f(1024, "multi-turn: the most response tokens per trajectory, model and tool turns "
+                                    "(image tokens included) together")
+    tool_params: dict[str, Any] = _f({}, "multi-turn: {time_budget_s: 10 (per call), max_image_pixels: 1048576 (per "
+                                     "returned image)}")
     guide: dict[str, Any] = _f({}, "NPO near-future guides: {from: CHECKPOINT_DIR | auto, gate: 0.6, tries: 4, "
                                "delta: 10} puts one verified-correct response of a later checkpoint into each group "
                                "below the gate (auto: the run trained delta steps ahead in a second process; empty: "

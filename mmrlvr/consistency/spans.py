@@ -63,7 +63,8 @@ def answer_token_mask(texts: Sequence[str] | None, response_ids: torch.Tensor, r
                       tokenizer: Any, markers: Sequence[str] = ANSWER_MARKERS) -> torch.Tensor:
     """[N, L] float: 1 on the valid response tokens that belong to each row's final answer, else 0.
 
-    response_ids / response_mask: [N, L] (valid tokens first, then padding); tokenizer: the tokenizer (or
+    response_ids / response_mask: [N, L] (valid tokens, then padding; a multi-turn row's tool turns sit between its
+    valid tokens with mask 0 and are decoded with them); tokenizer: the tokenizer (or
     processor) that decoded them, called as ``decode(ids, skip_special_tokens=True)``. ``texts`` (the N
     decoded completions) is accepted for the callers' convenience but not used for positions: the span is
     located in the tokenizer's own decoding of ``response_ids`` (see the module docstring). A row with no
@@ -71,7 +72,8 @@ def answer_token_mask(texts: Sequence[str] | None, response_ids: torch.Tensor, r
     N, L = response_ids.shape
     out = torch.zeros(N, L)
     for i in range(N):
-        n = int((response_mask[i] > 0).sum())
+        nz = (response_mask[i] > 0).nonzero()
+        n = int(nz[-1]) + 1 if len(nz) else 0  # through the last valid token (multi-turn: tool turns between)
         ids = response_ids[i, :n].tolist()
         start = answer_char_start(_decode(tokenizer, ids), markers)
         if start is None:

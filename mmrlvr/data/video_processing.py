@@ -91,21 +91,14 @@ def ensure_video_processor(processor: Any) -> Any:
     """Give ``processor`` a video processor when it has none (torchvision missing); returns it.
 
     Also upgrades the chat template of tiny models built before video support (their template dropped
-    video parts, so a video prompt would carry no ``<|video_pad|>``): the cached folder is otherwise reused
-    as is, and every other template is left alone.
+    video parts, so a video prompt would carry no ``<|video_pad|>``): ``upgrade_tiny_template``; every other
+    template is left alone.
     """
     if getattr(processor, "video_processor", None) is None and hasattr(processor, "image_processor"):
         processor.video_processor = FrameVideoProcessor.like(processor.image_processor)
-    template = getattr(processor, "chat_template", None)
-    if isinstance(template, str) and "video" not in template and "<|image_pad|>" in template:
-        from mmrlvr.models.tiny import CHAT_TEMPLATE
+    from mmrlvr.models.tiny import upgrade_tiny_template
 
-        old_tiny = CHAT_TEMPLATE.replace(
-            "{%- if part['type'] == 'video' or 'video' in part -%}"
-            "{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
-            "{%- elif part['type'] == 'image'", "{%- if part['type'] == 'image'")
-        if template == old_tiny:
-            processor.chat_template = CHAT_TEMPLATE
+    upgrade_tiny_template(processor)
     return processor
 
 

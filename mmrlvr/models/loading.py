@@ -71,6 +71,9 @@ def load_policy(path: str | Path, *, dtype: str | torch.dtype = "float32", devic
     model.to(device)
     processor = load_processor(folder, config.get("model_type"), local_files_only=True,
                                trust_remote_code=trust_remote_code)
+    from mmrlvr.models.tiny import upgrade_tiny_template
+
+    upgrade_tiny_template(processor)  # a cached tiny folder built before the template gained tools
     tokenizer = getattr(processor, "tokenizer", processor)
     tokenizer.padding_side = "left"
     return model, processor

@@ -58,9 +58,79 @@ QWEN_SPLIT_PATTERN = (
 )
 
 # Qwen-style chat template: image parts become <|vision_start|><|image_pad|><|vision_end|> and video parts
-# <|vision_start|><|video_pad|><|vision_end|> (the processor expands the pad to one token per merged patch). Unlike the real one, no default system message is
-# injected: prompts stay short for a 2-layer model.
+# <|vision_start|><|video_pad|><|vision_end|> (the processor expands the pad to one token per merged patch). Unlike
+# the real one, no default system message is injected: prompts stay short for a 2-layer model.
+#
+# Tools, in the format of the real Qwen2.5-VL / Qwen3-VL templates (and Qwen2.5's, which Qwen2-VL's language model
+# follows): ``tools=`` adds a system block listing each tool's JSON schema inside <tools></tools> and how to call
+# one; an assistant message's ``tool_calls`` render as <tool_call>{"name": ..., "arguments": ...}</tool_call>
+# blocks; tool messages render as a user turn of <tool_response> blocks (consecutive tool messages share one turn),
+# their image parts as vision placeholders like any other image. A conversation without tools renders exactly as
+# before (``TINY_TEMPLATE_HISTORY``; tests/test_tiny_template.py).
+_CONTENT = (
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- elif message['content'] is not none -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'video' or 'video' in part -%}"
+    "{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
+    "{%- elif part['type'] == 'image' or 'image' in part or 'image_url' in part -%}"
+    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+)
 CHAT_TEMPLATE = (
+    "{%- set skip_first = false -%}"
+    "{%- if tools -%}"
+    "{{- '<|im_start|>system\\n' -}}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set message = messages[0] -%}" + _CONTENT + "{{- '\\n\\n' -}}"
+    "{%- endif -%}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with "
+    "function signatures within <tools></tools> XML tags:\\n<tools>' -}}"
+    "{%- for tool in tools -%}{{- '\\n' -}}{{- tool | tojson -}}{%- endfor -%}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\\n</tool_call><|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{%- if tools and loop.first and message['role'] == 'system' -%}"
+    "{%- elif message['role'] == 'tool' -%}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
+    "{{- '\\n<tool_response>\\n' -}}" + _CONTENT + "{{- '\\n</tool_response>' -}}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- else -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}" + _CONTENT +
+    "{%- if message['role'] == 'assistant' and message['tool_calls'] -%}"
+    "{%- for call in message['tool_calls'] -%}"
+    "{%- if call['function'] is defined -%}{%- set call = call['function'] -%}{%- endif -%}"
+    "{%- if not loop.first or message['content'] -%}{{- '\\n' -}}{%- endif -%}"
+    "{{- '<tool_call>\\n{\"name\": \"' + call['name'] + '\", \"arguments\": ' -}}"
+    "{%- if call['arguments'] is string -%}{{- call['arguments'] -}}{%- else -%}{{- call['arguments'] | tojson -}}"
+    "{%- endif -%}"
+    "{{- '}\\n</tool_call>' -}}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+# Earlier tiny templates, oldest first: a cached tiny folder built with one of them gets the current template when
+# loaded (``upgrade_tiny_template``). Each later one renders every conversation an earlier one could render the same,
+# so the weights trained under it stay valid.
+TINY_TEMPLATE_HISTORY: tuple[str, ...] = (
+    # before video parts
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' or 'image' in part or 'image_url' in part -%}"
+    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}",
+    # before tools
     "{%- for message in messages -%}"
     "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
     "{%- if message['content'] is string -%}{{- message['content'] -}}"
@@ -73,8 +143,18 @@ CHAT_TEMPLATE = (
     "{%- endif -%}{%- endfor -%}{%- endif -%}"
     "{{- '<|im_end|>\\n' -}}"
     "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}",
 )
+
+
+def upgrade_tiny_template(processor: Any) -> Any:
+    """Give a processor (and its tokenizer) loaded from a cached tiny folder the current ``CHAT_TEMPLATE`` when it
+    carries one of ``TINY_TEMPLATE_HISTORY``; any other template (a real checkpoint's) is left alone. Returns it."""
+    for holder in (processor, getattr(processor, "tokenizer", None)):
+        if holder is not None and getattr(holder, "chat_template", None) in TINY_TEMPLATE_HISTORY:
+            holder.chat_template = CHAT_TEMPLATE
+    return processor
+
 
 COLOURS = ("red", "green", "blue", "yellow", "purple", "orange", "black", "white", "gray")
 SHAPES = ("circle", "square", "triangle", "star", "rectangle", "shape", "object", "line", "angle")

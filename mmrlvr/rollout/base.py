@@ -50,6 +50,10 @@ class RolloutBatch:
     completions:     N Completions (decoded text, finish_reason "stop" | "length", token ids)
     image_features:  optional per-image vision-tower outputs for the N rows' images (in image_grid_thw
                      order), computed once per distinct prompt; reusable while the vision tower is frozen
+    turns:           multi-turn rollouts (``mmrlvr.rollout.multiturn``): per row, its turns in order (dicts: kind
+                     "model" | "tool", start/end response positions, text, calls, images); None for one turn.
+                     Tool turns are real tokens (attention_mask 1) that carry no loss (response_mask 0)
+    row_images:      multi-turn: per row, its images in sequence order (the prompt's, then every returned one)
     """
 
     samples: list[Sample]
@@ -65,6 +69,8 @@ class RolloutBatch:
     completions: list[Completion]
     timings: dict[str, float] = field(default_factory=dict)
     image_features: list | None = None  # list[mmrlvr.rollout.vision.ImageFeatures]
+    turns: list[list[dict[str, Any]]] | None = None
+    row_images: list[list[Any]] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -81,10 +87,30 @@ class RolloutBatch:
         g = self.uniform_group_size()
         return g if g is not None else [s.stop - s.start for s in self.group_slices()]
 
+    def rows_sharing_images(self) -> int | list[int]:
+        """Rows that carry the same images, in ``rows_per_group`` form (``VisionFeatureCache`` encodes one row of
+        each): a group's rows share their prompt's images, but each multi-turn row has its own returned images."""
+        return 1 if self.turns is not None else self.rows_per_group()
+
     def uniform_group_size(self) -> int | None:
         """G when every group has G rows, else None (then nothing may assume rows_per_prompt = G)."""
         sizes = {s.stop - s.start for s in self.group_slices()}
         return sizes.pop() if len(sizes) == 1 else None
+
+    def images_per_row(self, vision_start_id: int) -> list[int]:
+        """Images in each row: its prompt's, then (multi-turn) those tool turns returned. A ``<|vision_start|>`` the
+        model sampled itself (an engine that does not ban it) is text in a response, not an image, so only the
+        prompt and the tool turns (real tokens without loss) are counted."""
+        starts = self.input_ids == vision_start_id
+        P = self.prompt_length
+        tool = (self.attention_mask[:, P:] > 0) & (self.response_mask <= 0)
+        return (starts[:, :P].sum(dim=1) + (starts[:, P:] & tool).sum(dim=1)).tolist()
+
+    def response_extent(self, row: int) -> int:
+        """Response positions up to and including the row's last token that carries loss (its end-of-sequence
+        token): the whole trajectory for a multi-turn row, whose tool turns sit between the model's own tokens."""
+        nz = (self.response_mask[row] > 0).nonzero()
+        return int(nz[-1]) + 1 if len(nz) else 0
 
     def model_inputs(self) -> dict[str, Any]:
         """Keyword arguments for ``model(**inputs)`` (teacher forcing of prompt + response)."""

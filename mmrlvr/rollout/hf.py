@@ -39,10 +39,12 @@ PATCH_KEYS: dict[str, str] = {"pixel_values": "image_grid_thw", "pixel_values_vi
 ASSISTANT_PREFIX = "assistant_prefix"
 
 
-def prompt_texts(processor: Any, samples: list[Sample]) -> list[str]:
+def prompt_texts(processor: Any, samples: list[Sample], tools: list[dict[str, Any]] | None = None) -> list[str]:
     """The chat-templated prompt of each sample, ending with the assistant turn's opening, followed by
-    ``sample.meta["assistant_prefix"]`` when a sample has one (the response is then what follows it)."""
-    return [processor.apply_chat_template(s.messages, tokenize=False, add_generation_prompt=True)
+    ``sample.meta["assistant_prefix"]`` when a sample has one (the response is then what follows it).
+    ``tools``: JSON schemas the template lists for the model (multi-turn rollouts; ``mmrlvr.tools``)."""
+    extra = {"tools": tools} if tools else {}
+    return [processor.apply_chat_template(s.messages, tokenize=False, add_generation_prompt=True, **extra)
             + (s.meta.get(ASSISTANT_PREFIX) or "") for s in samples]
 
 
@@ -121,7 +123,8 @@ def vision_token_ids(tokenizer: Any) -> list[int]:
     return sorted(vocab[t] for t in VISION_TOKENS if t in vocab)
 
 
-def encode_prompt_batch(processor: Any, samples: list[Sample]) -> dict[str, Any]:
+def encode_prompt_batch(processor: Any, samples: list[Sample], tools: list[dict[str, Any]] | None = None
+                        ) -> dict[str, Any]:
     """Processor outputs for B distinct prompts: input_ids [B, P] (left-padded) + image and video inputs.
 
     The one place prompts become tensors for any engine (the HF sampler, and the vLLM engine's teacher-forcing
@@ -132,7 +135,7 @@ def encode_prompt_batch(processor: Any, samples: list[Sample]) -> dict[str, Any]
     video = video_processor_kwargs(samples)  # sampled frames of meta["videos"] (mmrlvr.data.video)
     if video:
         ensure_video_processor(processor)
-    texts = prompt_texts(processor, samples)
+    texts = prompt_texts(processor, samples, tools)
     images = [list(s.images) for s in samples]
     kwargs: dict[str, Any] = {"text": texts, "return_tensors": "pt", "padding": True}
     if any(images):

@@ -15,13 +15,9 @@ import torch
 from mmrlvr.rollout.base import RolloutBatch
 
 
-def _images_per_row(batch: RolloutBatch, vision_start_id: int) -> list[int]:
-    return (batch.input_ids[:, :batch.prompt_length] == vision_start_id).sum(dim=1).tolist()
-
-
 def select_rows(batch: RolloutBatch, rows: list[int], vision_start_id: int) -> RolloutBatch:
     """The rows ``rows`` (whole groups, in order) of ``batch``, with their images; groups renumbered from 0."""
-    per_row = _images_per_row(batch, vision_start_id)
+    per_row = batch.images_per_row(vision_start_id)
     first = [0]
     for k in per_row:
         first.append(first[-1] + k)
@@ -52,6 +48,8 @@ def select_rows(batch: RolloutBatch, rows: list[int], vision_start_id: int) -> R
         old_logprobs=batch.old_logprobs[idx], vision=vision, prompt_length=batch.prompt_length,
         completions=[batch.completions[r] for r in rows], timings=dict(batch.timings),
         image_features=[batch.image_features[i] for i in images] if batch.image_features is not None else None,
+        turns=[batch.turns[r] for r in rows] if batch.turns is not None else None,
+        row_images=[batch.row_images[r] for r in rows] if batch.row_images is not None else None,
     )
 
 
@@ -105,4 +103,7 @@ def concat_rollouts(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
         samples=[s for b in batches for s in b.samples], **{k: torch.cat(v) for k, v in parts.items()},
         vision=joined, prompt_length=p, completions=[c for b in batches for c in b.completions],
         timings=dict(batches[0].timings), image_features=feats,
+        turns=[t for b in batches for t in b.turns] if all(b.turns is not None for b in batches) else None,
+        row_images=([im for b in batches for im in b.row_images] if all(b.row_images is not None for b in batches)
+                    else None),
     )

@@ -91,7 +91,7 @@ def build_records(step: int, data, processor, writer, cfg) -> list[RolloutRecord
     sizes = [s.stop - s.start for s in batch.group_slices() for _ in range(s.stop - s.start)]  # each row's group
     for i in range(batch.num_rows):
         sample, comp, res = batch.samples[i], batch.completions[i], data.results[i]
-        n = int(batch.response_mask[i].sum())
+        n = batch.response_extent(i)  # multi-turn: tool turns included (their tokens carry no loss)
         ids = batch.response_ids[i, :n].tolist()
         parsed = res.parsed or {}
         flat = {}

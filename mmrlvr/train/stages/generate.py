@@ -12,6 +12,7 @@ prompt and every later pass (credit, reference, update) reuses its features (exa
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from mmrlvr.train.batch import StepBatch
 from mmrlvr.train.data import shard
@@ -120,6 +121,10 @@ class FlatGroups(Stage):
     def load_state_dict(self, state) -> None:
         self.sampler.load_state_dict(state)
 
+    def sample(self, samples: list, group_size: int, params, step_key: int):
+        """``group_size`` responses to each of ``samples`` (a ``RolloutBatch``) from the rollout engine."""
+        return self.rt.engine.generate(samples, group_size, params, seed=self.cfg.seed, step=step_key)
+
     def __call__(self, b: StepBatch) -> None:
         from mmrlvr.rollout.base import SamplingParams
         from mmrlvr.train.forward import VisionFeatureCache
@@ -132,14 +137,14 @@ class FlatGroups(Stage):
         t0 = time.perf_counter()
         step_key = b.step + b.round * self.ROUND_KEY
         if sizes is None:
-            rollouts = rt.engine.generate(b.samples, cfg.rollout.group_size, params, seed=cfg.seed, step=step_key)
+            rollouts = self.sample(b.samples, cfg.rollout.group_size, params, step_key)
         else:  # one engine call per group size, joined (samples are seeded per prompt and index: order-free)
             from mmrlvr.rollout.merge import concat_rollouts
 
             by_size: dict[int, list] = {}
             for sample, g in zip(b.samples, sizes):
                 by_size.setdefault(g, []).append(sample)
-            pieces = [rt.engine.generate(by_size[g], g, params, seed=cfg.seed, step=step_key) for g in sorted(by_size)]
+            pieces = [self.sample(by_size[g], g, params, step_key) for g in sorted(by_size)]
             tok = getattr(rt.processor, "tokenizer", rt.processor)
             rollouts = concat_rollouts(pieces, pad_id=tok.pad_token_id if tok.pad_token_id is not None else 0)
             rollouts.timings = {k: sum(p.timings.get(k, 0.0) for p in pieces) for k in pieces[0].timings}
@@ -154,11 +159,9 @@ class FlatGroups(Stage):
         rollouts.timings.setdefault("generate_s", time.perf_counter() - t0)
         rollouts.timings["step"] = b.step
         b.rollouts = rollouts
-        # count images in the prompt part only: a response may itself contain a <|vision_start|> token
-        prompt_ids = rollouts.input_ids[:, :rollouts.prompt_length]
-        b.images_per_row = (prompt_ids == rt.vision_start_id).sum(dim=1).tolist()
+        b.images_per_row = rollouts.images_per_row(rt.vision_start_id)
         if cfg.model.freeze_vision:
-            vision = VisionFeatureCache(rt.policy, rollouts.vision, b.images_per_row, rollouts.rows_per_group(),
+            vision = VisionFeatureCache(rt.policy, rollouts.vision, b.images_per_row, rollouts.rows_sharing_images(),
                                         features=rollouts.image_features)
             b.vision = vision if vision.ok else None
         b.token_weights = rollouts.response_mask.clone()
@@ -239,13 +242,102 @@ class TreeRollouts(FlatGroups):
         rollouts.timings["generate_s"] = time.perf_counter() - t0
         rollouts.timings["step"] = b.step
         b.rollouts = rollouts
-        prompt_ids = rollouts.input_ids[:, :rollouts.prompt_length]
-        b.images_per_row = (prompt_ids == rt.vision_start_id).sum(dim=1).tolist()
+        b.images_per_row = rollouts.images_per_row(rt.vision_start_id)
         if cfg.model.freeze_vision:
-            vision = VisionFeatureCache(rt.policy, rollouts.vision, b.images_per_row, rollouts.rows_per_group())
+            vision = VisionFeatureCache(rt.policy, rollouts.vision, b.images_per_row, rollouts.rows_sharing_images())
             b.vision = vision if vision.ok else None
         b.token_weights = rollouts.response_mask.clone()
         b.diagnostics["rollout/samples"] = float(rollouts.num_rows)
         # positions decoded: each depth's rows times its segment (the prompt is prefilled once per tree)
         b.diagnostics["rollout/decoded_tokens"] = float(sum(p["branching"] ** (d + 1) * n
                                                             for d, n in enumerate(b.tree.lengths)) * len(b.samples))
+
+
+#: ``rollout.tool_params`` and their defaults
+TOOL_DEFAULTS: dict[str, Any] = {"time_budget_s": 10.0, "max_image_pixels": 1024 * 1024}
+
+
+@register_stage("generate", "multi_turn")
+class MultiTurnRollouts(FlatGroups):
+    """Multi-turn trajectories with tools (``mmrlvr.rollout.multiturn``): the model may call the tools of
+    ``rollout.tools`` in ``<tool_call>`` blocks; each answer (text and images) comes back as a tool turn and the
+    model continues, up to ``rollout.max_turns`` turns and ``rollout.max_trajectory_tokens`` tokens. Tool turns
+    carry no loss; prompts are drawn and grouped as in ``groups`` (any sampler)."""
+
+    selected_by = ("rollout.tools",)
+    fallback = False
+    reads = ("rollout.",)
+    when_text = "rollout.tools: [...]"
+
+    @classmethod
+    def when(cls, cfg) -> bool:
+        return bool(cfg.rollout.tools)
+
+    @classmethod
+    def plan_params(cls, cfg) -> dict[str, Any]:
+        r = cfg.rollout
+        return {**FlatGroups.plan_params(cfg), "rollout.tools": list(r.tools), "rollout.max_turns": r.max_turns,
+                "rollout.max_trajectory_tokens": r.max_trajectory_tokens,
+                **{f"rollout.tool_params.{k}": v for k, v in {**TOOL_DEFAULTS, **(r.tool_params or {})}.items()}}
+
+    @classmethod
+    def validate(cls, cfg) -> list[str]:
+        from mmrlvr.errors import did_you_mean
+        from mmrlvr.tools import TOOLS
+
+        r = cfg.rollout
+        out = FlatGroups.validate(cfg)
+        if not isinstance(r.tools, list) or not all(isinstance(t, str) for t in r.tools):
+            return out + [f"rollout.tools: a list of tool names, got {r.tools!r}"]
+        for name in r.tools:
+            if name not in TOOLS.names():
+                out.append(f"rollout.tools: unknown tool {name!r}{did_you_mean(name, TOOLS.names())}; known: "
+                           f"{', '.join(TOOLS.names())} (a plug-in registers more with @register_tool)")
+        if len(set(r.tools)) != len(r.tools):
+            out.append(f"rollout.tools: a tool is listed twice: {r.tools}")
+        for key, value, low in (("max_turns", r.max_turns, 1), ("max_trajectory_tokens", r.max_trajectory_tokens, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                out.append(f"rollout.{key}: an integer >= {low}, got {value!r}")
+        given = r.tool_params or {}
+        unknown = [k for k in given if k not in TOOL_DEFAULTS]
+        if unknown:
+            out.append(f"rollout.tool_params: unknown key(s) {', '.join(map(str, unknown))}; accepted: "
+                       f"{', '.join(TOOL_DEFAULTS)}")
+        for key in TOOL_DEFAULTS:
+            v = given.get(key, TOOL_DEFAULTS[key])
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+                out.append(f"rollout.tool_params.{key}: a number > 0, got {v!r}")
+        if r.engine != "hf":
+            out.append(f"rollout.tools: multi-turn rollouts run on the hf engine (its KV cache is kept across turns); "
+                       f"rollout.engine {r.engine!r} is not supported with tools yet")
+        if r.strategy != "groups":
+            out.append(f"rollout.tools: multi-turn trajectories are sampled as flat groups; rollout.strategy "
+                       f"{r.strategy!r} cannot be combined with tools")
+        if r.guide:
+            out.append("rollout.guide: a guide response is one turn; it cannot be combined with rollout.tools")
+        return out
+
+    def __init__(self, rt) -> None:
+        super().__init__(rt)
+        from mmrlvr.rollout.multiturn import ToolUse
+        from mmrlvr.tools import TOOLS
+
+        r = self.cfg.rollout
+        p = {**TOOL_DEFAULTS, **(r.tool_params or {})}
+        self.use = ToolUse(tools={name: TOOLS.get(name) for name in r.tools}, max_turns=r.max_turns,
+                           max_tokens=r.max_trajectory_tokens, time_budget_s=float(p["time_budget_s"]),
+                           max_image_pixels=int(p["max_image_pixels"]))
+
+    def sample(self, samples: list, group_size: int, params, step_key: int):
+        from mmrlvr.rollout.multiturn import generate_multiturn
+
+        return generate_multiturn(self.rt.engine, samples, group_size, params, self.use, seed=self.cfg.seed,
+                                  step=step_key)
+
+    def __call__(self, b: StepBatch) -> None:
+        super().__call__(b)
+        comps = b.rollouts.completions
+        n = max(len(comps), 1)
+        b.diagnostics["tools/turns_mean"] = sum(c.meta.get("num_turns", 1) for c in comps) / n
+        b.diagnostics["tools/calls_per_row"] = sum(c.meta.get("tool_calls", 0) for c in comps) / n
+        b.diagnostics.update(self.use.counters.metrics())  # tools/calls, tools/<error kind> (counts this step)

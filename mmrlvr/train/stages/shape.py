@@ -193,9 +193,9 @@ class DynamicSampling(Stage):
         b.row_mask = torch.tensor(keep_rows)
         b.token_weights = torch.cat(weights)
         b.token_weights[~b.row_mask] = 0.0
-        b.images_per_row = (rollouts.input_ids[:, :rollouts.prompt_length] == rt.vision_start_id).sum(dim=1).tolist()
+        b.images_per_row = rollouts.images_per_row(rt.vision_start_id)
         if b.vision is not None:
-            vision = VisionFeatureCache(rt.policy, rollouts.vision, b.images_per_row, rollouts.rows_per_group(),
+            vision = VisionFeatureCache(rt.policy, rollouts.vision, b.images_per_row, rollouts.rows_sharing_images(),
                                         features=rollouts.image_features)
             b.vision = vision if vision.ok else None
 

@@ -1,0 +1,235 @@
+"""Multi-turn rollouts with tools that return images (``mmrlvr.rollout.multiturn``), on all three tiny families.
+
+A scripted policy (tests/scripted_policy.py: forced tokens, the model's own log-probs) calls ``zoom``; the tests check
+that the returned image reaches the next turn's model inputs (its pixel values, its image tokens and their place,
+and the next turn's log-probs), that tool turns carry no loss while the trainer's teacher-forced log-probs equal the
+sampler's, that every way a call can fail becomes a counted message the model reads, and the turn / token limits.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from PIL import Image, ImageDraw
+
+import mmrlvr.rollout.sampling as sampling
+from mmrlvr.models.loading import load_policy
+from mmrlvr.rollout.base import SamplingParams
+from mmrlvr.rollout.hf import HFEngine
+from mmrlvr.rollout.multiturn import ToolUse, generate_multiturn
+from mmrlvr.tools import TOOLS, ToolResult
+from mmrlvr.tools.builtin import ZOOM_SIDE
+from mmrlvr.train.model_path import resolve_model_path
+from mmrlvr.types import Sample
+from scripted_policy import scripted_sampler
+
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+ANSWER = "<think>seen</think><answer>3</answer>"
+BOX = [0, 0, 56, 42]
+
+
+def call(name="zoom", **arguments):
+    arguments = arguments or {"image": 0, "box": BOX}
+    return f'<think>look</think>\n<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+
+
+_MODELS: dict[str, tuple] = {}
+
+
+def engine(family="qwen2_5_vl"):
+    if family not in _MODELS:
+        _MODELS[family] = load_policy(resolve_model_path(f"tiny:{family}"))
+    model, processor = _MODELS[family]
+    return HFEngine(model, processor)
+
+
+def picture(seed=0):
+    im = Image.new("RGB", (112, 84), "white")
+    d = ImageDraw.Draw(im)
+    d.rectangle([10 + seed, 8, 40, 30], fill="red")
+    d.ellipse([60, 40, 100, 80], fill="blue")
+    return im
+
+
+def sample(image=None, sid="a"):
+    return Sample(id=sid, messages=[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many?"}]}],
+                  images=[image or picture()], answer="3")
+
+
+def run(monkeypatch, eng, turns, samples=None, group_size=1, **use_kwargs):
+    monkeypatch.setattr(sampling, "RowSampler", scripted_sampler(eng.tokenizer, turns))
+    use = ToolUse(tools={"zoom": TOOLS.get("zoom"), "rotate": TOOLS.get("rotate"), **use_kwargs.pop("tools", {})},
+                  **use_kwargs)
+    batch = generate_multiturn(eng, samples or [sample()], group_size, SamplingParams(max_new_tokens=160), use,
+                               seed=0, step=0)
+    return batch, use
+
+
+def expected_zoom(image, box):
+    """The crop the zoom tool must return, computed here from PIL directly."""
+    crop = image.crop(tuple(box))
+    scale = ZOOM_SIDE / max(crop.size)
+    return crop.resize((round(crop.size[0] * scale), round(crop.size[1] * scale)))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_zoomed_image_reaches_the_next_turn(monkeypatch, family):
+    eng = engine(family)
+    seen = []
+    real_generate = eng.model.generate
+
+    def spy(**kwargs):
+        seen.append({k: v for k, v in kwargs.items() if k != "logits_processor"})
+        return real_generate(**kwargs)
+
+    monkeypatch.setattr(eng.model, "generate", spy)
+    batch, use = run(monkeypatch, eng, [call(), ANSWER])
+    turns = batch.turns[0]
+    assert [t["kind"] for t in turns] == ["model", "tool", "model"]
+    assert batch.completions[0].text == ANSWER  # the final model turn: what answer and format rewards read
+    assert turns[1]["calls"] == [{"name": "zoom", "arguments": {"image": 0, "box": BOX}, "error": None}]
+    assert use.counters["calls"] == 1 and sum(v for k, v in use.counters.items() if k != "calls") == 0
+
+    # pixel values: the row holds the prompt image, then exactly the processor's encoding of the expected crop
+    proc = eng.processor
+    want = proc.image_processor(images=[expected_zoom(picture(), BOX)], return_tensors="pt")
+    prompt = proc.image_processor(images=[picture()], return_tensors="pt")
+    grid = batch.vision["image_grid_thw"]
+    assert grid.tolist() == [prompt["image_grid_thw"][0].tolist(), want["image_grid_thw"][0].tolist()]
+    n_prompt = int(prompt["image_grid_thw"].prod())
+    torch.testing.assert_close(batch.vision["pixel_values"][n_prompt:], want["pixel_values"], rtol=0, atol=0)
+    assert batch.row_images[0][1].size == expected_zoom(picture(), BOX).size
+
+    # image tokens: the returned image's placeholders sit inside the tool turn, one per merged patch
+    pad = eng.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    merge = proc.image_processor.merge_size ** 2
+    P = batch.prompt_length
+    positions = (batch.response_ids[0] == pad).nonzero().flatten().tolist()
+    assert len(positions) == int(want["image_grid_thw"].prod()) // merge
+    assert all(turns[1]["start"] <= p < turns[1]["end"] for p in positions)
+    assert int((batch.input_ids[0, :P] == pad).sum()) == n_prompt // merge
+    assert batch.images_per_row(eng.tokenizer.convert_tokens_to_ids("<|vision_start|>")) == [2]
+
+    # the second model turn's generate call carries the returned image (features of it alone) and all grids
+    assert len(seen) == 2
+    second = seen[1]
+    assert second["image_grid_thw"].tolist() == grid.tolist()
+    assert int((second["input_ids"] == pad).sum()) == int((batch.input_ids[0] == pad).sum())  # the whole history
+    if "mm_encoder_outputs" in second:
+        pooled = second["mm_encoder_outputs"]["image"].pooler_output
+        assert len(pooled) == 1 and pooled[0].shape[0] == len(positions)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_next_turn_reads_the_returned_image(monkeypatch, family):
+    """Same script, a different picture inside the zoom box: the answer turn's log-probs change; a different
+    picture outside it (not returned by the zoom, only in the prompt at low resolution) changes them too, but the
+    tool turn's own image tokens are what differ in the first case."""
+    eng = engine(family)
+    a, _ = run(monkeypatch, eng, [call(), ANSWER], samples=[sample(picture(0))])
+    b, _ = run(monkeypatch, eng, [call(), ANSWER], samples=[sample(picture(6))])
+    last = lambda batch: batch.old_logprobs[0, batch.turns[0][2]["start"]:batch.turns[0][2]["end"]]  # noqa: E731
+    assert not torch.allclose(last(a), last(b))
+    n_prompt = int(a.vision["image_grid_thw"][0].prod())
+    assert not torch.equal(a.vision["pixel_values"][n_prompt:], b.vision["pixel_values"][n_prompt:])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tool_turns_carry_no_loss_and_the_trainer_recomputes_the_samplers_logprobs(monkeypatch, family):
+    from mmrlvr.train.forward import token_logprobs
+
+    eng = engine(family)
+    batch, _ = run(monkeypatch, eng, [call(), call("rotate", image=1, degrees=90), ANSWER],
+                   samples=[sample(picture(0), "a"), sample(picture(3), "b")], group_size=2)
+    assert batch.num_rows == 4
+    P = batch.prompt_length
+    for i, turns in enumerate(batch.turns):
+        assert [t["kind"] for t in turns] == ["model", "tool", "model", "tool", "model"]
+        for t in turns:
+            span = batch.response_mask[i, t["start"]:t["end"]]
+            assert bool((span == (1.0 if t["kind"] == "model" else 0.0)).all()), t
+            assert bool((batch.attention_mask[i, P + t["start"]:P + t["end"]] == 1).all())
+        assert float(batch.response_mask[i, turns[-1]["end"]:].sum()) == 0
+    assert batch.images_per_row(eng.tokenizer.convert_tokens_to_ids("<|vision_start|>")) == [3, 3, 3, 3]
+    eng.model.eval()
+    with torch.no_grad():
+        lp, _ = token_logprobs(eng.model, batch.model_inputs(), batch.response_ids)
+    mask = batch.response_mask > 0
+    assert int(mask.sum()) > 100
+    diff = (lp - batch.old_logprobs)[mask].abs().max()
+    assert float(diff) < 1e-5, float(diff)
+
+
+def test_every_failed_call_is_a_counted_message_the_model_reads(monkeypatch):
+    eng = engine()
+
+    def boom(image: int, context=None) -> str:
+        """Always fails.
+
+        Args:
+            image: an image index
+        """
+        raise RuntimeError("disk on fire")
+
+    def slow(image: int) -> str:
+        """Never in time.
+
+        Args:
+            image: an image index
+        """
+        time.sleep(3)
+        return "late"
+
+    def huge(image: int) -> Image.Image:
+        """Too big.
+
+        Args:
+            image: an image index
+        """
+        return Image.new("RGB", (2000, 2000))
+
+    scripts = [
+        "<tool_call>\n{not json}\n</tool_call>",  # malformed_call
+        call("crop", image=0),  # unknown_tool
+        call("zoom", image=0),  # bad_arguments (no box)
+        call("boom", image=0),  # tool_error
+        call("slow", image=0),  # timeout
+        call("huge", image=0),  # image_too_large
+        call("zoom", image=7, box=BOX),  # tool_error: no such image
+        ANSWER,
+    ]
+    batch, use = run(monkeypatch, eng, scripts, max_turns=8, max_tokens=4000, time_budget_s=0.5,
+                     tools={"boom": boom, "slow": slow, "huge": huge})
+    tool_turns = [t for t in batch.turns[0] if t["kind"] == "tool"]
+    kinds = ["malformed_call", "unknown_tool", "bad_arguments", "tool_error", "timeout", "image_too_large",
+             "tool_error"]
+    assert [t["calls"][0]["error"].split(":")[0] for t in tool_turns] == kinds
+    for t, kind in zip(tool_turns, kinds):
+        assert f"Error ({kind})" in t["text"] and t["images"] == []
+    assert "the tools are: boom, huge, rotate, slow, zoom" in tool_turns[1]["text"]
+    assert dict(use.counters) == {"calls": 7, "malformed_call": 1, "unknown_tool": 1, "bad_arguments": 1,
+                                  "tool_error": 2, "timeout": 1, "image_too_large": 1}
+    assert batch.completions[0].finish_reason == "stop" and "3" in batch.completions[0].text
+    assert batch.vision["image_grid_thw"].shape[0] == 1  # no failed call added an image
+
+
+def test_turn_and_token_limits(monkeypatch):
+    eng = engine()
+    one, _ = run(monkeypatch, eng, [call(), ANSWER], max_turns=1)
+    assert [t["kind"] for t in one.turns[0]] == ["model"] and one.completions[0].finish_reason == "turns"
+    short, _ = run(monkeypatch, eng, [call(), ANSWER], max_tokens=120)  # the call fits, its tool turn does not
+    assert [t["kind"] for t in short.turns[0]] == ["model"] and short.completions[0].finish_reason == "length"
+    assert short.response_ids.shape[1] <= 120
+    cut, _ = run(monkeypatch, eng, [call(), ANSWER], max_tokens=30)  # the call itself is cut
+    assert cut.completions[0].finish_reason == "length" and cut.response_ids.shape[1] == 30
+
+
+def test_a_row_s_tool_arguments_fill_what_the_call_leaves_out(monkeypatch):
+    eng = engine()
+    s = sample()
+    s.meta["tools_kwargs"] = {"zoom": {"box": BOX}}  # verl's extra_info.tools_kwargs layout
+    batch, use = run(monkeypatch, eng, [call("zoom", image=0), ANSWER], samples=[s])
+    assert batch.turns[0][1]["calls"][0]["error"] is None and len(batch.row_images[0]) == 2
