@@ -24,7 +24,7 @@ from mmrlvr.tools import TOOLS, ToolResult
 from mmrlvr.tools.builtin import ZOOM_SIDE
 from mmrlvr.train.model_path import resolve_model_path
 from mmrlvr.types import Sample
-from scripted_policy import scripted_sampler
+from scripted_policy import scripted_sampler, turn_seed
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 ANSWER = "<think>seen</think><answer>3</answer>"
@@ -59,8 +59,8 @@ def sample(image=None, sid="a"):
                   images=[image or picture()], answer="3")
 
 
-def run(monkeypatch, eng, turns, samples=None, group_size=1, **use_kwargs):
-    monkeypatch.setattr(sampling, "RowSampler", scripted_sampler(eng.tokenizer, turns))
+def run(monkeypatch, eng, turns, samples=None, group_size=1, by_seed=None, **use_kwargs):
+    monkeypatch.setattr(sampling, "RowSampler", scripted_sampler(eng.tokenizer, turns, by_seed))
     use = ToolUse(tools={"zoom": TOOLS.get("zoom"), "rotate": TOOLS.get("rotate"), **use_kwargs.pop("tools", {})},
                   **use_kwargs)
     batch = generate_multiturn(eng, samples or [sample()], group_size, SamplingParams(max_new_tokens=160), use,
@@ -139,21 +139,41 @@ def test_the_next_turn_reads_the_returned_image(monkeypatch, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_tool_turns_carry_no_loss_and_the_trainer_recomputes_the_samplers_logprobs(monkeypatch, family):
+    """Rows of different shapes in one batch: turns of different lengths (padding between a short turn and its tool
+    turn), different tools (images of different sizes), a row that answers at once and one cut by the budget."""
     from mmrlvr.train.forward import token_logprobs
 
     eng = engine(family)
-    batch, _ = run(monkeypatch, eng, [call(), call("rotate", image=1, degrees=90), ANSWER],
-                   samples=[sample(picture(0), "a"), sample(picture(3), "b")], group_size=2)
+    by_seed = {
+        turn_seed("a", 0, 0): call(),
+        turn_seed("a", 0, 1): call("rotate", image=1, degrees=90),
+        turn_seed("a", 1, 0): "<think>look look look again</think>\n" + call()[len("<think>look</think>\n"):],
+        turn_seed("a", 1, 1): ANSWER,
+        turn_seed("b", 0, 0): ANSWER,  # answers without a tool
+        turn_seed("b", 1, 0): call("rotate", image=0, degrees=45),
+        turn_seed("b", 1, 1): "<think>" + "long " * 60 + "</think>",  # runs out of max_new_tokens: finish length
+    }
+    batch, _ = run(monkeypatch, eng, [ANSWER], samples=[sample(picture(0), "a"), sample(picture(3), "b")],
+                   group_size=2, by_seed=by_seed, max_tokens=1000)
     assert batch.num_rows == 4
+    kinds = [[t["kind"] for t in turns] for turns in batch.turns]
+    assert kinds == [["model", "tool", "model", "tool", "model"], ["model", "tool", "model"], ["model"],
+                     ["model", "tool", "model"]]
+    assert [c.finish_reason for c in batch.completions] == ["stop", "stop", "stop", "length"]
     P = batch.prompt_length
+    padded = 0
     for i, turns in enumerate(batch.turns):
-        assert [t["kind"] for t in turns] == ["model", "tool", "model", "tool", "model"]
         for t in turns:
             span = batch.response_mask[i, t["start"]:t["end"]]
             assert bool((span == (1.0 if t["kind"] == "model" else 0.0)).all()), t
             assert bool((batch.attention_mask[i, P + t["start"]:P + t["end"]] == 1).all())
+        between = [(a["end"], b["start"]) for a, b in zip(turns, turns[1:])]
+        padded += sum(b - a for a, b in between)
+        for a, b in between:  # padding between turns: no attention, no loss
+            assert int(batch.attention_mask[i, P + a:P + b].sum()) == 0 and float(batch.response_mask[i, a:b].sum()) == 0
         assert float(batch.response_mask[i, turns[-1]["end"]:].sum()) == 0
-    assert batch.images_per_row(eng.tokenizer.convert_tokens_to_ids("<|vision_start|>")) == [3, 3, 3, 3]
+    assert padded > 0  # the batch really held turns of different lengths
+    assert batch.images_per_row(eng.tokenizer.convert_tokens_to_ids("<|vision_start|>")) == [3, 2, 1, 2]
     eng.model.eval()
     with torch.no_grad():
         lp, _ = token_logprobs(eng.model, batch.model_inputs(), batch.response_ids)

@@ -94,26 +94,46 @@ def tool_turn_text(processor: Any, results: list[ToolResult], eos_text: str) -> 
 
 @dataclass
 class _Row:
-    """One trajectory being built."""
+    """One trajectory being built: its response so far (model tokens, tool turns and the padding between them)."""
 
-    ids: torch.Tensor  # [1, T] the whole sequence so far (left-padded prompt first)
-    mask: torch.Tensor  # [1, T]
-    types: torch.Tensor | None  # [1, T] mm_token_type_ids when the processor gives them
-    grids: list[torch.Tensor]  # per image [3]
+    images: list[Any]  # PIL images, the prompt's then returned ones
+    grids: list[torch.Tensor]  # per image its [3] grid
     pixels: list[torch.Tensor]  # per image its patch rows
-    features: list[Any]  # per image ImageFeatures (when the model takes precomputed features)
-    images: list[Any]  # PIL images, prompt's then returned
+    features: list[Any]  # per image its ImageFeatures (models that take precomputed features)
+    types_dtype: torch.dtype | None = None
     response: list[int] = field(default_factory=list)
+    real: list[int] = field(default_factory=list)  # attention: 1 on real tokens, 0 on padding between turns
     loss_mask: list[float] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    types: list[int] = field(default_factory=list)  # mm_token_type_ids of the response
     turns: list[Turn] = field(default_factory=list)
-    finish: str = "stop"
+    finish: str = "turns"
+
+    @property
+    def used(self) -> int:
+        """Real response tokens so far (what the trajectory budget counts)."""
+        return sum(self.real)
+
+    def add(self, ids: list[int], real: list[int], loss: float, logprobs: list[float] | None = None,
+            types: list[int] | None = None) -> None:
+        self.response += ids
+        self.real += real
+        self.loss_mask += [loss * r for r in real]
+        self.logprobs += [lp * r for lp, r in zip(logprobs, real)] if logprobs is not None else [0.0] * len(ids)
+        self.types += types if types is not None else [0] * len(ids)
 
 
 def generate_multiturn(engine: Any, samples: list[Sample], group_size: int, params: SamplingParams, use: ToolUse, *,
                        seed: int, step: int) -> RolloutBatch:
-    """G multi-turn trajectories for each of B prompts with an ``HFEngine`` (its model, processor and ids)."""
-    from mmrlvr.rollout.hf import PATCH_KEYS, encode_prompt_batch
+    """G multi-turn trajectories for each of B prompts with an ``HFEngine`` (its model, processor and ids).
+
+    All N = B*G rows advance turn by turn in one batch sharing one KV cache: a model turn is one ``generate`` call
+    over the rows still going; rows that end leave the batch (``DynamicCache.batch_select_indices``); each
+    continuing row's tool turn is left-padded to the longest one, so the rows' new tokens stay aligned. The padding
+    (after a row's end of turn, before its tool turn) has attention 0 here and in the teacher-forced pass alike, so
+    positions and log-probs are the same in both.
+    """
+    from mmrlvr.rollout.hf import encode_prompt_batch
     from mmrlvr.rollout.vision import encode_images, supports_precomputed_vision
 
     model, processor, tok = engine.model, engine.processor, engine.tokenizer
@@ -121,46 +141,63 @@ def generate_multiturn(engine: Any, samples: list[Sample], group_size: int, para
     inputs = encode_prompt_batch(processor, samples, tools=use.schemas())
     P = int(inputs["input_ids"].shape[1])
     grid_all = inputs.get("image_grid_thw")
-    per_image_rows = grid_all.prod(-1).tolist() if grid_all is not None else []
-    offsets = [0]
-    for r in per_image_rows:
-        offsets.append(offsets[-1] + int(r))
+    cuts = [0]
+    for r in (grid_all.prod(-1).tolist() if grid_all is not None else []):
+        cuts.append(cuts[-1] + int(r))
     precomputed = supports_precomputed_vision(model) and "pixel_values" in inputs
-    features = encode_images(model, inputs["pixel_values"], grid_all) if precomputed else []
-    eos_text = tok.decode([engine.eos_ids[0]])
-    rows: list[_Row] = []
     was_training = model.training
     model.eval()
+    features = encode_images(model, inputs["pixel_values"], grid_all) if precomputed else []
+    types = inputs.get("mm_token_type_ids")
+    rows: list[_Row] = []
+    first = 0
+    for s in samples:
+        mine = range(first, first + len(s.images))
+        first += len(s.images)
+        for _ in range(group_size):
+            rows.append(_Row(images=list(s.images), grids=[grid_all[i] for i in mine],
+                             pixels=[inputs["pixel_values"][cuts[i]:cuts[i + 1]] for i in mine],
+                             features=[features[i] for i in mine] if precomputed else [],
+                             types_dtype=types.dtype if types is not None else None))
+    row_samples = [s for s in samples for _ in range(group_size)]
     t1 = time.perf_counter()
     try:
-        image_cursor = 0
-        for b, s in enumerate(samples):
-            k = len(s.images)
-            mine = list(range(image_cursor, image_cursor + k))
-            image_cursor += k
-            for g in range(group_size):
-                row = _Row(ids=inputs["input_ids"][b:b + 1], mask=inputs["attention_mask"][b:b + 1],
-                           types=inputs["mm_token_type_ids"][b:b + 1] if "mm_token_type_ids" in inputs else None,
-                           grids=[grid_all[i] for i in mine],
-                           pixels=[inputs["pixel_values"][offsets[i]:offsets[i + 1]] for i in mine],
-                           features=[features[i] for i in mine] if precomputed else [],
-                           images=list(s.images))
-                _run_trajectory(engine, row, s, g, params, use, seed=seed, step=step, eos_text=eos_text,
-                                precomputed=precomputed, P=P)
-                rows.append(row)
+        _run_turns(engine, rows, row_samples, inputs, group_size, params, use, seed=seed, step=step,
+                   precomputed=precomputed)
     finally:
         model.train(was_training)
     t2 = time.perf_counter()
-    batch = _assemble(engine, samples, group_size, rows, P, inputs, PATCH_KEYS)
+    batch = _assemble(engine, samples, group_size, rows, P, inputs)
     batch.timings = {"processor_s": t1 - t0, "generate_s": t2 - t1, "total_s": time.perf_counter() - t0}
     if precomputed:
         batch.image_features = [f for r in rows for f in r.features]
     return batch
 
 
+def _select_rows(model: torch.nn.Module, cache: Any, keep: list[int], n: int) -> None:
+    """Keep rows ``keep`` of the cache and of the per-row rope deltas Qwen-VL stored for the ``n`` rows."""
+    if len(keep) == n:
+        return
+    index = torch.tensor(keep, dtype=torch.long)
+    if cache is not None:
+        cache.batch_select_indices(index.to(_cache_device(cache)))
+    for module in model.modules():
+        deltas = getattr(module, "rope_deltas", None)
+        if torch.is_tensor(deltas) and deltas.shape[0] == n:
+            module.rope_deltas = deltas[index.to(deltas.device)]
+
+
+def _cache_device(cache: Any) -> torch.device:
+    for layer in getattr(cache, "layers", []):
+        keys = getattr(layer, "keys", None)
+        if torch.is_tensor(keys):
+            return keys.device
+    return torch.device("cpu")
+
+
 @torch.no_grad()
-def _run_trajectory(engine: Any, row: _Row, sample: Sample, g: int, params: SamplingParams, use: ToolUse, *,
-                    seed: int, step: int, eos_text: str, precomputed: bool, P: int) -> None:
+def _run_turns(engine: Any, rows: list[_Row], row_samples: list[Sample], inputs: dict[str, Any], group_size: int,
+               params: SamplingParams, use: ToolUse, *, seed: int, step: int, precomputed: bool) -> None:
     from transformers import LogitsProcessorList
 
     from mmrlvr.models.placement import model_device, to_model
@@ -169,126 +206,177 @@ def _run_trajectory(engine: Any, row: _Row, sample: Sample, g: int, params: Samp
 
     model, processor, tok = engine.model, engine.processor, engine.tokenizer
     device = model_device(model)
+    eos = set(engine.eos_ids)
+    eos_text = tok.decode([engine.eos_ids[0]])
+    ids = inputs["input_ids"].repeat_interleave(group_size, dim=0)  # [N, T] the active rows' whole sequences
+    mask = inputs["attention_mask"].repeat_interleave(group_size, dim=0)
+    types = inputs["mm_token_type_ids"].repeat_interleave(group_size, dim=0) if "mm_token_type_ids" in inputs else None
+    active = list(range(len(rows)))  # rows still going, in batch order
+    fresh = [len(r.features) if precomputed else len(r.pixels) for r in rows]  # images the model has not seen yet
     cache = None
-    fresh = len(row.features) if precomputed else len(row.pixels)  # images not yet seen by the model (the last ones)
     for turn in range(use.max_turns):
-        left = use.max_tokens - len(row.response)
-        if left <= 0:
-            row.finish = "length"
-            return
-        key = sample.id if turn == 0 else f"{sample.id}/turn{turn}"
-        sampler = RowSampler([row_seed(seed, step, key, g)], params, device=device, banned_ids=engine.banned_ids)
-        config = engine._generation_config(SamplingParams(max_new_tokens=min(params.max_new_tokens, left)))
+        room = [use.max_tokens - rows[i].used for i in active]
+        seeds = [row_seed(seed, step, row_samples[i].id if turn == 0 else f"{row_samples[i].id}/turn{turn}",
+                          i % group_size) for i in active]
+        sampler = RowSampler(seeds, params, device=device, banned_ids=engine.banned_ids)
+        config = engine._generation_config(SamplingParams(max_new_tokens=max(1, min(params.max_new_tokens, max(room)))))
         config.return_dict_in_generate = True
-        kwargs: dict[str, Any] = {"input_ids": row.ids, "attention_mask": row.mask}
-        if row.types is not None:
-            kwargs["mm_token_type_ids"] = row.types
-        if row.grids:
-            kwargs["image_grid_thw"] = torch.stack(row.grids)
-        if fresh:
+        kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
+        if types is not None:
+            kwargs["mm_token_type_ids"] = types
+        grids = [g for i in active for g in rows[i].grids]
+        if grids:
+            kwargs["image_grid_thw"] = torch.stack(grids)
+        if any(fresh[i] for i in active):
             if precomputed:
-                kwargs["mm_encoder_outputs"] = encoder_outputs(row.features[len(row.features) - fresh:])
-            elif cache is None:
-                kwargs["pixel_values"] = torch.cat(row.pixels)
+                kwargs["mm_encoder_outputs"] = encoder_outputs(
+                    [f for i in active for f in rows[i].features[len(rows[i].features) - fresh[i]:]])
+            else:  # the model needs every image's pixels, so the whole history runs again
+                kwargs["pixel_values"] = torch.cat([p for i in active for p in rows[i].pixels])
+                cache = None
         if cache is not None:
             kwargs["cache"] = cache
-        kwargs = to_model(kwargs, model)
         with engine._own_generation_defaults():
-            out = model.generate(**kwargs, generation_config=config, logits_processor=LogitsProcessorList([sampler]))
+            out = model.generate(**to_model(kwargs, model), generation_config=config,
+                                 logits_processor=LogitsProcessorList([sampler]))
         cache = getattr(out, "cache", None) or out.past_key_values
-        new = out.sequences[0, row.ids.shape[1]:].cpu()
-        n = int(new.shape[0])
-        lps = torch.stack(sampler.logprobs[:n], dim=1)[0].float().cpu().tolist() if n else []
-        start = len(row.response)
-        row.response += new.tolist()
-        row.loss_mask += [1.0] * n
-        row.logprobs += lps
-        row.ids = torch.cat([row.ids, new[None]], dim=1)
-        row.mask = torch.cat([row.mask, torch.ones(1, n, dtype=row.mask.dtype)], dim=1)
-        if row.types is not None:
-            row.types = torch.cat([row.types, torch.zeros(1, n, dtype=row.types.dtype)], dim=1)
-        fresh = 0
-        text = tok.decode(new.tolist(), skip_special_tokens=True)
-        row.turns.append(Turn("model", start, len(row.response), text))
-        ended = n > 0 and int(new[-1]) in engine.eos_ids
-        if not ended:
-            row.finish = "length"
+        new = out.sequences[:, ids.shape[1]:].cpu()  # [A, l]
+        l = int(new.shape[1])
+        lps = torch.stack(sampler.logprobs[:l], dim=1).float().cpu() if l else torch.zeros(len(active), 0)
+        new_real = torch.zeros_like(new)
+        for a, i in enumerate(active):
+            fresh[i] = 0
+            toks = new[a].tolist()
+            end = next((j + 1 for j, t in enumerate(toks) if t in eos), l)  # through the end-of-turn token
+            end = min(end, room[a])
+            new_real[a, :end] = 1
+            row = rows[i]
+            start = len(row.response)
+            row.add(toks, [1] * end + [0] * (l - end), 1.0, lps[a].tolist())
+            text = tok.decode(toks[:end], skip_special_tokens=True)
+            row.turns.append(Turn("model", start, start + end, text))
+        ids = torch.cat([ids, new], dim=1)
+        mask = torch.cat([mask, new_real.to(mask.dtype)], dim=1)
+        if types is not None:
+            types = torch.cat([types, torch.zeros_like(new, dtype=types.dtype)], dim=1)
+        # who goes on: a complete turn that calls a tool, with a turn left and room for the tool's answer
+        going, segments = [], []
+        for a, i in enumerate(active):
+            row, turn_info = rows[i], rows[i].turns[-1]
+            ended = turn_info.end > turn_info.start and row.response[turn_info.end - 1] in eos
+            calls = parse_tool_calls(turn_info.text) if ended else []
+            if not ended:
+                row.finish = "length"
+            elif not calls:
+                row.finish = "stop"
+            elif turn == use.max_turns - 1:
+                row.finish = "turns"  # it asked for a tool with no turn left to read the answer
+            else:
+                segment = _tool_turn(processor, row, row_samples[i], calls, use, eos_text)
+                if row.used + len(segment["ids"]) >= use.max_tokens:  # no room for the answer and a turn after it
+                    row.finish = "length"
+                else:
+                    going.append(a)
+                    segments.append(segment)
+                    continue
+            _trim(row)
+        if not going:
             return
-        calls = parse_tool_calls(text)
-        if not calls:
-            row.finish = "stop"
-            return
-        if turn == use.max_turns - 1:
-            row.finish = "turns"  # it asked for a tool with no turn left to read the answer
-            return
-        context = ToolContext(images=list(row.images), tools_kwargs=dict(sample.meta.get("tools_kwargs") or {}),
-                              sample_id=sample.id)
-        results = [run_call(c, use.tools, context, time_budget_s=use.time_budget_s,
-                            max_image_pixels=use.max_image_pixels, counters=use.counters) for c in calls]
-        returned = [im for r in results if r.ok for im in r.images]
-        delta_text = tool_turn_text(processor, [r if r.ok else ToolResult(error=r.error) for r in results], eos_text)
-        enc = processor(text=[delta_text], images=[returned] if returned else None, return_tensors="pt")
-        d_ids = enc["input_ids"]
-        d = int(d_ids.shape[1])
-        if len(row.response) + d >= use.max_tokens:  # no room for the tool turn and an answer after it
-            row.finish = "length"
-            return
-        start = len(row.response)
-        row.response += d_ids[0].tolist()
-        row.loss_mask += [0.0] * d
-        row.logprobs += [0.0] * d
-        row.ids = torch.cat([row.ids, d_ids], dim=1)
-        row.mask = torch.cat([row.mask, torch.ones(1, d, dtype=row.mask.dtype)], dim=1)
-        if row.types is not None:
-            types = enc.get("mm_token_type_ids")
-            row.types = torch.cat([row.types, types if types is not None else torch.zeros(1, d, dtype=row.types.dtype)],
-                                  dim=1)
-        first_new = len(row.images)
-        if returned:
-            grid = enc["image_grid_thw"]
-            rows_per = grid.prod(-1).tolist()
-            cut = [0]
-            for r in rows_per:
-                cut.append(cut[-1] + int(r))
-            row.grids += [grid[i] for i in range(grid.shape[0])]
-            row.pixels += [enc["pixel_values"][cut[i]:cut[i + 1]] for i in range(grid.shape[0])]
-            row.images += returned
-            if precomputed:
-                row.features += encode_images(model, enc["pixel_values"], grid)
-            fresh = len(returned)
-            if not precomputed:
-                cache = None  # without precomputed features the model must see every image's pixels again
-        row.turns.append(Turn("tool", start, len(row.response), delta_text,
-                              calls=[{"name": c.name, "arguments": c.arguments, "error": r.error}
-                                     for c, r in zip(calls, results)],
-                              images=list(range(first_new, len(row.images)))))
-    row.finish = "turns"
+        _select_rows(model, cache, going, len(active))
+        ids, mask = ids[going], mask[going]
+        types = types[going] if types is not None else None
+        active = [active[a] for a in going]
+        # the tool turns, left-padded to the longest so every row's next model turn starts in the same column
+        width = max(len(seg["ids"]) for seg in segments)
+        pad_ids, pad_mask, pad_types = [], [], []
+        for i, seg in zip(active, segments):
+            gap = width - len(seg["ids"])
+            row = rows[i]
+            start = len(row.response)
+            row.add([engine.pad_id] * gap + seg["ids"], [0] * gap + [1] * len(seg["ids"]), 0.0,
+                    types=[0] * gap + seg["types"])
+            first_new = len(row.images)
+            row.images += seg["images"]
+            row.grids += seg["grids"]
+            row.pixels += seg["pixels"]
+            fresh[i] = len(seg["images"])
+            row.turns.append(Turn("tool", start + gap, len(row.response), seg["text"], calls=seg["calls"],
+                                  images=list(range(first_new, len(row.images)))))
+            pad_ids.append(row.response[start:])
+            pad_mask.append(row.real[start:])
+            pad_types.append(row.types[start:])
+        if precomputed:
+            returned = [(i, k) for i in active for k in range(fresh[i])]
+            if returned:
+                pixels = torch.cat([p for i in active for p in rows[i].pixels[len(rows[i].pixels) - fresh[i]:]])
+                grid = torch.stack([g for i in active for g in rows[i].grids[len(rows[i].grids) - fresh[i]:]])
+                encoded = iter(encode_images(model, pixels, grid))
+                for i in active:
+                    rows[i].features += [next(encoded) for _ in range(fresh[i])]
+        ids = torch.cat([ids, torch.tensor(pad_ids, dtype=ids.dtype)], dim=1)
+        mask = torch.cat([mask, torch.tensor(pad_mask, dtype=mask.dtype)], dim=1)
+        if types is not None:
+            types = torch.cat([types, torch.tensor(pad_types, dtype=types.dtype)], dim=1)
+    for i in active:
+        _trim(rows[i])
 
 
-def _assemble(engine: Any, samples: list[Sample], group_size: int, rows: list[_Row], P: int, inputs: dict[str, Any],
-              patch_keys: dict[str, str]) -> RolloutBatch:
+def _trim(row: _Row) -> None:
+    """Drop what follows the row's last real token (padding of a turn that ended before the batch's longest)."""
+    last = max((j for j, r in enumerate(row.real) if r), default=-1) + 1
+    for name in ("response", "real", "loss_mask", "logprobs", "types"):
+        setattr(row, name, getattr(row, name)[:last])
+
+
+def _tool_turn(processor: Any, row: _Row, sample: Sample, calls: list[Any], use: ToolUse, eos_text: str
+               ) -> dict[str, Any]:
+    """Run a turn's calls and encode their answers as the tool turn's tokens (ids, image inputs, the record)."""
+    context = ToolContext(images=list(row.images), tools_kwargs=dict(sample.meta.get("tools_kwargs") or {}),
+                          sample_id=sample.id)
+    results = [run_call(c, use.tools, context, time_budget_s=use.time_budget_s, max_image_pixels=use.max_image_pixels,
+                        counters=use.counters) for c in calls]
+    returned = [im for r in results if r.ok for im in r.images]
+    text = tool_turn_text(processor, results, eos_text)
+    enc = processor(text=[text], images=[returned] if returned else None, return_tensors="pt")
+    grids, pixels = [], []
+    if returned:
+        grid = enc["image_grid_thw"]
+        at = 0
+        for g in grid:
+            n = int(g.prod())
+            grids.append(g)
+            pixels.append(enc["pixel_values"][at:at + n])
+            at += n
+    types = enc.get("mm_token_type_ids")
+    return {"ids": enc["input_ids"][0].tolist(), "text": text, "images": returned, "grids": grids, "pixels": pixels,
+            "types": types[0].tolist() if types is not None else [0] * int(enc["input_ids"].shape[1]),
+            "calls": [{"name": c.name, "arguments": c.arguments, "error": r.error} for c, r in zip(calls, results)]}
+
+
+def _assemble(engine: Any, samples: list[Sample], group_size: int, rows: list[_Row], P: int,
+              inputs: dict[str, Any]) -> RolloutBatch:
     """The trajectories as one ``RolloutBatch``: prompt left-padded to P, response (all turns) right-padded."""
     from mmrlvr.rollout.batch import pad_rows
+    from mmrlvr.rollout.hf import PATCH_KEYS
 
     n = len(rows)
-    response_ids = pad_rows([r.response for r in rows], engine.pad_id, torch.long)
-    L = int(response_ids.shape[1])
-    response_mask = pad_rows([r.loss_mask for r in rows], 0.0, torch.float)
-    old_logprobs = pad_rows([r.logprobs for r in rows], 0.0, torch.float)
-    real = pad_rows([[1] * len(r.response) for r in rows], 0, torch.long)
-    if L == 0:
-        response_ids = torch.zeros(n, 0, dtype=torch.long)
-        response_mask, old_logprobs, real = torch.zeros(n, 0), torch.zeros(n, 0), torch.zeros(n, 0, dtype=torch.long)
-    prompt_ids = torch.cat([r.ids[:, :P] for r in rows])
-    prompt_mask = torch.cat([r.mask[:, :P] for r in rows])
+    L = max((len(r.response) for r in rows), default=0)
+    response_ids = pad_rows([r.response for r in rows], engine.pad_id, torch.long)[:, :L].reshape(n, L)
+    response_mask = pad_rows([r.loss_mask for r in rows], 0.0, torch.float)[:, :L].reshape(n, L)
+    old_logprobs = pad_rows([r.logprobs for r in rows], 0.0, torch.float)[:, :L].reshape(n, L)
+    real = pad_rows([r.real for r in rows], 0, torch.long)[:, :L].reshape(n, L)
+    prompt_ids = inputs["input_ids"].repeat_interleave(group_size, dim=0)
+    prompt_mask = inputs["attention_mask"].repeat_interleave(group_size, dim=0)
     vision: dict[str, Any] = {}
     if any(r.grids for r in rows):
         vision["pixel_values"] = torch.cat([p for r in rows for p in r.pixels])
         vision["image_grid_thw"] = torch.stack([gr for r in rows for gr in r.grids])
-    if rows and rows[0].types is not None:
-        vision["mm_token_type_ids"] = pad_rows([r.types[0].tolist() for r in rows], 0, rows[0].types.dtype)
+    if "mm_token_type_ids" in inputs:
+        prompt_types = inputs["mm_token_type_ids"].repeat_interleave(group_size, dim=0)
+        resp_types = pad_rows([r.types for r in rows], 0, prompt_types.dtype)[:, :L].reshape(n, L)
+        vision["mm_token_type_ids"] = torch.cat([prompt_types, resp_types], dim=1)
     for key, value in inputs.items():  # anything else the processor gives per prompt (not per image or token)
-        if key in ("input_ids", "attention_mask", "mm_token_type_ids") or key in patch_keys or key in patch_keys.values():
+        if key in ("input_ids", "attention_mask", "mm_token_type_ids") or key in PATCH_KEYS or key in PATCH_KEYS.values():
             continue
         if torch.is_tensor(value) and value.dim() > 0 and value.shape[0] == len(samples):
             vision[key] = value.repeat_interleave(group_size, dim=0)
