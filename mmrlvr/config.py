@@ -116,7 +116,8 @@ class RolloutConfig:
     max_trajectory_tokens: int = _f(1024, "multi-turn: the most response tokens per trajectory, model and tool turns "
                                     "(image tokens included) together")
     tool_params: dict[str, Any] = _f({}, "multi-turn: {time_budget_s: 10 (per call), max_image_pixels: 1048576 (per "
-                                     "returned image)}")
+                                     "returned image), describe: true (list the tools' schemas in the system turn; "
+                                     "false for a model trained on the calls)}")
     guide: dict[str, Any] = _f({}, "NPO near-future guides: {from: CHECKPOINT_DIR | auto, gate: 0.6, tries: 4, "
                                "delta: 10} puts one verified-correct response of a later checkpoint into each group "
                                "below the gate (auto: the run trained delta steps ahead in a second process; empty: "

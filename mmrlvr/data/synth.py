@@ -22,6 +22,12 @@ Tasks (``TASKS``):
   signal to climb).
 - ``geometry``: read a drawn angle, 20-160 degrees in steps of 10 (chance 1/15); ``meta["tolerance"]``
   is the accepted absolute error in degrees.
+- ``zoom``: "How many {colour} shapes are inside the black frame?" (answer 0-3, chance 25%) on an image drawn at
+  eight times ``image_size`` (896 px by default): a thick black frame a quarter of the image wide, small shapes
+  (16-20 px) inside it and around it (the asked colour outside too). The tiny processor shows a model at most
+  224x224 px, where those shapes are 4-5 px specks inside one patch; one ``zoom`` into the frame (``meta["region"]``)
+  returns it at 224 px, where they are 16-20 px again. The reference is two turns: the call
+  (``meta["reference_turns"]``), then the count — what ``tiny:FAMILY:warm:zoom`` is warm-started on.
 
 Vocabulary is small on purpose (tiny models read it with a ~400-token BPE): colours red, green, blue,
 yellow; shapes circle, square, triangle. Geometry is laid out on a 112-px canvas and scaled to
@@ -48,7 +54,7 @@ from typing import Any, Callable
 from PIL import Image, ImageDraw
 
 TASKS: tuple[str, ...] = ("count", "count_chatter", "largest_colour", "left_right", "grounding", "geometry",
-                         "grounding_single")
+                         "grounding_single", "zoom")
 GROUNDING_TASKS: tuple[str, ...] = ("grounding", "grounding_single")  # answer: a pixel box
 SPLITS: tuple[str, ...] = ("train", "test")
 COLOURS: tuple[str, ...] = ("red", "green", "blue", "yellow")
@@ -235,6 +241,52 @@ def _geometry(rng: random.Random) -> tuple[Scene, str, str, str, dict]:
     return scene, "What is the angle in degrees?", str(angle), thinking, {"tolerance": ANGLE_TOLERANCE}
 
 
+ZOOM_SCALE = 8  # the zoom task's image is drawn at ZOOM_SCALE x image_size
+ZOOM_CANVAS = BASE * ZOOM_SCALE  # its layout canvas (896)
+ZOOM_FRAME = 224  # frame side on the canvas (a quarter of it)
+ZOOM_SHAPE = (16, 20)  # small shapes' sides on the canvas
+
+
+def _scatter(rng: random.Random, n: int, area: tuple[int, int, int, int], avoid: list[tuple[int, int, int, int]],
+             gap: int = 12) -> list[tuple[int, int, int]]:
+    """n small shapes (x, y, size) inside ``area``, apart from each other and from the ``avoid`` boxes."""
+    placed: list[tuple[int, int, int]] = []
+    for _ in range(n):
+        for _ in range(200):
+            size = rng.randint(*ZOOM_SHAPE)
+            x = rng.randint(area[0], area[2] - size)
+            y = rng.randint(area[1], area[3] - size)
+            box = (x - gap, y - gap, x + size + gap, y + size + gap)
+            if all(box[2] <= a[0] or a[2] <= box[0] or box[3] <= a[1] or a[3] <= box[1]
+                   for a in avoid + [(px, py, px + ps, py + ps) for px, py, ps in placed]):
+                placed.append((x, y, size))
+                break
+        else:
+            raise _Retry
+    return placed
+
+
+def _zoom(rng: random.Random) -> tuple[Scene, str, str, str, dict]:
+    target = rng.choice(COLOURS)
+    others = [c for c in COLOURS if c != target]
+    answer = rng.randint(0, 3)
+    fx, fy = rng.randint(32, ZOOM_CANVAS - 32 - ZOOM_FRAME), rng.randint(32, ZOOM_CANVAS - 32 - ZOOM_FRAME)
+    frame = (fx, fy, fx + ZOOM_FRAME, fy + ZOOM_FRAME)
+    inner = (fx + 24, fy + 24, fx + ZOOM_FRAME - 24, fy + ZOOM_FRAME - 24)
+    inside_colours = [target] * answer + [rng.choice(others) for _ in range(rng.randint(0, 4 - max(answer, 1)))]
+    outside_colours = [target] * rng.randint(1, 3) + [rng.choice(others) for _ in range(rng.randint(3, 5))]
+    inside = _scatter(rng, len(inside_colours), inner, [])
+    outside = _scatter(rng, len(outside_colours), (16, 16, ZOOM_CANVAS - 16, ZOOM_CANVAS - 16),
+                       [(fx - 20, fy - 20, fx + ZOOM_FRAME + 20, fy + ZOOM_FRAME + 20)])
+    shapes = [Shape(c, rng.choice(SHAPES), x, y, size)
+              for c, (x, y, size) in zip(inside_colours + outside_colours, inside + outside)]
+    where = _region(Shape("", "square", fx // ZOOM_SCALE, fy // ZOOM_SCALE, ZOOM_FRAME // ZOOM_SCALE))
+    thinking = f"I see {answer} {target}."
+    return ({"shapes": shapes, "frame": frame, "canvas": ZOOM_CANVAS},
+            f"How many {target} shapes are inside the black frame?", str(answer), thinking,
+            {"target": target, "_frame": list(frame), "_where": where})
+
+
 def _count_chatter(rng: random.Random) -> tuple[Scene, str, str, str, dict]:
     scene, question, answer, thinking, meta = _count(rng)
     chatter = " ".join(rng.choice(FILLERS) for _ in range(N_FILLERS))
@@ -249,10 +301,11 @@ _TASK_FNS: dict[str, Callable[[random.Random], tuple[Scene, str, str, str, dict]
     "grounding": _grounding,
     "geometry": _geometry,
     "grounding_single": _grounding_single,
+    "zoom": _zoom,
 }
 ANSWER_TYPES: dict[str, str] = {
     "count": "number", "count_chatter": "number", "largest_colour": "text", "left_right": "text", "grounding": "box", "geometry": "number",
-    "grounding_single": "box",
+    "grounding_single": "box", "zoom": "number",
 }
 
 
@@ -263,6 +316,8 @@ def _scene_key(task: str, scene: Scene) -> str:
     """Hash of what is drawn (not of the question), so no image is shared between splits."""
     if "shapes" in scene:
         content = sorted((s.colour, s.kind, s.x, s.y, s.size) for s in scene["shapes"])
+        if "frame" in scene:
+            content.append(list(scene["frame"]))
     else:
         content = [round(v, 1) for v in (*scene["vertex"], *scene["rays"][0], *scene["rays"][1])]
     return hashlib.sha1(json.dumps([task, content]).encode()).hexdigest()
@@ -273,9 +328,11 @@ def _split_of(key: str) -> str:
 
 
 def _draw(scene: Scene, image_size: int) -> Image.Image:
-    scale = image_size / BASE
+    scale = image_size / scene.get("canvas", BASE)
     img = Image.new("RGB", (image_size, image_size), BACKGROUND)
     draw = ImageDraw.Draw(img)
+    if "frame" in scene:
+        draw.rectangle(_scaled_box(list(scene["frame"]), scale), outline=(0, 0, 0), width=max(2, round(12 * scale)))
     for s in scene.get("shapes", []):
         x1, y1, x2, y2 = _scaled_box(s.box, scale)
         fill = RGB[s.colour]
@@ -326,20 +383,30 @@ def make_row(task: str, split: str, index: int, seed: int = 0, image_size: int =
             break
     else:  # pragma: no cover - the acceptance rate is >= 1/5 for every task
         raise RuntimeError(f"could not draw a {task}/{split} scene")
-    scale = image_size / BASE
+    drawn = image_size * ZOOM_SCALE if task == "zoom" else image_size  # the zoom task is drawn larger
+    scale = drawn / scene.get("canvas", BASE)
     if task in GROUNDING_TASKS:
         answer = json.dumps(_scaled_box(meta.pop("_target_box"), scale))  # "[x1, y1, x2, y2]"
+    reference_turns = None
+    if task == "zoom":  # two turns: look at the frame, then count
+        region = _scaled_box(meta.pop("_frame"), scale)
+        meta["region"] = region
+        call = json.dumps({"name": "zoom", "arguments": {"image": 0, "box": region}})
+        reference_turns = [f"<think>The frame is at the {meta.pop('_where')}.</think>\n<tool_call>\n{call}\n</tool_call>",
+                           f"<think>{thinking}</think><answer>{answer}</answer>"]
     meta = {
-        "task": task, "split": split, "seed": seed, "index": index, "image_size": [image_size, image_size],
+        "task": task, "split": split, "seed": seed, "index": index, "image_size": [drawn, drawn],
         "scene_hash": key, **meta,
     }
+    if reference_turns is not None:
+        meta["reference_turns"] = reference_turns
     if "shapes" in scene:
         meta["shapes"] = [{"colour": s.colour, "shape": s.kind, "box": _scaled_box(s.box, scale)}
                           for s in scene["shapes"]]
     return {
         "id": f"{task}-{split}-{seed}-{index:06d}",
         "problem": "<image>" + question,
-        "images": [_draw(scene, image_size)],
+        "images": [_draw(scene, drawn)],
         "answer": answer,
         "answer_type": ANSWER_TYPES[task],
         "solution": f"<think>{thinking}</think><answer>{answer}</answer>",

@@ -86,6 +86,9 @@ IN_PROGRESS = ".warmstart-in-progress"
 # keep the build's encoding small (docs/data.md has the figures).
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "video_count": {"steps": 1200, "stop_at": 0.45, "eval_every": 50, "n_train": 2048, "n_val": 128, "n_test": 200},
+    # two images of 256 patches per example (the 896-px scene seen at 224 px, the zoom at 224 px): 1024 rows
+    # keep the encoded set near 2.5 GB; greedy validation runs both turns, so it is sparser and smaller
+    "zoom": {"steps": 800, "stop_at": 0.5, "eval_every": 100, "n_train": 1024, "n_val": 64, "n_test": 200},
 }
 UNSET: Any = type("Unset", (), {"__repr__": lambda self: "UNSET"})()  # "not given": the task's default applies
 _SIGNATURE_DEFAULTS: dict[str, Any] = {"steps": 600, "stop_at": 0.45, "eval_every": 50, "n_train": 4096,
@@ -177,6 +180,67 @@ def encode_sft(processor: Any, samples: list[Sample], targets: list[str], chunk:
     return out
 
 
+#: tasks whose reference is a multi-turn trajectory, and the tools it calls (``meta["reference_turns"]``)
+TOOL_TASKS: dict[str, list[str]] = {"zoom": ["zoom"]}
+#: response tokens per model turn when sampling a tool task (its call alone is ~70 tokens of the tiny BPE)
+TOOL_TURN_TOKENS = 96
+
+
+def encode_sft_turns(processor: Any, samples: list[Sample], tools: list[str]) -> list[dict[str, Any]]:
+    """``encode_sft``'s examples for multi-turn references (``sample.meta["reference_turns"]``: the model turns, each
+    but the last ending in tool calls): the calls run through the real tools and their answers are encoded exactly as
+    a multi-turn rollout encodes them (``mmrlvr.rollout.multiturn``), so SFT trains on the sequences RL samples.
+    The prompts do not list the tools (``describe=False``: the warm start learns the call itself, and the tiny BPE
+    spends ~600 tokens on the schema block); runs from such a warm start set ``rollout.tool_params.describe: false``.
+    ``label_mask`` marks the model's tokens (each turn and its end-of-turn token); tool turns are context only."""
+    from mmrlvr.rollout.multiturn import ToolUse, _Row, _tool_turn
+    from mmrlvr.tools import TOOLS, parse_tool_calls
+
+    tokenizer = processor.tokenizer
+    eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    use = ToolUse(tools={name: TOOLS.get(name) for name in tools}, describe=False)
+    schemas = use.schemas()
+    out: list[dict[str, Any]] = []
+    for s in samples:
+        prompt = processor(text=prompt_texts(processor, [s], schemas), images=[s.images] if s.images else None,
+                           return_tensors="pt")
+        ids = prompt["input_ids"][0].tolist()
+        labels = [False] * len(ids)
+        per_token = {k: v[0].tolist() for k, v in prompt.items() if torch.is_tensor(v) and v.dim() == 2
+                     and v.shape == prompt["input_ids"].shape and k not in ("input_ids", "attention_mask")}
+        pixels = [prompt["pixel_values"]] if "pixel_values" in prompt else []
+        grids = [prompt["image_grid_thw"]] if "image_grid_thw" in prompt else []
+        row = _Row(images=list(s.images), grids=[], pixels=[], features=[])
+        turns = s.meta["reference_turns"]
+        for j, text in enumerate(turns):
+            turn_ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [eos_id]
+            ids += turn_ids
+            labels += [True] * len(turn_ids)
+            for key in per_token:
+                per_token[key] += [0] * len(turn_ids)
+            if j == len(turns) - 1:
+                break
+            calls = parse_tool_calls(text)
+            seg = _tool_turn(processor, row, s, calls, use, tokenizer.eos_token)
+            if any(c["error"] for c in seg["calls"]):
+                raise ValueError(f"sample {s.id!r}: reference turn {j} makes a call that fails: {seg['calls']}")
+            row.images += seg["images"]
+            ids += seg["ids"]
+            labels += [False] * len(seg["ids"])
+            for key in per_token:
+                per_token[key] += seg["types"] if key == "mm_token_type_ids" else [0] * len(seg["ids"])
+            pixels += seg["pixels"]
+            grids += [g[None] for g in seg["grids"]]
+        example = {"input_ids": torch.tensor(ids), "label_mask": torch.tensor(labels),
+                   "per_token": {k: torch.tensor(v, dtype=prompt[k].dtype) for k, v in per_token.items()},
+                   "n_resp": len(ids) - int(prompt["input_ids"].shape[1])}
+        if pixels:
+            example["pixel_values"] = torch.cat(pixels)
+            example["image_grid_thw"] = torch.cat(grids)
+        out.append(example)
+    return out
+
+
 def collate_sft(examples: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
     """Left-padded batch with ``labels`` = -100 everywhere except the response tokens."""
     length = max(len(e["input_ids"]) for e in examples)
@@ -189,7 +253,10 @@ def collate_sft(examples: list[dict[str, Any]], pad_id: int) -> dict[str, torch.
         t = len(e["input_ids"])
         input_ids[i, length - t:] = e["input_ids"]
         attention[i, length - t:] = 1
-        labels[i, length - e["n_resp"]:] = e["input_ids"][t - e["n_resp"]:]
+        if "label_mask" in e:  # multi-turn: the model's turns only
+            labels[i, length - t:] = torch.where(e["label_mask"], e["input_ids"], torch.full_like(e["input_ids"], -100))
+        else:
+            labels[i, length - e["n_resp"]:] = e["input_ids"][t - e["n_resp"]:]
         for key, v in e["per_token"].items():
             per_token[key][i, length - t:] = v
     vision = {key: torch.cat([e[key] for e in examples])
@@ -332,12 +399,23 @@ def _build(out: Path, marker: Path, options: dict[str, Any], digest: str, *, fam
     val_rows = rows_of(task, "train", n_val, seed=seed + 10_000)  # other scenes than the training rows
     test_rows = rows_of(task, "test", n_test, seed=seed)
     train_samples = rows_to_samples(train_rows, template=template)
-    targets = [noisy_target(r["solution"], task, answer_noise, rng) for r in train_rows]
-    examples = encode_sft(processor, train_samples, targets)
+    tools = TOOL_TASKS.get(task)
+    if tools:  # multi-turn references: the call, the tool's answer, the final turn
+        examples = encode_sft_turns(processor, train_samples, tools)
+    else:
+        targets = [noisy_target(r["solution"], task, answer_noise, rng) for r in train_rows]
+        examples = encode_sft(processor, train_samples, targets)
 
     torch.manual_seed(seed)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
-    engine = HFEngine(model, processor)
+    engine: Any = HFEngine(model, processor)
+    max_new = 32
+    if tools:  # sample as a run with these tools does
+        from mmrlvr.rollout.multiturn import ToolEngine, ToolUse
+        from mmrlvr.tools import TOOLS
+
+        engine = ToolEngine(engine, ToolUse(tools={name: TOOLS.get(name) for name in tools}, describe=False))
+        max_new = TOOL_TURN_TOKENS
     val_samples = rows_to_samples(val_rows, template=template)
     history: list[dict[str, float]] = []
     order: list[int] = []
@@ -359,7 +437,7 @@ def _build(out: Path, marker: Path, options: dict[str, Any], digest: str, *, fam
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
         if step % eval_every == 0 or step == steps:
-            val = evaluate(engine, val_samples, k=0, max_new_tokens=32, seed=seed, progress=False)
+            val = evaluate(engine, val_samples, k=0, max_new_tokens=max_new, seed=seed, progress=False)
             history.append({"step": step, "loss": float(loss.item()), "val_greedy_accuracy": val["greedy_accuracy"]})
             bar.set_postfix(loss=f"{loss.item():.3f}", val=f"{val['greedy_accuracy']:.2f}")
             model.train()
@@ -369,7 +447,7 @@ def _build(out: Path, marker: Path, options: dict[str, Any], digest: str, *, fam
     train_s = time.perf_counter() - t_train
     model.eval()
     model.save_pretrained(out)
-    test = evaluate(engine, rows_to_samples(test_rows, template=template), k=k, temperature=1.0, max_new_tokens=32,
+    test = evaluate(engine, rows_to_samples(test_rows, template=template), k=k, temperature=1.0, max_new_tokens=max_new,
                     seed=seed, progress=progress)
     result = {**test, "family": family, "task": task, "answer_noise": answer_noise, "seed": seed,
               "steps_run": step, "train_s": round(train_s, 2), "total_s": round(time.perf_counter() - t_start, 2),
@@ -382,5 +460,5 @@ def _build(out: Path, marker: Path, options: dict[str, Any], digest: str, *, fam
 
 def _chance(task: str) -> float | None:
     """Accuracy of uniform guessing over the task's answers (None where not meaningful)."""
-    return {"count": 1 / 4, "count_chatter": 1 / 4, "video_count": 1 / 4, "largest_colour": 1 / len(synth.COLOURS), "left_right": 1 / 2,
+    return {"count": 1 / 4, "count_chatter": 1 / 4, "zoom": 1 / 4, "video_count": 1 / 4, "largest_colour": 1 / len(synth.COLOURS), "left_right": 1 / 2,
             "geometry": 1 / len(synth.ANGLES)}.get(task)

@@ -31,6 +31,7 @@ from mmrlvr.rewards.auto import ANSWER_TYPES, AutoAccuracyReward, same_answer
 from mmrlvr.rewards.combine import CombinedReward, RewardSpec, answer_judge, make_answer_judge
 from mmrlvr.rewards.majority import MajorityVote
 from mmrlvr.rewards.process import GatedProcess, NamedObjects
+from mmrlvr.rewards.tool_use import ToolCallReward, ZoomIoUReward
 
 __all__ = [
     "REWARDS", "RewardFn", "build_reward", "score_batch",
@@ -41,7 +42,7 @@ __all__ = [
     "AutoAccuracyReward", "ANSWER_TYPES", "same_answer",
     "extract_choice", "options_from_meta", "read_number", "within_tolerance", "iou", "match_boxes", "parse_boxes",
     "CombinedReward", "RewardSpec", "answer_judge", "make_answer_judge", "MajorityVote",
-    "GatedProcess", "NamedObjects",
+    "GatedProcess", "NamedObjects", "ToolCallReward", "ZoomIoUReward",
 ]
 
 # Rewards that live in their own packages register themselves on import; importing them here makes

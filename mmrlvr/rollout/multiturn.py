@@ -52,10 +52,13 @@ class ToolUse:
     max_tokens: int = 1024  # response tokens per trajectory: model turns + tool turns (image tokens included)
     time_budget_s: float = 10.0
     max_image_pixels: int = MAX_IMAGE_PIXELS
+    describe: bool = True  # list the tools' schemas in the prompt (the chat template's tools= block)
     counters: ToolCounters = field(default_factory=ToolCounters)
 
     def schemas(self) -> list[dict[str, Any]]:
-        return [tool_schema(fn) for fn in self.tools.values()]
+        """The schemas the chat template lists in the system turn; [] when ``describe`` is off (a model trained on
+        the calls already knows them, and the block is hundreds of tokens in every prompt)."""
+        return [tool_schema(fn) for fn in self.tools.values()] if self.describe else []
 
 
 @dataclass
@@ -401,3 +404,23 @@ def _assemble(engine: Any, samples: list[Sample], group_size: int, rows: list[_R
         turns=[[t.as_dict() for t in r.turns] for r in rows],
         row_images=[list(r.images) for r in rows],
     )
+
+
+class ToolEngine:
+    """A ``RolloutEngine`` whose responses are multi-turn trajectories: an ``HFEngine`` plus the tools it offers.
+    What held-out evaluation, ``mmrlvr eval`` of a run with tools and the warm start of a tool task sample with."""
+
+    def __init__(self, engine: Any, use: ToolUse) -> None:
+        self.engine, self.use = engine, use
+
+    def generate(self, samples: list[Sample], group_size: int, params: SamplingParams, *, seed: int,
+                 step: int) -> RolloutBatch:
+        return generate_multiturn(self.engine, samples, group_size, params, self.use, seed=seed, step=step)
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        self.engine.sync_weights(model)
+
+    def __getattr__(self, name: str) -> Any:  # model, processor, tokenizer, eos / pad ids of the wrapped engine
+        if name in ("engine", "use"):
+            raise AttributeError(name)
+        return getattr(self.engine, name)

@@ -23,14 +23,16 @@ def _image(context: ToolContext, image: int) -> Any:
     return context.images[int(image)]
 
 
+# The model reads each tool's schema, built from its docstring, in every prompt: the docstrings stay short. zoom
+# enlarges the crop to ZOOM_SIDE on its longer side; rotate grows the canvas so the whole image stays in view.
 @register_tool()
 def zoom(image: int, box: list[float], coords: str = "absolute", context: ToolContext | None = None) -> ToolResult:
-    """Crop a region of an image and return it enlarged, to look at small details again.
+    """Zoom into a region of an image.
 
     Args:
-        image: index of the image in the conversation (0 is the first; images returned by tools count too)
-        box: the region as [x1, y1, x2, y2]
-        coords: the box's frame: absolute (pixels), normalized_1000 (0-1000) or normalized_1 (0-1)
+        image: image index (0 is the first; returned images count too)
+        box: [x1, y1, x2, y2]
+        coords: absolute (pixels), normalized_1000 or normalized_1
     """
     from mmrlvr.rewards.grounding import to_frame
 
@@ -52,10 +54,10 @@ def zoom(image: int, box: list[float], coords: str = "absolute", context: ToolCo
 
 @register_tool()
 def rotate(image: int, degrees: float, context: ToolContext | None = None) -> ToolResult:
-    """Rotate an image counter-clockwise (the whole image stays in view).
+    """Rotate an image counter-clockwise.
 
     Args:
-        image: index of the image in the conversation (0 is the first; images returned by tools count too)
+        image: image index (0 is the first; returned images count too)
         degrees: the angle, counter-clockwise
     """
     src = _image(context or ToolContext(), image)

@@ -19,6 +19,8 @@ from mmrlvr.tools.calls import ToolCall
 
 #: the largest image a tool may return (pixels), above it the call is an error message
 MAX_IMAGE_PIXELS = 1024 * 1024
+#: every way a call can fail, as counted (``tools/<kind>``) and shown to the model (``Error (<kind>): ...``)
+ERROR_KINDS = ("malformed_call", "unknown_tool", "bad_arguments", "tool_error", "timeout", "image_too_large")
 
 
 class ToolCounters(Counter):

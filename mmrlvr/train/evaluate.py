@@ -61,7 +61,26 @@ class EvalExtras:
                     out[prefix + key.removeprefix("consistency/")] = m[key]
         if self.rubric_scores:
             out["rubric"] = sum(self.rubric_scores) / len(self.rubric_scores)
+        out.update(tool_metrics(*self.seen["sampled"]))
         return out
+
+
+def tool_metrics(completions: list, samples: list) -> dict[str, float]:
+    """Multi-turn responses: tool calls per response, the share of calls that failed and, where samples have a gold
+    region (``synth:zoom``), the share of responses whose zoom hit it (IoU >= 0.5: ``zoom_iou``). {} otherwise."""
+    from mmrlvr.rewards.tool_use import ZoomIoUReward, trajectory_calls
+
+    if not completions or not any((c.meta or {}).get("turns") for c in completions):
+        return {}
+    calls = [trajectory_calls(c) for c in completions]
+    n_calls = sum(len(c) for c in calls)
+    out = {"tool_calls_per_response": n_calls / len(completions),
+           "tool_error_rate": sum(1 for cs in calls for c in cs if c.get("error")) / n_calls if n_calls else 0.0}
+    with_region = [(c, s) for c, s in zip(completions, samples) if (s.meta or {}).get("region")]
+    if with_region:
+        zoom = ZoomIoUReward()
+        out["zoom_hit_rate"] = sum(bool(zoom(c, s).parsed["zoom_hit"]) for c, s in with_region) / len(with_region)
+    return out
 
 
 def load_eval_samples(cfg, data: str | None = None) -> list:
@@ -211,7 +230,10 @@ def main(argv: list[str]) -> int:
     max_new = args.max_new_tokens if args.max_new_tokens is not None else (cfg.rollout.max_new_tokens if run_dir else 64)
     seed = args.seed if args.seed is not None else cfg.seed
     rubric = eval_rubric(cfg, build_rewards(cfg), state.get("reward_state")) if run_dir is not None else None
-    result = evaluate_run(HFEngine(model, processor), samples, k=k, temperature=temperature, max_new_tokens=max_new,
+    from mmrlvr.train.stages.generate import with_tools
+
+    engine = with_tools(HFEngine(model, processor), cfg) if run_dir is not None else HFEngine(model, processor)
+    result = evaluate_run(engine, samples, k=k, temperature=temperature, max_new_tokens=max_new,
                           seed=seed, rubric=rubric, progress=not args.no_progress)
     result["model"] = str(folder)
     if state.get("step") is not None:

@@ -68,7 +68,8 @@ RULES: list[tuple[re.Pattern[str], Reduction]] = [(re.compile(p), r) for p, r in
     (r"loss|.*/tokens|.*_rows|.*/rows|reward/(errors|over_budget|dropped)|rubric/check_errors"
      r"|judge/(requests|calls|timeouts|retries|errors|unparseable|cache_hits)"
      r"|popo/groups(_without_positive)?|poise/lone_rows|dynamic_sampling/(kept|fill)_groups"
-     r"|distill/teacher_tokens|sampler/samples|rollout/decoded_tokens|rollout/samples", SUM),
+     r"|distill/teacher_tokens|sampler/samples|rollout/decoded_tokens|rollout/samples"
+     r"|tools/(calls|malformed_call|unknown_tool|bad_arguments|tool_error|timeout|image_too_large)", SUM),
     # the slowest rank's time; maxima; decisions every rank shares (also maxima: one rank's skip is the step's)
     (r"time/.*|.*(/|_)max|skipped|update/zero_signal|dynamic_sampling/rounds", MAX),
     (r".*(/|_)min", MIN),
@@ -81,6 +82,7 @@ RULES: list[tuple[re.Pattern[str], Reduction]] = [(re.compile(p), r) for p, r in
     (r"kl|entropy/mean|clip_fraction|ratio/mean", _mean("update_tokens")),
     (r"credit/.*|rollout/.*", _mean("tokens")),
     (r"judge/unknown_rate", _mean("judge/requests")),
+    (r"tools/(turns_mean|calls_per_row)", _mean("rows")),
     # per-row means of a reward component: the rows that have it (declared), else every row
     (r"reward/.*", _mean("rows")),
 ]]

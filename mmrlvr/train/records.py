@@ -125,6 +125,7 @@ def build_records(step: int, data, processor, writer, cfg) -> list[RolloutRecord
             extra={"task": sample.meta.get("task", ""), "answer_type": sample.answer_type,
                    **(_video_extra(sample, refs.ref) if sample.meta.get("videos") else {}),
                    **({"guide": comp.meta["guide"]} if comp.meta.get("guide") else {}),
+                   **(_turns_extra(batch, i, refs.ref) if batch.turns is not None else {}),
                    **{k: v[i] for k, v in fields.items()}},
         ))
     return records
@@ -176,6 +177,14 @@ def _consistency(c: dict | None) -> dict | None:
         "thinking_correct": c.get("thinking_correct"),
         "answer_correct": c.get("answer_correct"),
     }
+
+
+def _turns_extra(batch: Any, i: int, ref: Any) -> dict[str, Any]:
+    """A multi-turn row's turns for the inspector: each turn's kind, span in ``response_token_ids``, text, calls and
+    the stored refs of the images a tool returned (``turn_images``: the row's images after the prompt's)."""
+    n_prompt = len(batch.samples[i].images)
+    images = batch.row_images[i] if batch.row_images is not None else []
+    return {"turns": batch.turns[i], "turn_images": [ref(im) for im in images[n_prompt:]]}
 
 
 def _row_advantage(adv, mask, i: int) -> float:

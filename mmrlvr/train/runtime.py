@@ -150,7 +150,9 @@ class Runtime:
 
         cfg = self.cfg
         self.model.eval()
-        result = evaluate_run(self.engine, self.eval_samples, k=cfg.eval.k, temperature=cfg.eval.temperature,
+        from mmrlvr.train.stages.generate import with_tools
+
+        result = evaluate_run(with_tools(self.engine, cfg), self.eval_samples, k=cfg.eval.k, temperature=cfg.eval.temperature,
                               max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed, rubric=self.eval_rubric(),
                               progress=cfg.progress and self.is_main, per_prompt=True)
         metrics = {f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))}

@@ -254,7 +254,32 @@ class TreeRollouts(FlatGroups):
 
 
 #: ``rollout.tool_params`` and their defaults
-TOOL_DEFAULTS: dict[str, Any] = {"time_budget_s": 10.0, "max_image_pixels": 1024 * 1024}
+TOOL_DEFAULTS: dict[str, Any] = {"time_budget_s": 10.0, "max_image_pixels": 1024 * 1024, "describe": True}
+
+
+def tool_use(cfg):
+    """The run's ``ToolUse`` (tools, turn and token limits) from ``rollout.*``, or None when it offers no tools:
+    what the generate stage, held-out evaluation and ``mmrlvr eval`` of the run sample with."""
+    if not cfg.rollout.tools:
+        return None
+    from mmrlvr.rollout.multiturn import ToolUse
+    from mmrlvr.tools import TOOLS
+
+    r = cfg.rollout
+    p = {**TOOL_DEFAULTS, **(r.tool_params or {})}
+    return ToolUse(tools={name: TOOLS.get(name) for name in r.tools}, max_turns=r.max_turns,
+                   max_tokens=r.max_trajectory_tokens, time_budget_s=float(p["time_budget_s"]),
+                   max_image_pixels=int(p["max_image_pixels"]), describe=bool(p["describe"]))
+
+
+def with_tools(engine, cfg):
+    """``engine`` itself, or a ``ToolEngine`` over it when the run offers tools (``tool_use``)."""
+    use = tool_use(cfg)
+    if use is None:
+        return engine
+    from mmrlvr.rollout.multiturn import ToolEngine
+
+    return ToolEngine(engine, use)
 
 
 @register_stage("generate", "multi_turn")
@@ -303,10 +328,12 @@ class MultiTurnRollouts(FlatGroups):
         if unknown:
             out.append(f"rollout.tool_params: unknown key(s) {', '.join(map(str, unknown))}; accepted: "
                        f"{', '.join(TOOL_DEFAULTS)}")
-        for key in TOOL_DEFAULTS:
+        for key in ("time_budget_s", "max_image_pixels"):
             v = given.get(key, TOOL_DEFAULTS[key])
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
                 out.append(f"rollout.tool_params.{key}: a number > 0, got {v!r}")
+        if not isinstance(given.get("describe", True), bool):
+            out.append(f"rollout.tool_params.describe: true or false, got {given['describe']!r}")
         if r.engine != "hf":
             out.append(f"rollout.tools: multi-turn rollouts run on the hf engine (its KV cache is kept across turns); "
                        f"rollout.engine {r.engine!r} is not supported with tools yet")
@@ -319,14 +346,7 @@ class MultiTurnRollouts(FlatGroups):
 
     def __init__(self, rt) -> None:
         super().__init__(rt)
-        from mmrlvr.rollout.multiturn import ToolUse
-        from mmrlvr.tools import TOOLS
-
-        r = self.cfg.rollout
-        p = {**TOOL_DEFAULTS, **(r.tool_params or {})}
-        self.use = ToolUse(tools={name: TOOLS.get(name) for name in r.tools}, max_turns=r.max_turns,
-                           max_tokens=r.max_trajectory_tokens, time_budget_s=float(p["time_budget_s"]),
-                           max_image_pixels=int(p["max_image_pixels"]))
+        self.use = tool_use(self.cfg)
 
     def sample(self, samples: list, group_size: int, params, step_key: int):
         from mmrlvr.rollout.multiturn import generate_multiturn
@@ -340,4 +360,9 @@ class MultiTurnRollouts(FlatGroups):
         n = max(len(comps), 1)
         b.diagnostics["tools/turns_mean"] = sum(c.meta.get("num_turns", 1) for c in comps) / n
         b.diagnostics["tools/calls_per_row"] = sum(c.meta.get("tool_calls", 0) for c in comps) / n
-        b.diagnostics.update(self.use.counters.metrics())  # tools/calls, tools/<error kind> (counts this step)
+        from mmrlvr.tools.runner import ERROR_KINDS
+
+        counts = self.use.counters.metrics()  # this step's calls and failures, by kind
+        b.diagnostics["tools/calls"] = counts.get("tools/calls", 0.0)
+        for kind in ERROR_KINDS:
+            b.diagnostics[f"tools/{kind}"] = counts.get(f"tools/{kind}", 0.0)

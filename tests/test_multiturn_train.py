@@ -1,0 +1,44 @@
+"""Training on multi-turn trajectories: a run with ``rollout.tools`` resumes exactly, and two ranks train what one
+process trains (matrix). ``tests/forced_zoom_plugin.py`` makes every trajectory's first turn a zoom call (a tiny
+model never learnt one), so the sequences hold real tool turns with returned images; later turns are sampled."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from analysis_helpers import assert_same_final_state, train_tiny_run
+
+TOOLS = ["rollout.tools=[zoom]", "plugins=[tests/forced_zoom_plugin.py]", "rollout.max_new_tokens=80",
+         "rollout.max_turns=2"]
+
+
+def _metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+
+
+def test_a_run_with_tools_trains_on_tool_turns_and_resumes_exactly(tmp_path):
+    straight = _metrics(train_tiny_run(tmp_path / "a", "max_steps=4", "save_every=2", *TOOLS))
+    train_tiny_run(tmp_path / "b", "max_steps=2", "save_every=2", *TOOLS)
+    resumed = _metrics(train_tiny_run(tmp_path / "b", "max_steps=4", "save_every=2", "--resume", *TOOLS))
+    assert all(r["tools/calls"] == 8 and r["tools/turns_mean"] == 2 for r in straight)  # 2 prompts x 4 rows, called
+    clean = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in straight[2:]]
+    assert clean == [{k: v for k, v in r.items() if not k.startswith("time/")} for r in resumed[-2:]]
+    assert_same_final_state(tmp_path / "a", tmp_path / "b")
+
+    import pandas as pd
+
+    rows = pd.read_parquet(tmp_path / "a" / "rollouts" / "step-00000004.parquet")
+    extra = json.loads(rows["extra"].iloc[0])
+    assert [t["kind"] for t in extra["turns"]][:2] == ["model", "tool"] and len(extra["turn_images"]) == 1
+    assert extra["turns"][1]["calls"][0]["name"] == "zoom"
+
+
+@pytest.mark.matrix
+def test_two_ranks_train_multi_turn_trajectories_like_one_process(tmp_path):
+    from multiproc import assert_two_ranks_train_what_one_process_trains
+
+    two = assert_two_ranks_train_what_one_process_trains(tmp_path, *TOOLS)
+    assert all(r["tools/calls"] > 0 for r in _metrics(two))
