@@ -217,7 +217,14 @@ class Inspector:
             heat_html,
             gr.update(value=signal or DEFAULT_SIGNAL),
             gr.update(value=views.frame_strip_html(videos), visible=bool(videos)),
+            self.turns(rec, images),
         )
+
+    def turns(self, rec, images) -> Any:
+        """The turn view of a multi-turn record (hidden for one-turn records)."""
+        if not views.record_turns(rec):
+            return gr.update(value="", visible=False)
+        return gr.update(value=views.turns_html(rec, images, views.load_turn_images(self.run_dir, rec)), visible=True)
 
     def _empty_render(self) -> tuple:
         """Every Browse output for a run with no rollout shards yet: one explanation, empty components."""
@@ -230,7 +237,8 @@ class Inspector:
         return (gr.update(choices=[], value=None), gr.update(choices=[], value=None),
                 gr.update(choices=[], value=None), None, empty, "", gr.AnnotatedImage(value=None),
                 gr.update(value=None, visible=False), gr.update(choices=[], value=None), None, "", "",
-                gr.HighlightedText(value=[]), "", gr.skip(), gr.update(value="", visible=False))
+                gr.HighlightedText(value=[]), "", gr.skip(), gr.update(value="", visible=False),
+                gr.update(value="", visible=False))
 
     @staticmethod
     def _compare_label(step: int, compare_steps: list[int]) -> str:
@@ -470,6 +478,8 @@ def build_app(run_dir: str | os.PathLike[str], *, refresh_s: float = 5.0) -> gr.
                         gallery = gr.Gallery(label="More images", visible=False, columns=4, height=160)
                     with gr.Column(scale=3):
                         ta_html = gr.HTML(elem_id="mm-thinking-answer")
+                        # a multi-turn trajectory's turns: calls, returned images, zoom boxes, masked spans
+                        turns_html = gr.HTML(elem_id="mm-turns", visible=False)
                         reward_html = gr.HTML(elem_id="mm-reward")
                 signal_radio = gr.Radio(list(views.SIGNALS), value=DEFAULT_SIGNAL,
                                         label="Token heatmap signal (click a token for its values)",
@@ -541,7 +551,8 @@ def build_app(run_dir: str | os.PathLike[str], *, refresh_s: float = 5.0) -> gr.
                     goto_btn = gr.Button("Show samples of this step", scale=0, min_width=200)
 
         browse_out = [step_dd, group_dd, sample_radio, sample_num, group_html, prompt_html, annotated, gallery,
-                      compare_dd, slider, ta_html, reward_html, heat, heat_html, signal_radio, frames_html]
+                      compare_dd, slider, ta_html, reward_html, heat, heat_html, signal_radio, frames_html,
+                      turns_html]
         sel = [step_dd, group_dd, sample_num]
 
         # --- browse

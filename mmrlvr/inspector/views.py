@@ -1021,3 +1021,118 @@ def plan_html(plan: dict[str, Any] | None) -> str:
 
 def _nan_to(x: float, default: float) -> float:
     return default if x is None or (isinstance(x, float) and math.isnan(x)) else x
+
+
+# -- multi-turn trajectories --------------------------------------------------------------------------------
+TURN_THUMB_PX = 180  # displayed side of a tool turn's images (the source with the zoom box, the returned image)
+
+
+def record_turns(rec: RolloutRecord) -> list[dict[str, Any]]:
+    """The record's turns (multi-turn runs: ``extra["turns"]``), [] for a one-turn response."""
+    turns = (rec.extra or {}).get("turns")
+    return turns if isinstance(turns, list) else []
+
+
+def load_turn_images(run_dir: Any, rec: RolloutRecord) -> list[Image.Image | None]:
+    """The images tool turns returned (``extra["turn_images"]``), in order; None for one that cannot be shown."""
+    out: list[Image.Image | None] = []
+    for ref in (rec.extra or {}).get("turn_images") or []:
+        try:
+            path = resolve_in_run(run_dir, ref)
+        except (ValueError, UnsafePathError):
+            out.append(None)
+            continue
+        if path.is_file():
+            with Image.open(path) as img:
+                img.load()
+                out.append(img.convert("RGB"))
+        else:
+            out.append(None)
+    return out
+
+
+def _zoom_source(images: Sequence[Image.Image | None], args: dict[str, Any]) -> tuple[Image.Image, list[float]] | None:
+    """The image a zoom call looked into, with its box in that image's pixels (None when it cannot be drawn)."""
+    from mmrlvr.rewards.grounding import to_frame
+
+    try:
+        src = images[int(args.get("image", 0))]
+        (box,) = to_frame([tuple(float(v) for v in args["box"])], args.get("coords", "absolute"), src.size, src.size)
+    except (IndexError, KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return (src, list(box)) if src is not None else None
+
+
+def _img_tag(image: Image.Image, alt: str) -> str:
+    return (f'<img src="{thumbnail_uri(image, max_px=2 * TURN_THUMB_PX)}" alt="{esc(alt)}" title="{esc(alt)}" '
+            f'style="display:block;width:{TURN_THUMB_PX}px;max-width:100%;height:auto;border:1px solid #ccc;'
+            'border-radius:3px">')
+
+
+def turns_html(rec: RolloutRecord, prompt_images: Sequence[Image.Image], returned: Sequence[Image.Image | None]
+               ) -> str:
+    """A multi-turn trajectory as turns: each model turn (its text; it carries loss), each tool turn (masked: no
+    loss) with every call, its arguments and result or error, the image it returned and, for a zoom, the source
+    image with the zoom box drawn and the box's IoU with the gold region when the sample has one. '' for a one-turn
+    record (the component is hidden)."""
+    turns = record_turns(rec)
+    if not turns:
+        return ""
+    images: list[Image.Image | None] = list(prompt_images) + list(returned)
+    region = (rec.extra or {}).get("region")
+    ids = rec.response_token_ids or []
+    parts, k = [], 0
+    for t in turns:
+        n = max(0, int(t.get("end", 0)) - int(t.get("start", 0)))
+        if t.get("kind") == "model":
+            k += 1
+            parts.append(
+                f'<div class="mm-turn mm-turn-model" style="border-left:4px solid #2e7d32;padding:4px 8px;margin:4px 0;'
+                f'background:#f6fbf6"><div style="font-size:12px;color:#2e7d32"><b>turn {k} · model</b> · {n} tokens · '
+                f'trained</div><div style="white-space:pre-wrap;word-break:break-word;font-family:monospace;'
+                f'font-size:13px">{esc(t.get("text", ""))}</div></div>')
+            continue
+        calls = []
+        returned_here = list(t.get("images") or [])
+        for c in t.get("calls") or []:
+            args = c.get("arguments") or {}
+            head = f'<code>{esc(c.get("name"))}</code>(<code>{esc(json.dumps(args))}</code>)'
+            if c.get("error"):
+                calls.append(f'<div class="mm-call mm-call-error">{head} <span style="color:#c62828"><b>error</b>: '
+                             f'{esc(c["error"])}</span></div>')
+                continue
+            figures = []
+            if c.get("name") == "zoom" and (found := _zoom_source(images, args)) is not None:
+                src, box = found
+                shown = src.copy()
+                width = max(2, round(max(shown.size) / 150))
+                ImageDraw.Draw(shown).rectangle([round(v) for v in box], outline=(233, 30, 99), width=width)
+                if region and int(args.get("image", 0)) == 0:
+                    ImageDraw.Draw(shown).rectangle([round(v) for v in region], outline=(0, 172, 193), width=width)
+                score = f" · IoU with the gold region {fmt(box_iou(box, region))}" if region and int(
+                    args.get("image", 0)) == 0 else ""
+                figures.append(f'<figure style="margin:0"><figcaption style="font-size:11px">zoom box (magenta) on '
+                               f'image {esc(args.get("image", 0))}{" · gold region (cyan)" if region else ""}'
+                               f'{esc(score)}</figcaption>{_img_tag(shown, "zoom box")}</figure>')
+            for idx in returned_here[:1]:
+                img = images[idx] if 0 <= idx < len(images) else None
+                if img is not None:
+                    figures.append(f'<figure style="margin:0"><figcaption style="font-size:11px">returned image {idx}'
+                                   f' ({img.size[0]}×{img.size[1]})</figcaption>{_img_tag(img, f"image {idx}")}'
+                                   '</figure>')
+                returned_here = returned_here[1:]
+            calls.append(f'<div class="mm-call">{head} <span style="color:#2e7d32">ran</span>'
+                         '<div style="display:flex;flex-wrap:wrap;gap:8px;margin-top:4px">' + "".join(figures)
+                         + "</div></div>")
+        parts.append(
+            f'<div class="mm-turn mm-turn-tool" style="border-left:4px solid #9e9e9e;padding:4px 8px;margin:4px 0;'
+            f'background:#f5f5f5"><div style="font-size:12px;color:#555"><b>tool</b> · {n} tokens · masked (no '
+            'loss)</div>' + "".join(calls)
+            + f'<details><summary style="font-size:12px">what the model read</summary><div style="white-space:'
+            f'pre-wrap;word-break:break-word;font-family:monospace;font-size:12px">{esc(t.get("text", ""))}</div>'
+            '</details></div>')
+    masked = sum(1 for t in turns if t.get("kind") == "tool")
+    head = (f'<div style="font-size:13px"><b>Trajectory</b>: {k} model turn{"s" if k != 1 else ""}, {masked} tool '
+            f'turn{"s" if masked != 1 else ""}, {len(ids)} tokens · finish: {esc(rec.finish_reason)}</div>')
+    return ('<div class="mm-turns" style="max-width:100%;overflow-x:hidden;box-sizing:border-box">' + head
+            + "".join(parts) + "</div>")

@@ -184,7 +184,11 @@ def _turns_extra(batch: Any, i: int, ref: Any) -> dict[str, Any]:
     the stored refs of the images a tool returned (``turn_images``: the row's images after the prompt's)."""
     n_prompt = len(batch.samples[i].images)
     images = batch.row_images[i] if batch.row_images is not None else []
-    return {"turns": batch.turns[i], "turn_images": [ref(im) for im in images[n_prompt:]]}
+    out = {"turns": batch.turns[i], "turn_images": [ref(im) for im in images[n_prompt:]]}
+    region = batch.samples[i].meta.get("region")
+    if region:  # the gold region a zoom should find (synth:zoom), for the turn view's IoU
+        out["region"] = region
+    return out
 
 
 def _row_advantage(adv, mask, i: int) -> float:
