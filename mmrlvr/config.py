@@ -118,6 +118,10 @@ class RolloutConfig:
     tool_params: dict[str, Any] = _f({}, "multi-turn: {time_budget_s: 10 (per call), max_image_pixels: 1048576 (per "
                                      "returned image), describe: true (list the tools' schemas in the system turn; "
                                      "false for a model trained on the calls)}")
+    summarize: dict[str, Any] = _f({}, "ReSum: {at_tokens: N} asks the model to summarise its progress when a "
+                                   "trajectory's context reaches N tokens (or a turn runs out of tokens) and restarts "
+                                   "it from the prompt plus the summary; every segment trains with the trajectory's "
+                                   "final reward. Optional: instruction (the request). Empty: off")
     guide: dict[str, Any] = _f({}, "NPO near-future guides: {from: CHECKPOINT_DIR | auto, gate: 0.6, tries: 4, "
                                "delta: 10} puts one verified-correct response of a later checkpoint into each group "
                                "below the gate (auto: the run trained delta steps ahead in a second process; empty: "

@@ -253,3 +253,64 @@ def test_a_row_s_tool_arguments_fill_what_the_call_leaves_out(monkeypatch):
     s.meta["tools_kwargs"] = {"zoom": {"box": BOX}}  # verl's extra_info.tools_kwargs layout
     batch, use = run(monkeypatch, eng, [call("zoom", image=0), ANSWER], samples=[s])
     assert batch.turns[0][1]["calls"][0]["error"] is None and len(batch.row_images[0]) == 2
+
+
+LONG = "<think>" + "count count " * 60 + "</think><answer>3</answer>"  # longer than one turn's token budget
+SUMMARY = "<think>So far: 3 red.</think>"
+
+
+def test_resum_completes_a_trajectory_longer_than_its_budget_and_the_summary_replaces_the_history(monkeypatch):
+    from mmrlvr.rollout.multiturn import Summarize
+    from mmrlvr.train.forward import token_logprobs
+
+    eng = engine()
+    by_seed = {turn_seed("a", 0, 0): LONG, turn_seed("a", 0, 1): SUMMARY}
+    plain, _ = run(monkeypatch, eng, [LONG], by_seed=by_seed, max_tokens=1000)
+    assert plain.completions[0].finish_reason == "length" and "<answer>" not in plain.completions[0].text
+
+    by_seed[turn_seed("a/segment1", 0, 0)] = ANSWER  # the restarted segment answers at once
+    monkeypatch.setattr(sampling, "RowSampler", scripted_sampler(eng.tokenizer, [LONG], by_seed))
+    use = ToolUse(tools={"zoom": TOOLS.get("zoom")}, max_turns=4, max_tokens=1000)
+    summarize = Summarize(at_tokens=10_000)  # only a turn that runs out of tokens triggers it here
+    batch = generate_multiturn(eng, [sample()], 1, SamplingParams(max_new_tokens=64), use, seed=0, step=0,
+                               summarize=summarize)
+    assert batch.num_rows == 2 and batch.trajectory_index.tolist() == [0, 0]
+    assert batch.final_segment.tolist() == [False, True]
+    first, second = batch.turns
+    assert [t["kind"] for t in first] == ["model", "user", "summary"] and [t["kind"] for t in second] == ["model"]
+    assert first[2]["text"] == SUMMARY
+    # both segments are scored on the trajectory's answer: every segment trains with its final reward
+    assert [c.text for c in batch.completions] == [ANSWER, ANSWER]
+    assert [c.finish_reason for c in batch.completions] == ["summarized", "stop"]
+    # the second segment's inputs: the prompt and the summary, not the history it replaces
+    P = batch.prompt_length
+    tok = eng.tokenizer
+    second_prompt = tok.decode(batch.input_ids[1, :P][batch.attention_mask[1, :P] > 0])
+    assert "So far: 3 red." in second_prompt and "count count" not in second_prompt
+    assert second_prompt.count("<|vision_start|>") == 1  # the prompt's image, once
+    first_text = tok.decode(batch.input_ids[0][batch.attention_mask[0] > 0])
+    assert "count count" in first_text and "Summarise your progress" in first_text
+    # the request is masked; the summary and the cut turn carry loss; the sampler's log-probs are the trainer's
+    req = first[1]
+    assert float(batch.response_mask[0, req["start"]:req["end"]].sum()) == 0
+    assert bool((batch.response_mask[0, first[2]["start"]:first[2]["end"]] == 1).all())
+    eng.model.eval()
+    with torch.no_grad():
+        lp, _ = token_logprobs(eng.model, batch.model_inputs(), batch.response_ids)
+    mask = batch.response_mask > 0
+    assert float((lp - batch.old_logprobs)[mask].abs().max()) < 1e-5
+
+
+def test_resum_summarises_when_the_context_reaches_at_tokens(monkeypatch):
+    from mmrlvr.rollout.multiturn import Summarize
+
+    eng = engine()
+    by_seed = {turn_seed("a", 0, 0): call(), turn_seed("a", 0, 1): SUMMARY, turn_seed("a/segment1", 0, 0): ANSWER}
+    monkeypatch.setattr(sampling, "RowSampler", scripted_sampler(eng.tokenizer, [ANSWER], by_seed))
+    use = ToolUse(tools={"zoom": TOOLS.get("zoom")}, max_turns=4, max_tokens=2000)
+    batch = generate_multiturn(eng, [sample()], 1, SamplingParams(max_new_tokens=160), use, seed=0, step=0,
+                               summarize=Summarize(at_tokens=100))  # the prompt and the call pass 100 tokens
+    first, second = batch.turns
+    # the call wanted a tool, but the context was full: summarise instead; the zoom never ran
+    assert [t["kind"] for t in first] == ["model", "user", "summary"] and use.counters["calls"] == 0
+    assert batch.completions[1].finish_reason == "stop" and batch.completions[0].text == ANSWER

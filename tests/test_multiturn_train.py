@@ -42,3 +42,28 @@ def test_two_ranks_train_multi_turn_trajectories_like_one_process(tmp_path):
 
     two = assert_two_ranks_train_what_one_process_trains(tmp_path, *TOOLS)
     assert all(r["tools/calls"] > 0 for r in _metrics(two))
+
+
+RESUM = ["rollout.summarize={at_tokens: 1000}", "rollout.max_turns=3", "rollout.max_new_tokens=14"]
+
+
+def test_resum_trains_segments_and_resumes_exactly(tmp_path):
+    """14 tokens cut some of the warm start's answers: those trajectories summarise and restart, so steps hold more
+    rows than trajectories, every segment of a trajectory trains with its advantage, and a resumed run continues
+    exactly."""
+    straight = _metrics(train_tiny_run(tmp_path / "a", "max_steps=4", "save_every=2", *RESUM))
+    train_tiny_run(tmp_path / "b", "max_steps=2", "save_every=2", *RESUM)
+    resumed = _metrics(train_tiny_run(tmp_path / "b", "max_steps=4", "save_every=2", "--resume", *RESUM))
+    assert any(r["rollout/samples"] > 8 for r in straight)  # 2 prompts x 4 trajectories, some in 2 segments
+    clean = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in straight[2:]]
+    assert clean == [{k: v for k, v in r.items() if not k.startswith("time/")} for r in resumed[-2:]]
+    assert_same_final_state(tmp_path / "a", tmp_path / "b")
+
+    import pandas as pd
+
+    for step in range(1, 5):
+        rows = pd.read_parquet(tmp_path / "a" / "rollouts" / f"step-{step:08d}.parquet")
+        for _, group in rows.groupby(["prompt_id", "sample_index"]):
+            # the segments of one trajectory: the same reward and advantage, the last one holds the finish
+            assert group["reward"].nunique() == 1 and group["advantage"].round(6).nunique() == 1
+            assert list(group["finish_reason"])[:-1] == ["summarized"] * (len(group) - 1)

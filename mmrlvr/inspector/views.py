@@ -1084,13 +1084,21 @@ def turns_html(rec: RolloutRecord, prompt_images: Sequence[Image.Image], returne
     parts, k = [], 0
     for t in turns:
         n = max(0, int(t.get("end", 0)) - int(t.get("start", 0)))
-        if t.get("kind") == "model":
+        if t.get("kind") in ("model", "summary"):
             k += 1
+            what = "model" if t.get("kind") == "model" else "model · summary (ReSum: the next segment starts from it)"
             parts.append(
                 f'<div class="mm-turn mm-turn-model" style="border-left:4px solid #2e7d32;padding:4px 8px;margin:4px 0;'
-                f'background:#f6fbf6"><div style="font-size:12px;color:#2e7d32"><b>turn {k} · model</b> · {n} tokens · '
+                f'background:#f6fbf6"><div style="font-size:12px;color:#2e7d32"><b>turn {k} · {what}</b> · {n} tokens · '
                 f'trained</div><div style="white-space:pre-wrap;word-break:break-word;font-family:monospace;'
                 f'font-size:13px">{esc(t.get("text", ""))}</div></div>')
+            continue
+        if t.get("kind") == "user":  # ReSum's request for a summary
+            parts.append(
+                '<div class="mm-turn mm-turn-user" style="border-left:4px solid #9e9e9e;padding:4px 8px;margin:4px 0;'
+                f'background:#f5f5f5"><div style="font-size:12px;color:#555"><b>asked to summarise</b> · {n} tokens · '
+                f'masked (no loss)</div><div style="white-space:pre-wrap;word-break:break-word;font-size:12px">'
+                f'{esc(t.get("text", ""))}</div></div>')
             continue
         calls = []
         returned_here = list(t.get("images") or [])

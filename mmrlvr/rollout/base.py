@@ -54,6 +54,9 @@ class RolloutBatch:
                      "model" | "tool", start/end response positions, text, calls, images); None for one turn.
                      Tool turns are real tokens (attention_mask 1) that carry no loss (response_mask 0)
     row_images:      multi-turn: per row, its images in sequence order (the prompt's, then every returned one)
+    trajectory_index / final_segment: ReSum (``rollout.summarize``): a trajectory that summarised its history is
+                     several rows (segments, consecutive); every segment trains with the trajectory's advantage,
+                     computed once per trajectory from its final segment. None otherwise
     """
 
     samples: list[Sample]
@@ -71,6 +74,8 @@ class RolloutBatch:
     image_features: list | None = None  # list[mmrlvr.rollout.vision.ImageFeatures]
     turns: list[list[dict[str, Any]]] | None = None
     row_images: list[list[Any]] | None = None
+    trajectory_index: torch.Tensor | None = None  # ReSum: [N] the trajectory of each segment row (None: row = one)
+    final_segment: torch.Tensor | None = None  # ReSum: [N] bool, the trajectory's last segment (holds its answer)
 
     @property
     def num_rows(self) -> int:

@@ -97,13 +97,19 @@ def tool_turn_text(processor: Any, results: list[ToolResult], eos_text: str) -> 
 
 @dataclass
 class _Row:
-    """One trajectory being built: its response so far (model tokens, tool turns and the padding between them)."""
+    """One segment of a trajectory being built: its prompt, its response so far (model tokens, tool turns and the
+    padding between them) and its images. Without summaries a trajectory is one segment."""
 
+    sample_index: int  # which of the samples (prompts)
+    index: int  # the trajectory's sample index within its group (0..G-1)
+    prompt: torch.Tensor  # [p] the segment's prompt tokens (no padding)
+    prompt_types: torch.Tensor | None  # [p] mm_token_type_ids of the prompt, when the processor gives them
     images: list[Any]  # PIL images, the prompt's then returned ones
     grids: list[torch.Tensor]  # per image its [3] grid
     pixels: list[torch.Tensor]  # per image its patch rows
     features: list[Any]  # per image its ImageFeatures (models that take precomputed features)
-    types_dtype: torch.dtype | None = None
+    segment: int = 0  # ReSum: 0 for the first, k after k summaries
+    turns_before: int = 0  # model turns spent by earlier segments
     response: list[int] = field(default_factory=list)
     real: list[int] = field(default_factory=list)  # attention: 1 on real tokens, 0 on padding between turns
     loss_mask: list[float] = field(default_factory=list)
@@ -111,6 +117,13 @@ class _Row:
     types: list[int] = field(default_factory=list)  # mm_token_type_ids of the response
     turns: list[Turn] = field(default_factory=list)
     finish: str = "turns"
+    summary: str | None = None  # the summary this segment ended with (finish "summarized")
+    restart_with: str | None = None  # the user turn the next segment starts from (the summary, framed)
+
+    @property
+    def model_turns(self) -> int:
+        """Turns the model generated in this segment (summaries included)."""
+        return sum(1 for t in self.turns if t.kind in ("model", "summary"))
 
     @property
     def used(self) -> int:
@@ -126,8 +139,21 @@ class _Row:
         self.types += types if types is not None else [0] * len(ids)
 
 
+@dataclass
+class Summarize:
+    """ReSum (``rollout.summarize``): when a segment's context (prompt + response) reaches ``at_tokens`` before a model
+    turn, or a model turn runs out of tokens, the model is asked (``instruction``, a user turn) to summarise its
+    progress; the trajectory then restarts from the original prompt plus the summary (a user turn), dropping the
+    history. Every segment trains with the trajectory's final reward."""
+
+    at_tokens: int
+    instruction: str = ("Your context is nearly full. Summarise your progress so far (what you found and what is "
+                        "left) briefly; you will continue from the summary.")
+    restart: str = "Summary of your progress so far:\n{summary}\nContinue from it."
+
+
 def generate_multiturn(engine: Any, samples: list[Sample], group_size: int, params: SamplingParams, use: ToolUse, *,
-                       seed: int, step: int) -> RolloutBatch:
+                       seed: int, step: int, summarize: Summarize | None = None) -> RolloutBatch:
     """G multi-turn trajectories for each of B prompts with an ``HFEngine`` (its model, processor and ids).
 
     All N = B*G rows advance turn by turn in one batch sharing one KV cache: a model turn is one ``generate`` call
@@ -135,14 +161,17 @@ def generate_multiturn(engine: Any, samples: list[Sample], group_size: int, para
     continuing row's tool turn is left-padded to the longest one, so the rows' new tokens stay aligned. The padding
     (after a row's end of turn, before its tool turn) has attention 0 here and in the teacher-forced pass alike, so
     positions and log-probs are the same in both.
+
+    With ``summarize`` (ReSum) a trajectory may end in several segments, each a row of the batch (the segments of one
+    trajectory follow each other; ``RolloutBatch.trajectory_index`` and ``final_segment`` say which is which); the
+    segments after a summary run as a new batch from their new prompts.
     """
     from mmrlvr.rollout.hf import encode_prompt_batch
     from mmrlvr.rollout.vision import encode_images, supports_precomputed_vision
 
-    model, processor, tok = engine.model, engine.processor, engine.tokenizer
+    model, processor = engine.model, engine.processor
     t0 = time.perf_counter()
     inputs = encode_prompt_batch(processor, samples, tools=use.schemas())
-    P = int(inputs["input_ids"].shape[1])
     grid_all = inputs.get("image_grid_thw")
     cuts = [0]
     for r in (grid_all.prod(-1).tolist() if grid_all is not None else []):
@@ -154,27 +183,55 @@ def generate_multiturn(engine: Any, samples: list[Sample], group_size: int, para
     types = inputs.get("mm_token_type_ids")
     rows: list[_Row] = []
     first = 0
-    for s in samples:
+    for b, s in enumerate(samples):
         mine = range(first, first + len(s.images))
         first += len(s.images)
-        for _ in range(group_size):
-            rows.append(_Row(images=list(s.images), grids=[grid_all[i] for i in mine],
+        keep = inputs["attention_mask"][b].bool()
+        for g in range(group_size):
+            rows.append(_Row(sample_index=b, index=g, prompt=inputs["input_ids"][b][keep],
+                             prompt_types=types[b][keep] if types is not None else None,
+                             images=list(s.images), grids=[grid_all[i] for i in mine],
                              pixels=[inputs["pixel_values"][cuts[i]:cuts[i + 1]] for i in mine],
-                             features=[features[i] for i in mine] if precomputed else [],
-                             types_dtype=types.dtype if types is not None else None))
-    row_samples = [s for s in samples for _ in range(group_size)]
+                             features=[features[i] for i in mine] if precomputed else []))
     t1 = time.perf_counter()
+    done: list[_Row] = []
     try:
-        _run_turns(engine, rows, row_samples, inputs, group_size, params, use, seed=seed, step=step,
-                   precomputed=precomputed)
+        going = rows
+        while going:
+            _run_turns(engine, going, samples, params, use, seed=seed, step=step, precomputed=precomputed,
+                       summarize=summarize)
+            done += going
+            going = [_restart(engine, r, samples[r.sample_index], use, precomputed)
+                     for r in going if r.finish == "summarized"]
     finally:
         model.train(was_training)
     t2 = time.perf_counter()
-    batch = _assemble(engine, samples, group_size, rows, P, inputs)
+    # the segments of each trajectory together, in order: trajectory-major, then segment
+    done.sort(key=lambda r: (r.sample_index, r.index, r.segment))
+    batch = _assemble(engine, samples, group_size, done, inputs)
     batch.timings = {"processor_s": t1 - t0, "generate_s": t2 - t1, "total_s": time.perf_counter() - t0}
     if precomputed:
-        batch.image_features = [f for r in rows for f in r.features]
+        batch.image_features = [f for r in done for f in r.features]
     return batch
+
+
+def _restart(engine: Any, row: _Row, sample: Sample, use: ToolUse, precomputed: bool) -> _Row:
+    """ReSum: the next segment of a summarised trajectory: the original prompt plus the summary as a user turn."""
+    from mmrlvr.rollout.hf import ASSISTANT_PREFIX
+
+    processor = engine.processor
+    messages = list(sample.messages) + [{"role": "user", "content": row.restart_with}]
+    extra = {"tools": use.schemas()} if use.schemas() else {}
+    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra) \
+        + (sample.meta.get(ASSISTANT_PREFIX) or "")
+    n_prompt = len(sample.images)
+    enc = processor(text=[text], images=[list(sample.images)] if sample.images else None, return_tensors="pt")
+    types = enc.get("mm_token_type_ids")
+    return _Row(sample_index=row.sample_index, index=row.index, prompt=enc["input_ids"][0],
+                prompt_types=types[0] if types is not None else None, images=row.images[:n_prompt],
+                grids=row.grids[:n_prompt], pixels=row.pixels[:n_prompt],
+                features=row.features[:n_prompt] if precomputed else [], segment=row.segment + 1,
+                turns_before=row.turns_before + row.model_turns)
 
 
 def _select_rows(model: torch.nn.Module, cache: Any, keep: list[int], n: int) -> None:
@@ -198,9 +255,14 @@ def _cache_device(cache: Any) -> torch.device:
     return torch.device("cpu")
 
 
+def _left_pad(seqs: list[list[int]], value: int, dtype: torch.dtype) -> torch.Tensor:
+    width = max(len(q) for q in seqs)
+    return torch.tensor([[value] * (width - len(q)) + list(q) for q in seqs], dtype=dtype)
+
+
 @torch.no_grad()
-def _run_turns(engine: Any, rows: list[_Row], row_samples: list[Sample], inputs: dict[str, Any], group_size: int,
-               params: SamplingParams, use: ToolUse, *, seed: int, step: int, precomputed: bool) -> None:
+def _run_turns(engine: Any, rows: list[_Row], samples: list[Sample], params: SamplingParams, use: ToolUse, *,
+               seed: int, step: int, precomputed: bool, summarize: Summarize | None = None) -> None:
     from transformers import LogitsProcessorList
 
     from mmrlvr.models.placement import model_device, to_model
@@ -211,16 +273,22 @@ def _run_turns(engine: Any, rows: list[_Row], row_samples: list[Sample], inputs:
     device = model_device(model)
     eos = set(engine.eos_ids)
     eos_text = tok.decode([engine.eos_ids[0]])
-    ids = inputs["input_ids"].repeat_interleave(group_size, dim=0)  # [N, T] the active rows' whole sequences
-    mask = inputs["attention_mask"].repeat_interleave(group_size, dim=0)
-    types = inputs["mm_token_type_ids"].repeat_interleave(group_size, dim=0) if "mm_token_type_ids" in inputs else None
+    # the rows' prompts, left-padded to one width: [A, T] the active rows' whole sequences from here on
+    ids = _left_pad([r.prompt.tolist() for r in rows], engine.pad_id, torch.long)
+    mask = _left_pad([[1] * len(r.prompt) for r in rows], 0, torch.long)
+    with_types = rows[0].prompt_types is not None
+    types = _left_pad([r.prompt_types.tolist() for r in rows], 0, rows[0].prompt_types.dtype) if with_types else None
     active = list(range(len(rows)))  # rows still going, in batch order
     fresh = [len(r.features) if precomputed else len(r.pixels) for r in rows]  # images the model has not seen yet
+    asked = [False] * len(rows)  # ReSum: the row's last non-model turn asked for its summary
     cache = None
-    for turn in range(use.max_turns):
+    for turn in range(use.max_turns - min(r.turns_before for r in rows)):
         room = [use.max_tokens - rows[i].used for i in active]
-        seeds = [row_seed(seed, step, row_samples[i].id if turn == 0 else f"{row_samples[i].id}/turn{turn}",
-                          i % group_size) for i in active]
+        seeds = []
+        for i in active:
+            r = rows[i]
+            key = samples[r.sample_index].id if turn == 0 else f"{samples[r.sample_index].id}/turn{turn}"
+            seeds.append(row_seed(seed, step, key if r.segment == 0 else f"{key}/segment{r.segment}", r.index))
         sampler = RowSampler(seeds, params, device=device, banned_ids=engine.banned_ids)
         config = engine._generation_config(SamplingParams(max_new_tokens=max(1, min(params.max_new_tokens, max(room)))))
         config.return_dict_in_generate = True
@@ -257,25 +325,43 @@ def _run_turns(engine: Any, rows: list[_Row], row_samples: list[Sample], inputs:
             start = len(row.response)
             row.add(toks, [1] * end + [0] * (l - end), 1.0, lps[a].tolist())
             text = tok.decode(toks[:end], skip_special_tokens=True)
-            row.turns.append(Turn("model", start, start + end, text))
+            row.turns.append(Turn("summary" if asked[i] else "model", start, start + end, text))
         ids = torch.cat([ids, new], dim=1)
         mask = torch.cat([mask, new_real.to(mask.dtype)], dim=1)
         if types is not None:
             types = torch.cat([types, torch.zeros_like(new, dtype=types.dtype)], dim=1)
-        # who goes on: a complete turn that calls a tool, with a turn left and room for the tool's answer
+        last_turn = turn == use.max_turns - 1 - min(r.turns_before for r in rows)
+        # who goes on: a complete turn that calls a tool (or, under ReSum, one that must summarise), with a turn left
         going, segments = [], []
         for a, i in enumerate(active):
-            row, turn_info = rows[i], rows[i].turns[-1]
-            ended = turn_info.end > turn_info.start and row.response[turn_info.end - 1] in eos
-            calls = parse_tool_calls(turn_info.text) if ended else []
+            row, info = rows[i], rows[i].turns[-1]
+            ended = info.end > info.start and row.response[info.end - 1] in eos
+            context = len(row.prompt) + row.used
+            left = use.max_turns - row.turns_before - row.model_turns
+            turns_left = left > 0
+            if asked[i]:  # this was the summary: the segment ends, the trajectory restarts from it
+                row.finish, row.summary = "summarized", info.text
+                row.restart_with = summarize.restart.format(summary=info.text)
+                _trim(row)
+                continue
+            calls = parse_tool_calls(info.text) if ended else []
+            wants_more = (not ended) or bool(calls)
+            # a summary needs a turn for itself and one to go on from it
+            if summarize is not None and left >= 2 and wants_more and (not ended or context >= summarize.at_tokens):
+                segment = _user_turn(processor, tok, summarize.instruction, eos_text, ended, engine.eos_ids[0])
+                if row.used + len(segment["ids"]) < use.max_tokens:
+                    asked[i] = True
+                    going.append(a)
+                    segments.append(segment)
+                    continue
             if not ended:
                 row.finish = "length"
             elif not calls:
                 row.finish = "stop"
-            elif turn == use.max_turns - 1:
+            elif not turns_left or last_turn:
                 row.finish = "turns"  # it asked for a tool with no turn left to read the answer
             else:
-                segment = _tool_turn(processor, row, row_samples[i], calls, use, eos_text)
+                segment = _tool_turn(processor, row, samples[row.sample_index], calls, use, eos_text)
                 if row.used + len(segment["ids"]) >= use.max_tokens:  # no room for the answer and a turn after it
                     row.finish = "length"
                 else:
@@ -289,33 +375,31 @@ def _run_turns(engine: Any, rows: list[_Row], row_samples: list[Sample], inputs:
         ids, mask = ids[going], mask[going]
         types = types[going] if types is not None else None
         active = [active[a] for a in going]
-        # the tool turns, left-padded to the longest so every row's next model turn starts in the same column
+        # the tool (or summary request) turns, left-padded to the longest so the next model turns start together
         width = max(len(seg["ids"]) for seg in segments)
         pad_ids, pad_mask, pad_types = [], [], []
         for i, seg in zip(active, segments):
             gap = width - len(seg["ids"])
             row = rows[i]
             start = len(row.response)
-            row.add([engine.pad_id] * gap + seg["ids"], [0] * gap + [1] * len(seg["ids"]), 0.0,
-                    types=[0] * gap + seg["types"])
+            real = [0] * gap + [1] * len(seg["ids"])
+            row.add([engine.pad_id] * gap + seg["ids"], real, 0.0, types=[0] * gap + seg["types"])
             first_new = len(row.images)
             row.images += seg["images"]
             row.grids += seg["grids"]
             row.pixels += seg["pixels"]
             fresh[i] = len(seg["images"])
-            row.turns.append(Turn("tool", start + gap, len(row.response), seg["text"], calls=seg["calls"],
+            row.turns.append(Turn(seg["kind"], start + gap, len(row.response), seg["text"], calls=seg["calls"],
                                   images=list(range(first_new, len(row.images)))))
             pad_ids.append(row.response[start:])
-            pad_mask.append(row.real[start:])
+            pad_mask.append(real)
             pad_types.append(row.types[start:])
-        if precomputed:
-            returned = [(i, k) for i in active for k in range(fresh[i])]
-            if returned:
-                pixels = torch.cat([p for i in active for p in rows[i].pixels[len(rows[i].pixels) - fresh[i]:]])
-                grid = torch.stack([g for i in active for g in rows[i].grids[len(rows[i].grids) - fresh[i]:]])
-                encoded = iter(encode_images(model, pixels, grid))
-                for i in active:
-                    rows[i].features += [next(encoded) for _ in range(fresh[i])]
+        if precomputed and any(fresh[i] for i in active):
+            pixels = torch.cat([p for i in active for p in rows[i].pixels[len(rows[i].pixels) - fresh[i]:]])
+            grid = torch.stack([g for i in active for g in rows[i].grids[len(rows[i].grids) - fresh[i]:]])
+            encoded = iter(encode_images(model, pixels, grid))
+            for i in active:
+                rows[i].features += [next(encoded) for _ in range(fresh[i])]
         ids = torch.cat([ids, torch.tensor(pad_ids, dtype=ids.dtype)], dim=1)
         mask = torch.cat([mask, torch.tensor(pad_mask, dtype=mask.dtype)], dim=1)
         if types is not None:
@@ -329,6 +413,22 @@ def _trim(row: _Row) -> None:
     last = max((j for j, r in enumerate(row.real) if r), default=-1) + 1
     for name in ("response", "real", "loss_mask", "logprobs", "types"):
         setattr(row, name, getattr(row, name)[:last])
+
+
+def _user_turn(processor: Any, tok: Any, text: str, eos_text: str, ended: bool, eos_id: int) -> dict[str, Any]:
+    """A user turn after the model's (ReSum's summary request), as the chat template renders it; when the model's
+    turn was cut before its end-of-turn token, that token opens this segment (it carries no loss: not sampled)."""
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _SENTINEL},
+                {"role": "user", "content": text}]
+    rendered = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    after = rendered[rendered.index(_SENTINEL) + len(_SENTINEL):]
+    if not after.startswith(eos_text):
+        raise ValueError(f"the chat template does not end an assistant turn with {eos_text!r}")
+    ids = tok(after[len(eos_text):], add_special_tokens=False)["input_ids"]
+    if not ended:
+        ids = [eos_id] + ids
+    return {"ids": ids, "text": text, "images": [], "grids": [], "pixels": [], "types": [0] * len(ids), "calls": [],
+            "kind": "user"}
 
 
 def _tool_turn(processor: Any, row: _Row, sample: Sample, calls: list[Any], use: ToolUse, eos_text: str
@@ -353,56 +453,72 @@ def _tool_turn(processor: Any, row: _Row, sample: Sample, calls: list[Any], use:
     types = enc.get("mm_token_type_ids")
     return {"ids": enc["input_ids"][0].tolist(), "text": text, "images": returned, "grids": grids, "pixels": pixels,
             "types": types[0].tolist() if types is not None else [0] * int(enc["input_ids"].shape[1]),
-            "calls": [{"name": c.name, "arguments": c.arguments, "error": r.error} for c, r in zip(calls, results)]}
+            "calls": [{"name": c.name, "arguments": c.arguments, "error": r.error} for c, r in zip(calls, results)],
+            "kind": "tool"}
 
 
-def _assemble(engine: Any, samples: list[Sample], group_size: int, rows: list[_Row], P: int,
-              inputs: dict[str, Any]) -> RolloutBatch:
-    """The trajectories as one ``RolloutBatch``: prompt left-padded to P, response (all turns) right-padded."""
+def _assemble(engine: Any, samples: list[Sample], group_size: int, rows: list[_Row], inputs: dict[str, Any]
+              ) -> RolloutBatch:
+    """The segments as one ``RolloutBatch``: prompts left-padded to the longest, responses (all turns) right-padded."""
     from mmrlvr.rollout.batch import pad_rows
     from mmrlvr.rollout.hf import PATCH_KEYS
 
     n = len(rows)
+    P = max(len(r.prompt) for r in rows)
     L = max((len(r.response) for r in rows), default=0)
     response_ids = pad_rows([r.response for r in rows], engine.pad_id, torch.long)[:, :L].reshape(n, L)
     response_mask = pad_rows([r.loss_mask for r in rows], 0.0, torch.float)[:, :L].reshape(n, L)
     old_logprobs = pad_rows([r.logprobs for r in rows], 0.0, torch.float)[:, :L].reshape(n, L)
     real = pad_rows([r.real for r in rows], 0, torch.long)[:, :L].reshape(n, L)
-    prompt_ids = inputs["input_ids"].repeat_interleave(group_size, dim=0)
-    prompt_mask = inputs["attention_mask"].repeat_interleave(group_size, dim=0)
+    prompt_ids = _left_pad([r.prompt.tolist() for r in rows], engine.pad_id, torch.long) if n else torch.zeros(0, 0)
+    prompt_ids = torch.cat([torch.full((n, P - prompt_ids.shape[1]), engine.pad_id), prompt_ids], 1).long()
+    prompt_mask = _left_pad([[1] * len(r.prompt) for r in rows], 0, torch.long)
+    prompt_mask = torch.cat([torch.zeros(n, P - prompt_mask.shape[1], dtype=torch.long), prompt_mask], 1)
     vision: dict[str, Any] = {}
     if any(r.grids for r in rows):
         vision["pixel_values"] = torch.cat([p for r in rows for p in r.pixels])
         vision["image_grid_thw"] = torch.stack([gr for r in rows for gr in r.grids])
-    if "mm_token_type_ids" in inputs:
-        prompt_types = inputs["mm_token_type_ids"].repeat_interleave(group_size, dim=0)
-        resp_types = pad_rows([r.types for r in rows], 0, prompt_types.dtype)[:, :L].reshape(n, L)
+    if rows[0].prompt_types is not None:
+        dtype = rows[0].prompt_types.dtype
+        prompt_types = _left_pad([r.prompt_types.tolist() for r in rows], 0, dtype)
+        prompt_types = torch.cat([torch.zeros(n, P - prompt_types.shape[1], dtype=dtype), prompt_types], 1)
+        resp_types = pad_rows([r.types for r in rows], 0, dtype)[:, :L].reshape(n, L)
         vision["mm_token_type_ids"] = torch.cat([prompt_types, resp_types], dim=1)
     for key, value in inputs.items():  # anything else the processor gives per prompt (not per image or token)
         if key in ("input_ids", "attention_mask", "mm_token_type_ids") or key in PATCH_KEYS or key in PATCH_KEYS.values():
             continue
         if torch.is_tensor(value) and value.dim() > 0 and value.shape[0] == len(samples):
-            vision[key] = value.repeat_interleave(group_size, dim=0)
+            vision[key] = value[torch.tensor([r.sample_index for r in rows], dtype=torch.long)]
+    trajectory = [r.sample_index * group_size + r.index for r in rows]
+    final = [j == n - 1 or trajectory[j + 1] != trajectory[j] for j in range(n)]
+    final_text = {t: r for t, r, f in zip(trajectory, rows, final) if f}
     completions = []
-    for r in rows:
-        model_turns = [t for t in r.turns if t.kind == "model"]
-        kept = [t for t, m in zip(r.response, r.loss_mask) if m > 0]
-        completions.append(Completion(
-            text=model_turns[-1].text if model_turns else "", finish_reason=r.finish, token_ids=kept,
-            meta={"logprobs": [lp for lp, m in zip(r.logprobs, r.loss_mask) if m > 0],
-                  "turns": [t.as_dict() for t in r.turns], "num_turns": len(model_turns),
-                  "tool_calls": sum(len(t.calls) for t in r.turns),
-                  "tool_errors": sum(1 for t in r.turns for c in t.calls if c["error"])}))
+    for r, t, f in zip(rows, trajectory, final):
+        last = final_text[t]
+        model_turns = [x for x in last.turns if x.kind == "model"]
+        kept = [tk for tk, m in zip(r.response, r.loss_mask) if m > 0]
+        meta = {"logprobs": [lp for lp, m in zip(r.logprobs, r.loss_mask) if m > 0],
+                "turns": [x.as_dict() for x in r.turns], "num_turns": sum(1 for x in r.turns if x.kind == "model"),
+                "tool_calls": sum(len(x.calls) for x in r.turns),
+                "tool_errors": sum(1 for x in r.turns for c in x.calls if c["error"])}
+        if r.segment or not f:  # ReSum: which segment of its trajectory this row is
+            meta.update(segment=r.segment, final_segment=f, summary=r.summary)
+        # every segment is scored on the trajectory's final turn: it trains with the trajectory's final reward
+        completions.append(Completion(text=model_turns[-1].text if model_turns else "",
+                                      finish_reason=last.finish if f else "summarized", token_ids=kept, meta=meta))
+    segmented = any(not f for f in final)
     return RolloutBatch(
-        samples=[s for s in samples for _ in range(group_size)],
-        group_index=torch.arange(len(samples)).repeat_interleave(group_size),
-        sample_index=torch.arange(group_size).repeat(len(samples)),
+        samples=[samples[r.sample_index] for r in rows],
+        group_index=torch.tensor([r.sample_index for r in rows], dtype=torch.long),
+        sample_index=torch.tensor([r.index for r in rows], dtype=torch.long),
         input_ids=torch.cat([prompt_ids, response_ids], dim=1),
         attention_mask=torch.cat([prompt_mask, real], dim=1),
         response_ids=response_ids, response_mask=response_mask, old_logprobs=old_logprobs,
         vision=vision, prompt_length=P, completions=completions,
         turns=[[t.as_dict() for t in r.turns] for r in rows],
         row_images=[list(r.images) for r in rows],
+        trajectory_index=torch.tensor(trajectory, dtype=torch.long) if segmented else None,
+        final_segment=torch.tensor(final, dtype=torch.bool) if segmented else None,
     )
 
 
@@ -410,17 +526,18 @@ class ToolEngine:
     """A ``RolloutEngine`` whose responses are multi-turn trajectories: an ``HFEngine`` plus the tools it offers.
     What held-out evaluation, ``mmrlvr eval`` of a run with tools and the warm start of a tool task sample with."""
 
-    def __init__(self, engine: Any, use: ToolUse) -> None:
-        self.engine, self.use = engine, use
+    def __init__(self, engine: Any, use: ToolUse, summarize: Summarize | None = None) -> None:
+        self.engine, self.use, self.summarize = engine, use, summarize
 
     def generate(self, samples: list[Sample], group_size: int, params: SamplingParams, *, seed: int,
                  step: int) -> RolloutBatch:
-        return generate_multiturn(self.engine, samples, group_size, params, self.use, seed=seed, step=step)
+        return generate_multiturn(self.engine, samples, group_size, params, self.use, seed=seed, step=step,
+                                  summarize=self.summarize)
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         self.engine.sync_weights(model)
 
     def __getattr__(self, name: str) -> Any:  # model, processor, tokenizer, eos / pad ids of the wrapped engine
-        if name in ("engine", "use"):
+        if name in ("engine", "use", "summarize"):
             raise AttributeError(name)
         return getattr(self.engine, name)

@@ -85,6 +85,9 @@ class GroupAdvantage(Stage):
 
     def __call__(self, b: StepBatch) -> None:
         rewards, groups, counts, keep, rows = global_rows(self.rt, b)
+        segments = b.rollouts.trajectory_index
+        if segments is not None:  # ReSum (one process): one advantage per trajectory, from its final segment
+            keep = keep & b.rollouts.final_segment
         if bool(keep.all()):
             b.advantages = self.estimate(b, rewards, groups, counts)[rows]
             return
@@ -92,6 +95,11 @@ class GroupAdvantage(Stage):
         adv = torch.zeros_like(rewards)
         if bool(keep.any()):
             adv[keep] = self.estimate(b, rewards[keep], groups[keep], counts[keep])
+        if segments is not None:  # every segment trains with its trajectory's advantage
+            final_row = {int(t): j for j, t in enumerate(segments.tolist()) if bool(b.rollouts.final_segment[j])}
+            adv = adv[torch.tensor([final_row[int(t)] for t in segments.tolist()], dtype=torch.long)]
+            if b.row_mask is not None:
+                adv = torch.where(b.row_mask, adv, torch.zeros_like(adv))
         b.advantages = adv[rows]
 
 

@@ -257,10 +257,24 @@ class TreeRollouts(FlatGroups):
 TOOL_DEFAULTS: dict[str, Any] = {"time_budget_s": 10.0, "max_image_pixels": 1024 * 1024, "describe": True}
 
 
+def multi_turn(cfg) -> bool:
+    """Whether the run's rollouts are multi-turn: it offers tools, or summarises (ReSum)."""
+    return bool(cfg.rollout.tools) or bool(cfg.rollout.summarize)
+
+
+def summarize_of(cfg):
+    """The run's ReSum settings (``rollout.summarize``), or None."""
+    if not cfg.rollout.summarize:
+        return None
+    from mmrlvr.rollout.multiturn import Summarize
+
+    return Summarize(**cfg.rollout.summarize)
+
+
 def tool_use(cfg):
-    """The run's ``ToolUse`` (tools, turn and token limits) from ``rollout.*``, or None when it offers no tools:
-    what the generate stage, held-out evaluation and ``mmrlvr eval`` of the run sample with."""
-    if not cfg.rollout.tools:
+    """The run's ``ToolUse`` (tools, turn and token limits) from ``rollout.*``, or None when its rollouts are one
+    turn: what the generate stage, held-out evaluation and ``mmrlvr eval`` of the run sample with."""
+    if not multi_turn(cfg):
         return None
     from mmrlvr.rollout.multiturn import ToolUse
     from mmrlvr.tools import TOOLS
@@ -279,7 +293,7 @@ def with_tools(engine, cfg):
         return engine
     from mmrlvr.rollout.multiturn import ToolEngine
 
-    return ToolEngine(engine, use)
+    return ToolEngine(engine, use, summarize_of(cfg))
 
 
 @register_stage("generate", "multi_turn")
@@ -289,19 +303,20 @@ class MultiTurnRollouts(FlatGroups):
     model continues, up to ``rollout.max_turns`` turns and ``rollout.max_trajectory_tokens`` tokens. Tool turns
     carry no loss; prompts are drawn and grouped as in ``groups`` (any sampler)."""
 
-    selected_by = ("rollout.tools",)
+    selected_by = ("rollout.tools", "rollout.summarize")
     fallback = False
     reads = ("rollout.",)
-    when_text = "rollout.tools: [...]"
+    when_text = "rollout.tools: [...] or rollout.summarize: {at_tokens: N}"
 
     @classmethod
     def when(cls, cfg) -> bool:
-        return bool(cfg.rollout.tools)
+        return multi_turn(cfg)
 
     @classmethod
     def plan_params(cls, cfg) -> dict[str, Any]:
         r = cfg.rollout
-        return {**FlatGroups.plan_params(cfg), "rollout.tools": list(r.tools), "rollout.max_turns": r.max_turns,
+        summary = {f"rollout.summarize.{k}": v for k, v in (r.summarize or {}).items() if k == "at_tokens"}
+        return {**FlatGroups.plan_params(cfg), **summary, "rollout.tools": list(r.tools), "rollout.max_turns": r.max_turns,
                 "rollout.max_trajectory_tokens": r.max_trajectory_tokens,
                 **{f"rollout.tool_params.{k}": v for k, v in {**TOOL_DEFAULTS, **(r.tool_params or {})}.items()}}
 
@@ -342,17 +357,50 @@ class MultiTurnRollouts(FlatGroups):
                        f"{r.strategy!r} cannot be combined with tools")
         if r.guide:
             out.append("rollout.guide: a guide response is one turn; it cannot be combined with rollout.tools")
+        return out + cls._validate_summarize(cfg)
+
+    @staticmethod
+    def _validate_summarize(cfg) -> list[str]:
+        given = cfg.rollout.summarize or {}
+        if not given:
+            return []
+        out = []
+        if not isinstance(given, dict):
+            return [f"rollout.summarize: a mapping like {{at_tokens: 512}}, got {given!r}"]
+        unknown = [k for k in given if k not in ("at_tokens", "instruction", "restart")]
+        if unknown:
+            out.append(f"rollout.summarize: unknown key(s) {', '.join(map(str, unknown))}; accepted: at_tokens, "
+                       "instruction, restart")
+        at = given.get("at_tokens")
+        if isinstance(at, bool) or not isinstance(at, int) or at < 1:
+            out.append(f"rollout.summarize.at_tokens: the context length (tokens) at which the model summarises, an "
+                       f"integer >= 1, got {at!r}")
+        if "restart" in given and "{summary}" not in str(given["restart"]):
+            out.append("rollout.summarize.restart: must contain {summary} (where the summary goes)")
+        if cfg.rollout.max_turns < 3:
+            out.append(f"rollout.max_turns: {cfg.rollout.max_turns} leaves no room to summarise (a turn before, the "
+                       "summary, a turn after): set 3 or more with rollout.summarize")
+        if cfg.algo.advantage in ("poise", "tree") or cfg.algo.loss == "popo" or cfg.consistency.split_advantage:
+            out.append("rollout.summarize: segments share their trajectory's advantage, computed by the group "
+                       "estimators (grpo, dr_grpo, rloo, reinforce_pp, pass_at_k, plug-ins); poise, popo and the "
+                       "consistency split are not supported with it")
+        from mmrlvr.train.distributed import expected_world_size, one_process_only
+
+        if expected_world_size()[0] > 1:
+            out += one_process_only("rollout.summarize", "a trajectory's segments are extra rows, so processes would "
+                                    "hold different row counts")
         return out
 
     def __init__(self, rt) -> None:
         super().__init__(rt)
         self.use = tool_use(self.cfg)
+        self.summarize = summarize_of(self.cfg)
 
     def sample(self, samples: list, group_size: int, params, step_key: int):
         from mmrlvr.rollout.multiturn import generate_multiturn
 
         return generate_multiturn(self.rt.engine, samples, group_size, params, self.use, seed=self.cfg.seed,
-                                  step=step_key)
+                                  step=step_key, summarize=self.summarize)
 
     def __call__(self, b: StepBatch) -> None:
         super().__call__(b)
