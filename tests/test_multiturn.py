@@ -314,3 +314,32 @@ def test_resum_summarises_when_the_context_reaches_at_tokens(monkeypatch):
     # the call wanted a tool, but the context was full: summarise instead; the zoom never ran
     assert [t["kind"] for t in first] == ["model", "user", "summary"] and use.counters["calls"] == 0
     assert batch.completions[1].finish_reason == "stop" and batch.completions[0].text == ANSWER
+
+
+def test_vllm_continuation_requests_place_every_image_where_the_hf_sequence_has_it(monkeypatch):
+    """The next turn's vLLM request carries the HF trajectory's tokens with one placeholder per image, and the images
+    in order; expanding each placeholder by its image's grid gives back the HF sequence exactly."""
+    from mmrlvr.rollout.vllm import continuation_request
+
+    eng = engine()
+    batch, _ = run(monkeypatch, eng, [call(), call("rotate", image=1, degrees=90), ANSWER])
+    turns = batch.turns[0]
+    P = batch.prompt_length
+    third = turns[4]["start"]  # the answer turn: everything before it is what the request must carry
+    real = batch.attention_mask[0, :P + third] > 0
+    ids = batch.input_ids[0, :P + third][real].tolist()
+    images = batch.row_images[0]
+    pad = eng.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    req = continuation_request(ids, images, pad, SamplingParams(max_new_tokens=16), seed=3,
+                               stop_token_ids=eng.eos_ids)
+    prompt = req["prompt"]
+    assert prompt["multi_modal_data"]["image"] == images and len(images) == 3
+    collapsed = prompt["prompt_token_ids"]
+    assert sum(1 for t in collapsed if t == pad) == 3
+    merge = eng.processor.image_processor.merge_size ** 2
+    sizes = iter((batch.vision["image_grid_thw"].prod(-1) // merge).tolist())
+    expanded = [x for t in collapsed for x in ([pad] * next(sizes) if t == pad else [t])]
+    assert expanded == ids
+    assert req["sampling"]["seed"] == 3 and req["sampling"]["stop_token_ids"] == eng.eos_ids
+    with pytest.raises(Exception, match="2 images"):
+        continuation_request(ids, images[:2], pad, SamplingParams(), seed=0)

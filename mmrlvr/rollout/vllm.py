@@ -152,6 +152,36 @@ def to_vllm_prompt(request: VLLMRequest, *, video_metadata: bool = False) -> dic
     return prompt
 
 
+def collapse_image_runs(ids: list[int], image_pad_id: int) -> list[int]:
+    """``ids`` with every run of image placeholder tokens cut to one: the form vLLM expands itself, one placeholder
+    per image, from the image's own grid (the HF processor expands it to one token per merged patch)."""
+    out: list[int] = []
+    for t in ids:
+        if t == image_pad_id and out and out[-1] == image_pad_id:
+            continue
+        out.append(t)
+    return out
+
+
+def continuation_request(ids: list[int], images: list[Any], image_pad_id: int, params: SamplingParams, seed: int,
+                         stop_token_ids: list[int] | None = None) -> dict[str, Any]:
+    """The vLLM request for the next model turn of a multi-turn trajectory (``mmrlvr.rollout.multiturn``).
+
+    ``ids``: the trajectory's real tokens so far (prompt, model turns, tool turns; padding removed), as the HF
+    engine holds them; ``images``: every image in the sequence in order (the prompt's, then those tools returned).
+    The model's own tokens go back as token ids, never re-tokenized text, so turn t + 1 continues exactly what turn t
+    sampled; each image's placeholder run becomes one placeholder, matched in order with ``images``.
+    """
+    collapsed = collapse_image_runs(list(ids), image_pad_id)
+    placeholders = sum(1 for t in collapsed if t == image_pad_id)
+    if placeholders != len(images):
+        raise UserError(f"a multi-turn request has {placeholders} image placeholders but {len(images)} images")
+    prompt: dict[str, Any] = {"prompt_token_ids": collapsed}
+    if images:
+        prompt["multi_modal_data"] = {"image": images[0] if len(images) == 1 else list(images)}
+    return {"prompt": prompt, "sampling": vllm_sampling_kwargs(params, seed, stop_token_ids)}
+
+
 def sampled_logprobs(token_ids: list[int], logprobs: list[dict[int, Any]] | None) -> list[float]:
     """Per-position log-prob of the sampled token from vLLM's ``[{token_id: Logprob}]`` list."""
     if logprobs is None:
