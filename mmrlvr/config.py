@@ -238,7 +238,7 @@ class StagesConfig:
     """Which registered stage fills each step of the pipeline, in the order a step runs them (docs/architecture.md);
     null = chosen from the rest of the config (e.g. ``credit.scheme`` picks the credit stage)."""
 
-    generate: str | None = _f(None, "sampler + rollout strategy (groups, tree)")
+    generate: str | None = _f(None, "sampler + rollout strategy (groups, tree, multi_turn)")
     score: str | None = _f(None, "rewards for every rollout (rewards)")
     shape: str | list[str] | None = _f(None, "reward transforms / row filters, added to the automatic ones, run in "
                                        "priority order (guide, drop_unscored, overlong, mask_truncated, dynamic_sampling)")

@@ -56,7 +56,7 @@ def picture(seed=0):
 
 def sample(image=None, sid="a"):
     return Sample(id=sid, messages=[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many?"}]}],
-                  images=[image or picture()], answer="3")
+                  images=[image or picture()], answer="3", answer_type="number")
 
 
 def run(monkeypatch, eng, turns, samples=None, group_size=1, by_seed=None, **use_kwargs):
@@ -343,3 +343,51 @@ def test_vllm_continuation_requests_place_every_image_where_the_hf_sequence_has_
     assert req["sampling"]["seed"] == 3 and req["sampling"]["stop_token_ids"] == eng.eos_ids
     with pytest.raises(Exception, match="2 images"):
         continuation_request(ids, images[:2], pad, SamplingParams(), seed=0)
+
+
+def test_vision_credit_perturbs_every_image_the_trajectory_saw_and_credits_only_model_tokens(monkeypatch):
+    """What an "image" is for the vision-sensitive credit schemes on a multi-turn row: every image in the sequence
+    (the prompt's and each one a tool returned), all perturbed in the counterfactual pass; tool turns have no
+    signal and no credit (they carry no loss)."""
+    from mmrlvr.credit import perturb_vision, token_signals_from_model
+    from mmrlvr.credit.schemes import build_scheme
+
+    eng = engine()
+    batch, _ = run(monkeypatch, eng, [call(), ANSWER], group_size=2)
+    grid = batch.vision["image_grid_thw"]
+    assert grid.shape[0] == 4  # two rows, each the prompt image and a zoom
+    pert = perturb_vision(batch.vision, "gaussian", seed=0, processor=eng.processor)
+    blocks = torch.split(batch.vision["pixel_values"], grid.prod(-1).tolist())
+    changed = [not torch.equal(a, b) for a, b in zip(blocks, torch.split(pert["pixel_values"], grid.prod(-1).tolist()))]
+    assert changed == [True, True, True, True]
+    eng.model.eval()
+    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+    signals = token_signals_from_model(eng.model, {**inputs, **batch.vision}, {**inputs, **pert}, batch.prompt_length,
+                                       batch.response_ids, batch.response_mask, old_logprobs=batch.old_logprobs)
+    tool = batch.turns[0][1]
+    assert float(signals.jsd[0, tool["start"]:tool["end"]].abs().sum()) == 0  # no signal on the tool turn
+    assert float(signals.jsd[0, batch.turns[0][2]["start"]:batch.turns[0][2]["end"]].sum()) > 0  # the answer reads it
+    scheme = build_scheme("vepo")
+    credit = scheme(signals, batch.response_mask.clone(), torch.tensor([1.0, -1.0]), old_logprobs=batch.old_logprobs)
+    weights = batch.response_mask * credit.token_weights
+    assert float(weights[0, tool["start"]:tool["end"]].abs().sum()) == 0
+
+
+def test_consistency_reads_the_final_turn(monkeypatch):
+    """The inconsistency rate and the answer span read the final thinking and answer, not the earlier turns."""
+    from mmrlvr.consistency.metrics import score_completions
+    from mmrlvr.consistency.spans import answer_token_mask
+
+    eng = engine()
+    inconsistent = "<think>I see 2 red.</think><answer>3</answer>"
+    batch, _ = run(monkeypatch, eng, ["<think>I see 3 red.</think>\n" + call()[len("<think>look</think>\n"):],
+                                      inconsistent])
+    assert batch.completions[0].text == inconsistent
+    m = score_completions(batch.completions, batch.samples)
+    assert m["inconsistency_rate"] == 1.0  # "2" in the final thinking vs "3" answered (the first turn said 3)
+    mask = answer_token_mask([c.text for c in batch.completions], batch.response_ids, batch.response_mask,
+                             eng.tokenizer)
+    marked = mask[0].nonzero().flatten().tolist()
+    last = batch.turns[0][2]
+    assert marked and all(last["start"] <= j < last["end"] for j in marked)
+    assert "3" in eng.tokenizer.decode(batch.response_ids[0, marked].tolist())

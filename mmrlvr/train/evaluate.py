@@ -230,7 +230,7 @@ def main(argv: list[str]) -> int:
     max_new = args.max_new_tokens if args.max_new_tokens is not None else (cfg.rollout.max_new_tokens if run_dir else 64)
     seed = args.seed if args.seed is not None else cfg.seed
     rubric = eval_rubric(cfg, build_rewards(cfg), state.get("reward_state")) if run_dir is not None else None
-    from mmrlvr.train.stages.generate import with_tools
+    from mmrlvr.train.tool_setup import with_tools
 
     engine = with_tools(HFEngine(model, processor), cfg) if run_dir is not None else HFEngine(model, processor)
     result = evaluate_run(engine, samples, k=k, temperature=temperature, max_new_tokens=max_new,

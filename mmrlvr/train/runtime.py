@@ -150,7 +150,7 @@ class Runtime:
 
         cfg = self.cfg
         self.model.eval()
-        from mmrlvr.train.stages.generate import with_tools
+        from mmrlvr.train.tool_setup import with_tools
 
         result = evaluate_run(with_tools(self.engine, cfg), self.eval_samples, k=cfg.eval.k, temperature=cfg.eval.temperature,
                               max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed, rubric=self.eval_rubric(),

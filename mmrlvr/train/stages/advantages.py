@@ -85,7 +85,7 @@ class GroupAdvantage(Stage):
 
     def __call__(self, b: StepBatch) -> None:
         rewards, groups, counts, keep, rows = global_rows(self.rt, b)
-        segments = b.rollouts.trajectory_index
+        segments = getattr(b.rollouts, "trajectory_index", None)
         if segments is not None:  # ReSum (one process): one advantage per trajectory, from its final segment
             keep = keep & b.rollouts.final_segment
         if bool(keep.all()):

@@ -17,6 +17,7 @@ from typing import Any
 from mmrlvr.train.batch import StepBatch
 from mmrlvr.train.data import shard
 from mmrlvr.train.stages.base import Stage, register_stage
+from mmrlvr.train.tool_setup import TOOL_DEFAULTS, multi_turn, summarize_of, tool_use
 
 
 @register_stage("generate", "groups")
@@ -251,49 +252,6 @@ class TreeRollouts(FlatGroups):
         # positions decoded: each depth's rows times its segment (the prompt is prefilled once per tree)
         b.diagnostics["rollout/decoded_tokens"] = float(sum(p["branching"] ** (d + 1) * n
                                                             for d, n in enumerate(b.tree.lengths)) * len(b.samples))
-
-
-#: ``rollout.tool_params`` and their defaults
-TOOL_DEFAULTS: dict[str, Any] = {"time_budget_s": 10.0, "max_image_pixels": 1024 * 1024, "describe": True}
-
-
-def multi_turn(cfg) -> bool:
-    """Whether the run's rollouts are multi-turn: it offers tools, or summarises (ReSum)."""
-    return bool(cfg.rollout.tools) or bool(cfg.rollout.summarize)
-
-
-def summarize_of(cfg):
-    """The run's ReSum settings (``rollout.summarize``), or None."""
-    if not cfg.rollout.summarize:
-        return None
-    from mmrlvr.rollout.multiturn import Summarize
-
-    return Summarize(**cfg.rollout.summarize)
-
-
-def tool_use(cfg):
-    """The run's ``ToolUse`` (tools, turn and token limits) from ``rollout.*``, or None when its rollouts are one
-    turn: what the generate stage, held-out evaluation and ``mmrlvr eval`` of the run sample with."""
-    if not multi_turn(cfg):
-        return None
-    from mmrlvr.rollout.multiturn import ToolUse
-    from mmrlvr.tools import TOOLS
-
-    r = cfg.rollout
-    p = {**TOOL_DEFAULTS, **(r.tool_params or {})}
-    return ToolUse(tools={name: TOOLS.get(name) for name in r.tools}, max_turns=r.max_turns,
-                   max_tokens=r.max_trajectory_tokens, time_budget_s=float(p["time_budget_s"]),
-                   max_image_pixels=int(p["max_image_pixels"]), describe=bool(p["describe"]))
-
-
-def with_tools(engine, cfg):
-    """``engine`` itself, or a ``ToolEngine`` over it when the run offers tools (``tool_use``)."""
-    use = tool_use(cfg)
-    if use is None:
-        return engine
-    from mmrlvr.rollout.multiturn import ToolEngine
-
-    return ToolEngine(engine, use, summarize_of(cfg))
 
 
 @register_stage("generate", "multi_turn")
