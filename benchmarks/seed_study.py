@@ -52,6 +52,8 @@ ARMS: dict[str, list[str]] = {
     # the distillation horizon: the first quarter of each response, or a share growing from 0.25 to 1
     "forward_ce_h25": ["algo.aux_losses=[{name: forward_ce, weight: 0.1, params: {horizon: 0.25}}]"],
     "forward_ce_prog": ["algo.aux_losses=[{name: forward_ce, weight: 0.1, params: {horizon: progressive}}]"],
+    # vision-sensitive credit (with --config configs/zoom-tiny.yaml: on multi-turn trajectories)
+    "vepo": ["credit.scheme=vepo"],
 }
 #: arms guided by another arm's final checkpoint of the same seed (NPO's two-run recipe: that run is "ahead")
 GUIDED = {"npo": "grpo"}
@@ -64,13 +66,13 @@ LORA_ARMS = {"lora_default": ["model.lora.init=default"], "lora_rlpo": ["model.l
 
 
 def run_arm(name: str, overrides: list[str], seed: int, steps: int, out: Path, task: str, k: int,
-            eval_size: int, train_size: int | None = None) -> dict[str, Any]:
+            eval_size: int, train_size: int | None = None, config: str = "configs/demo-tiny.yaml") -> dict[str, Any]:
     from mmrlvr.config import load_config
     from mmrlvr.train.metrics import read_metrics
     from mmrlvr.train.trainer import Trainer
 
     warm = "tiny:qwen2_5_vl:warm" + ("" if task == "count" else f":{task}")
-    cfg = load_config(ROOT / "configs" / "demo-tiny.yaml", overrides=[
+    cfg = load_config(ROOT / config, overrides=[
         f"output_dir={out}", f"max_steps={steps}", f"seed={seed}", "save_every=0", "log_rollouts=false",
         "progress=false", "tensorboard=false", f"model.path={warm}", f"data.train=synth:{task}",
         f"data.eval=synth:{task}", f"data.eval_size={eval_size}", f"eval.k={k}", "eval.every=0",
@@ -88,7 +90,10 @@ def run_arm(name: str, overrides: list[str], seed: int, steps: int, out: Path, t
     extra = {key: sum(r[key] for r in rows if key in r) / max(sum(key in r for r in rows), 1)
              for key in ("majority/pseudo_label_accuracy", "cocov/low_share", "cocov/high_share",
                          "distill/teacher_token_share", "zero_std_group_fraction", "rollout/decoded_tokens",
-                         "npo/groups_guided", "npo/guide_acceptance") if any(key in r for r in rows)}
+                         "npo/groups_guided", "npo/guide_acceptance", "tools/calls_per_row") if any(key in r for r in rows)}
+    for key in ("zoom_hit_rate", "tool_calls_per_response", "tool_error_rate"):  # multi-turn runs' held-out eval
+        if key in after:
+            extra[key] = after[key]
     all_rows = [r for r in read_metrics(out / "metrics.jsonl") if "reward/mean" in r]
     extra["samples_per_s"] = sum(r.get("rollout/samples", 0.0) for r in all_rows) / max(sum(
         r.get("time/step_s", 0.0) for r in all_rows), 1e-9)
@@ -220,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--task", default="count", help="count | count_chatter (each from its own warm start)")
+    p.add_argument("--task", default="count", help="count | count_chatter | zoom (each from its own warm start)")
+    p.add_argument("--config", default="configs/demo-tiny.yaml",
+                   help="the base config every arm starts from (configs/zoom-tiny.yaml for the zoom study)")
     p.add_argument("--arms", nargs="+", default=[*ARMS, *LORA_ARMS], help="subset of the arms")
     p.add_argument("--lr", type=float, default=1e-4, help="nominal learning rate (LoRA arms also run at 3x)")
     p.add_argument("--k", type=int, default=8)
@@ -245,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     done_file = out / "results.json"
     if done_file.exists():  # resume: keep finished (arm, seed) rows of the same study
         old = json.loads(done_file.read_text())
-        same = {key: old.get("args", {}).get(key) for key in ("task", "steps", "lr", "k", "eval_size", "train_size")}
+        same = {key: old.get("args", {}).get(key)
+                for key in ("task", "steps", "lr", "k", "eval_size", "train_size", "config")}
         if same == {key: getattr(args, key) for key in same}:
             results = [r for r in old.get("results", [])]
             print(f"resuming: {len(results)} finished runs kept from {done_file}")
@@ -269,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                                      f"{ahead} guides it): list it before {name} in --arms")
                 overrides = [*overrides, f"rollout.guide={{from: {ahead}}}"]
             res = run_arm(name, overrides, seed, steps, out / f"{name}-seed{seed}", args.task, args.k,
-                          args.eval_size, args.train_size)
+                          args.eval_size, args.train_size, args.config)
             results.append(res)
             print(f"[{name} seed {seed}] greedy {res['greedy']} avg@{args.k} {res[f'avg@{args.k}']} "
                   f"({res['wall_s']:.0f} s)", flush=True)
@@ -301,8 +309,37 @@ def rollout_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def tools_table(results: list[dict[str, Any]]) -> str:
+    """Multi-turn arms: held-out share of responses whose zoom hit the gold region (IoU >= 0.5), calls per
+    response and the share of calls that failed, each mean ± sd over seeds; '' when no arm used tools."""
+    arms: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        if "zoom_hit_rate" in r or "tool_calls_per_response" in r:
+            arms.setdefault(r["arm"], []).append(r)
+    if not arms:
+        return ""
+
+    def ms(rs, key):
+        xs = [r[key] for r in rs if r.get(key) is not None]
+        if not xs:
+            return "–"
+        return f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.3f}"
+
+    lines = ["| arm | seeds | zoom hits the region | calls / response | failed calls |", "|---|---|---|---|---|"]
+    for arm, rs in arms.items():
+        lines.append(f"| {arm} | {len(rs)} | {ms(rs, 'zoom_hit_rate')} | {ms(rs, 'tool_calls_per_response')} | "
+                     f"{ms(rs, 'tool_error_rate')} |")
+    per_seed = ["", "Per seed (zoom hit rate, greedy accuracy):", ""]
+    for arm, rs in arms.items():
+        per_seed.append(f"- {arm}: " + ", ".join(f"seed {r['seed']}: {r.get('zoom_hit_rate', float('nan')):.3f} / "
+                                                 f"{r['greedy']:.3f}" for r in sorted(rs, key=lambda r: r["seed"])))
+    return "\n".join(lines + per_seed)
+
+
 def report(results: list[dict[str, Any]], k: int) -> str:
-    return (table(results, k) + "\n\nRollouts:\n\n" + rollout_table(results)
+    tools = tools_table(results)
+    return (table(results, k) + ("\n\nTools (held-out):\n\n" + tools if tools else "")
+            + "\n\nRollouts:\n\n" + rollout_table(results)
             + "\n\nPaired differences (same prompts, same seeds):\n\n" + paired_table(results, k) + "\n")
 
 

@@ -391,3 +391,22 @@ def test_consistency_reads_the_final_turn(monkeypatch):
     last = batch.turns[0][2]
     assert marked and all(last["start"] <= j < last["end"] for j in marked)
     assert "3" in eng.tokenizer.decode(batch.response_ids[0, marked].tolist())
+
+
+def test_a_verl_row_s_tools_kwargs_reach_the_sample(tmp_path):
+    """verl's ``extra_info.tools_kwargs`` ({tool: {create_kwargs, execute_kwargs}}) is read into
+    ``sample.meta["tools_kwargs"]``, what the tools get; a malformed one names the row and field."""
+    from mmrlvr.data import load_samples
+
+    picture().save(tmp_path / "p.png")
+    rows = [{"prompt": [{"role": "user", "content": "<image>How many?"}], "images": ["p.png"],
+             "reward_model": {"ground_truth": "3"}, "data_source": "zoomy",
+             "extra_info": {"index": i, "tools_kwargs": tk}}
+            for i, tk in enumerate([{"zoom": {"create_kwargs": {"coords": "normalized_1000"}, "execute_kwargs": {}}},
+                                    {"zoom": "not an object"}])]
+    path = tmp_path / "train.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    samples, report = load_samples(str(path), preset="verl", on_error="skip")
+    assert samples[0].meta["tools_kwargs"] == {"zoom": {"coords": "normalized_1000"}}
+    assert len(report.skipped) == 1 and report.skipped[0].field == "tools_kwargs"
+    assert "zoom" in report.skipped[0].message

@@ -75,7 +75,7 @@ from mmrlvr.errors import DataError
 from mmrlvr.types import Sample
 
 FIELDS: tuple[str, ...] = ("id", "problem", "answer", "images", "videos", "options", "rubric", "answer_type",
-                           "solution", "meta", "task")
+                           "solution", "meta", "task", "tools_kwargs")
 ANSWER_TYPES: tuple[str, ...] = ("number", "choice", "text", "box", "math")
 #: a preset's answer type "auto": guessed per row from the answer (a box list -> box, words -> text, else math)
 AUTO = "auto"
@@ -98,7 +98,8 @@ class Preset:
     description: str = ""
 
 
-_COMMON: dict[str, tuple[str, ...]] = {"rubric": ("rubric",), "answer_type": ("answer_type",)}
+_COMMON: dict[str, tuple[str, ...]] = {"rubric": ("rubric",), "answer_type": ("answer_type",),
+                                       "tools_kwargs": ("extra_info.tools_kwargs", "tools_kwargs")}
 PRESETS: dict[str, Preset] = {
     "verl": Preset("verl", {**_COMMON, "id": ("extra_info.index", "id", "index"), "problem": ("prompt",),
                             "answer": ("reward_model.ground_truth", "answer", "ground_truth"),
@@ -542,6 +543,40 @@ def _meta(value: Any) -> dict[str, Any]:
     return value
 
 
+def _tools_kwargs(value: Any) -> dict[str, dict[str, Any]]:
+    """A row's per-tool arguments: ``{tool: {arg: value}}``; verl's ``{tool: {create_kwargs: {...}, execute_kwargs:
+    {...}}}`` is read as the union of its two dicts (our tools take every argument at the call).
+
+    >>> _tools_kwargs({"zoom": {"create_kwargs": {"coords": "normalized_1000"}}})
+    {'zoom': {'coords': 'normalized_1000'}}
+    """
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"tools_kwargs is not valid JSON ({exc.msg})") from None
+    if not isinstance(value, dict):
+        raise DataError(f"tools_kwargs must map tool names to argument objects, got {type(value).__name__}")
+    out: dict[str, dict[str, Any]] = {}
+    for tool, args in value.items():
+        if args is None:
+            continue
+        if not isinstance(args, dict):
+            raise DataError(f"tools_kwargs[{tool!r}] must be an object of arguments, got {type(args).__name__}")
+        if set(args) & {"create_kwargs", "execute_kwargs"}:  # verl's layout
+            merged: dict[str, Any] = {}
+            for part in ("create_kwargs", "execute_kwargs"):
+                sub = args.get(part) or {}
+                if not isinstance(sub, dict):
+                    raise DataError(f"tools_kwargs[{tool!r}][{part!r}] must be an object, got {type(sub).__name__}")
+                merged.update(sub)
+            args = merged
+        out[str(tool)] = dict(args)
+    return out
+
+
 def _image_values(value: Any) -> list[Any]:
     if value is None:
         return []
@@ -625,6 +660,11 @@ def _row_to_sample(row: Any, index: int, source: _Source, spec: Preset, mapping:
     rubric = _field("rubric", _rubric, _get(row, mapping, "rubric"))
     meta: dict[str, Any] = _field("meta", _meta, _get(row, mapping, "meta"))
     meta.update(source=source.name, row=index)
+    tools_kwargs = _field("tools_kwargs", _tools_kwargs, _get(row, mapping, "tools_kwargs"))
+    if tools_kwargs:  # a column (verl: extra_info.tools_kwargs) wins over meta.tools_kwargs, tool by tool
+        meta["tools_kwargs"] = {**_field("meta", _tools_kwargs, meta.get("tools_kwargs")), **tools_kwargs}
+    elif meta.get("tools_kwargs") is not None:
+        meta["tools_kwargs"] = _field("meta", _tools_kwargs, meta["tools_kwargs"])
 
     # images first: box answers are rescaled to the resized image
     column_images = _image_values(_get(row, mapping, "images"))

@@ -182,8 +182,9 @@ def encode_sft(processor: Any, samples: list[Sample], targets: list[str], chunk:
 
 #: tasks whose reference is a multi-turn trajectory, and the tools it calls (``meta["reference_turns"]``)
 TOOL_TASKS: dict[str, list[str]] = {"zoom": ["zoom"]}
-#: response tokens per model turn when sampling a tool task (its call alone is ~70 tokens of the tiny BPE)
-TOOL_TURN_TOKENS = 96
+#: response tokens per model turn when sampling a tool task (the zoom task's first turn, thinking and call, is ~100
+#: tokens of the tiny BPE)
+TOOL_TURN_TOKENS = 128
 
 
 def encode_sft_turns(processor: Any, samples: list[Sample], tools: list[str]) -> list[dict[str, Any]]:
@@ -193,7 +194,7 @@ def encode_sft_turns(processor: Any, samples: list[Sample], tools: list[str]) ->
     The prompts do not list the tools (``describe=False``: the warm start learns the call itself, and the tiny BPE
     spends ~600 tokens on the schema block); runs from such a warm start set ``rollout.tool_params.describe: false``.
     ``label_mask`` marks the model's tokens (each turn and its end-of-turn token); tool turns are context only."""
-    from mmrlvr.rollout.multiturn import ToolUse, _Row, _tool_turn
+    from mmrlvr.rollout.multiturn import ToolUse, tool_turn
     from mmrlvr.tools import TOOLS, parse_tool_calls
 
     tokenizer = processor.tokenizer
@@ -210,7 +211,7 @@ def encode_sft_turns(processor: Any, samples: list[Sample], tools: list[str]) ->
                      and v.shape == prompt["input_ids"].shape and k not in ("input_ids", "attention_mask")}
         pixels = [prompt["pixel_values"]] if "pixel_values" in prompt else []
         grids = [prompt["image_grid_thw"]] if "image_grid_thw" in prompt else []
-        row = _Row(images=list(s.images), grids=[], pixels=[], features=[])
+        images = list(s.images)
         turns = s.meta["reference_turns"]
         for j, text in enumerate(turns):
             turn_ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [eos_id]
@@ -221,10 +222,10 @@ def encode_sft_turns(processor: Any, samples: list[Sample], tools: list[str]) ->
             if j == len(turns) - 1:
                 break
             calls = parse_tool_calls(text)
-            seg = _tool_turn(processor, row, s, calls, use, tokenizer.eos_token)
+            seg = tool_turn(processor, images, s, calls, use, tokenizer.eos_token)
             if any(c["error"] for c in seg["calls"]):
                 raise ValueError(f"sample {s.id!r}: reference turn {j} makes a call that fails: {seg['calls']}")
-            row.images += seg["images"]
+            images += seg["images"]
             ids += seg["ids"]
             labels += [False] * len(seg["ids"])
             for key in per_token:
@@ -342,6 +343,9 @@ def warm_start(out_dir: str | Path, *, family: str = "qwen2_5_vl", task: str = "
                "answer_noise": answer_noise, "seed": seed, "stop_at": stop_at, "eval_every": eval_every,
                "batch_size": batch_size, "lr": lr, "n_train": n_train, "n_val": n_val, "n_test": n_test, "k": k,
                "template": template, **build_determinants()}
+    if task in TOOL_TASKS:  # multi-turn sampling is part of the recipe (other tasks: unchanged keys and hash)
+        options["tools"] = TOOL_TASKS[task]
+        options["turn_tokens"] = TOOL_TURN_TOKENS
     if task in VIDEO_TASKS:  # the clips' drawing is part of the recipe (image tasks: unchanged keys and hash)
         from mmrlvr.data.synth_video import VIDEO_DATA_VERSION
 

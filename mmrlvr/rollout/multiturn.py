@@ -141,10 +141,21 @@ class _Row:
 
 @dataclass
 class Summarize:
-    """ReSum (``rollout.summarize``): when a segment's context (prompt + response) reaches ``at_tokens`` before a model
-    turn, or a model turn runs out of tokens, the model is asked (``instruction``, a user turn) to summarise its
-    progress; the trajectory then restarts from the original prompt plus the summary (a user turn), dropping the
-    history. Every segment trains with the trajectory's final reward."""
+    """ReSum (Wu et al., "ReSum: Unlocking Long-Horizon Search Intelligence via Context Summarization", arXiv
+    2509.13313), ``rollout.summarize``.
+
+    When a segment's context (prompt + response) reaches ``at_tokens`` before a model turn, or a model turn runs out
+    of tokens, the model is asked (``instruction``, a user turn, masked) to summarise its progress; the trajectory
+    restarts from the original prompt plus the summary (``restart``, a user turn), the history dropped. ReSum-GRPO's
+    advantage broadcasting: the trajectory's advantage is computed once (from its final segment's reward, among the
+    group's trajectories) and every segment, the summary turn included, trains with it.
+
+    Deviations: the paper's summaries come from a separate summary model (ReSumTool-30B) called as a tool; here the
+    policy summarises itself (no second model in the run, and the summary turn is trained like any other turn). The
+    trigger is the context length checked at turn boundaries, plus a turn cut by ``max_new_tokens`` (a reasoning
+    longer than a turn's budget); the paper triggers at its context limit. ``instruction`` and ``restart`` are ours
+    (the paper's prompts are for web search).
+    """
 
     at_tokens: int
     instruction: str = ("Your context is nearly full. Summarise your progress so far (what you found and what is "
@@ -361,7 +372,7 @@ def _run_turns(engine: Any, rows: list[_Row], samples: list[Sample], params: Sam
             elif not turns_left or last_turn:
                 row.finish = "turns"  # it asked for a tool with no turn left to read the answer
             else:
-                segment = _tool_turn(processor, row, samples[row.sample_index], calls, use, eos_text)
+                segment = tool_turn(processor, row.images, samples[row.sample_index], calls, use, eos_text)
                 if row.used + len(segment["ids"]) >= use.max_tokens:  # no room for the answer and a turn after it
                     row.finish = "length"
                 else:
@@ -431,10 +442,13 @@ def _user_turn(processor: Any, tok: Any, text: str, eos_text: str, ended: bool, 
             "kind": "user"}
 
 
-def _tool_turn(processor: Any, row: _Row, sample: Sample, calls: list[Any], use: ToolUse, eos_text: str
-               ) -> dict[str, Any]:
-    """Run a turn's calls and encode their answers as the tool turn's tokens (ids, image inputs, the record)."""
-    context = ToolContext(images=list(row.images), tools_kwargs=dict(sample.meta.get("tools_kwargs") or {}),
+def tool_turn(processor: Any, images: list[Any], sample: Sample, calls: list[Any], use: ToolUse, eos_text: str
+              ) -> dict[str, Any]:
+    """Run a turn's calls and encode their answers as the tool turn's tokens (ids, image inputs, the record).
+
+    ``images``: the conversation's images so far (what a call's ``image`` index refers to). The SFT warm start of
+    a tool task encodes its references with this same function, so it trains on the tokens rollouts produce."""
+    context = ToolContext(images=list(images), tools_kwargs=dict(sample.meta.get("tools_kwargs") or {}),
                           sample_id=sample.id)
     results = [run_call(c, use.tools, context, time_budget_s=use.time_budget_s, max_image_pixels=use.max_image_pixels,
                         counters=use.counters) for c in calls]
