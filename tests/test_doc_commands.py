@@ -77,6 +77,7 @@ T_TRANSCRIPTS = T_DOC + "test_rubric_transcripts_reproduce"
 T_INSPECT = ("tests/test_inspector_app.py::test_launch_binds_loopback_only",
              "tests/test_inspector_app.py::test_cli_validates_arguments")
 T_GROUNDING = "tests/test_demos_grounding.py::test_grounding_demo_trains_and_stores_boxes"
+T_TURNS = "tests/test_inspector_turns.py::test_turn_view_shows_calls_zoom_boxes_and_returned_images"
 T_SEED_STUDY = "tests/test_seed_methods_train.py::test_seed_study_runs_two_arms_resumes_and_plots"
 T_SCREENS = "tests/test_inspector_screens.py::test_browse_view_fits_and_reads_at_a_glance"
 T_EXPOSED = ("tests/test_inspector_app.py::test_cli_refuses_an_exposed_host_without_auth",
@@ -455,6 +456,14 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         ("the inspector's CLI, server and a browser on boxes are tested",
          (*T_INSPECT, "tests/test_inspector_browser.py::test_browser_navigates_to_a_sample_with_boxes_and_heatmap")),
     "mmrlvr train configs/rubric-tiny.yaml": (RUN + " (2 steps)", (cfg_run("rubric-tiny.yaml"), T_DRY)),
+    # ---- docs/multiturn.md, configs/zoom-tiny.yaml
+    "mmrlvr train configs/zoom-tiny.yaml": (RUN + " (2 steps, from the count warm start: tests/test_configs_run.py)",
+                                            (cfg_run("zoom-tiny.yaml"), T_DRY)),
+    "mmrlvr inspect runs/zoom-tiny": ("the inspector's turn view in a browser on a real tool run is tested",
+                                      (*T_INSPECT, T_TURNS)),
+    "mmrlvr inspect runs/zoom-tiny: the turn view": ("the inspector's turn view in a browser on a real tool run",
+                                                     (*T_INSPECT, T_TURNS)),
+    "mmrlvr train CONFIG --dry-run": (SYNOPSIS, (T_DRY,)),
     "mmrlvr train configs/rubric-tiny.yaml max_steps=50 seed=1":
         (RUN + " (2 steps); the overrides resolve", (cfg_run("rubric-tiny.yaml"), T_DRY)),
     # ---- demos/*.py docstrings

@@ -166,3 +166,43 @@ def test_tiny_build_waits_for_another_builder_of_the_same_folder(tmp_path):
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 0, stderr
     assert (out / "config.json").exists() and "built" in stdout
+
+
+def test_multi_turn_sft_labels_the_model_turns_and_encodes_the_tool_turn_as_a_rollout_does(tmp_path, monkeypatch):
+    """``synth:zoom``'s two-turn references: the labels cover exactly the two model turns (each with its end-of-turn
+    token); the tool turn between them is the real zoom's answer, token for token what a multi-turn rollout that
+    makes the same call produces (so SFT trains on the sequences RL samples)."""
+    import mmrlvr.rollout.sampling as sampling
+    from mmrlvr.models.warmstart import encode_sft_turns
+    from mmrlvr.rollout.base import SamplingParams
+    from mmrlvr.rollout.hf import HFEngine
+    from mmrlvr.rollout.multiturn import ToolUse, generate_multiturn
+    from mmrlvr.tools import TOOLS
+    from scripted_policy import scripted_sampler
+
+    model, processor = load_policy(build_tiny("qwen2_5_vl", tmp_path / "m"))
+    tok = processor.tokenizer
+    samples = rows_to_samples(make_rows("zoom", "train", 2, seed=0))
+    examples = encode_sft_turns(processor, samples, ["zoom"])
+    batch = collate_sft(examples, tok.pad_token_id)
+    for i, s in enumerate(samples):
+        labelled = batch["labels"][i][batch["labels"][i] != -100]
+        first, final = s.meta["reference_turns"]
+        assert tok.decode(labelled) == first + "<|im_end|>" + final + "<|im_end|>"
+    assert batch["image_grid_thw"].shape == (4, 3)  # each example: the scene and the zoom's crop
+    # the same trajectory through a rollout: identical real tokens
+    monkeypatch.setattr(sampling, "RowSampler", scripted_sampler(tok, list(samples[0].meta["reference_turns"])))
+    out = generate_multiturn(HFEngine(model, processor), samples[:1], 1, SamplingParams(max_new_tokens=128),
+                             ToolUse(tools={"zoom": TOOLS.get("zoom")}, describe=False), seed=0, step=0)
+    rollout_ids = out.input_ids[0][out.attention_mask[0] > 0].tolist()
+    assert rollout_ids == examples[0]["input_ids"].tolist()
+
+
+def test_a_short_tool_task_warm_start_samples_with_its_tool(tmp_path):
+    out = tmp_path / "zoom"
+    result = warm_start(out, task="zoom", steps=2, eval_every=2, n_train=8, n_val=2, n_test=2, k=1, batch_size=4,
+                        stop_at=None, progress=False)
+    assert result["steps_run"] == 2 and result["options"]["tools"] == ["zoom"]
+    direct = warm_start(tmp_path / "direct", task="zoom", steps=2, eval_every=2, n_train=8, n_val=2, n_test=2, k=1,
+                        batch_size=4, stop_at=None, progress=False, tools=False)
+    assert direct["options"]["tools"] == [] and direct["options_hash"] != result["options_hash"]

@@ -319,8 +319,11 @@ def warm_start(out_dir: str | Path, *, family: str = "qwen2_5_vl", task: str = "
                answer_noise: float = 0.0, seed: int = 0, force: bool = False, stop_at: float | None = UNSET,
                eval_every: int = UNSET, batch_size: int = 32, lr: float = 1e-3, n_train: int = UNSET,
                n_val: int = UNSET, n_test: int = UNSET, k: int = 8, template: str = "r1",
-               progress: bool = True) -> dict[str, Any]:
+               progress: bool = True, tools: bool = True) -> dict[str, Any]:
     """Build a tiny ``family`` model in ``out_dir``, SFT it on ``task``, evaluate on held-out test rows.
+
+    tools: for a tool task (``TOOL_TASKS``), False trains and evaluates it in one turn — the final answer right
+    after the prompt, no call — the baseline that shows what the model can read without looking again.
 
     steps: the most optimizer steps; training stops earlier once greedy accuracy on ``n_val`` validation
     rows reaches ``stop_at`` (None: always run ``steps``). ``steps``, ``stop_at``, ``eval_every``, ``n_train``,
@@ -344,7 +347,7 @@ def warm_start(out_dir: str | Path, *, family: str = "qwen2_5_vl", task: str = "
                "batch_size": batch_size, "lr": lr, "n_train": n_train, "n_val": n_val, "n_test": n_test, "k": k,
                "template": template, **build_determinants()}
     if task in TOOL_TASKS:  # multi-turn sampling is part of the recipe (other tasks: unchanged keys and hash)
-        options["tools"] = TOOL_TASKS[task]
+        options["tools"] = TOOL_TASKS[task] if tools else []
         options["turn_tokens"] = TOOL_TURN_TOKENS
     if task in VIDEO_TASKS:  # the clips' drawing is part of the recipe (image tasks: unchanged keys and hash)
         from mmrlvr.data.synth_video import VIDEO_DATA_VERSION
@@ -360,7 +363,7 @@ def warm_start(out_dir: str | Path, *, family: str = "qwen2_5_vl", task: str = "
                         "overwrite it")
     kwargs = dict(family=family, task=task, steps=steps, answer_noise=answer_noise, seed=seed, stop_at=stop_at,
                   eval_every=eval_every, batch_size=batch_size, lr=lr, n_train=n_train, n_val=n_val, n_test=n_test,
-                  k=k, template=template, progress=progress)
+                  k=k, template=template, progress=progress, tools=tools)
     if not env_pinned():
         return _build_in_pinned_child(out, digest, {**kwargs, "force": force})
     with deterministic_build():
@@ -385,7 +388,8 @@ def _build_in_pinned_child(out: Path, digest: str, kwargs: dict[str, Any]) -> di
 
 def _build(out: Path, marker: Path, options: dict[str, Any], digest: str, *, family: str, task: str, steps: int,
            answer_noise: float, seed: int, stop_at: float | None, eval_every: int, batch_size: int, lr: float,
-           n_train: int, n_val: int, n_test: int, k: int, template: str, progress: bool) -> dict[str, Any]:
+           n_train: int, n_val: int, n_test: int, k: int, template: str, progress: bool,
+           tools: bool = True) -> dict[str, Any]:
     """The warm start itself (``warm_start`` runs it under ``deterministic_build``)."""
     t_start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
@@ -403,7 +407,7 @@ def _build(out: Path, marker: Path, options: dict[str, Any], digest: str, *, fam
     val_rows = rows_of(task, "train", n_val, seed=seed + 10_000)  # other scenes than the training rows
     test_rows = rows_of(task, "test", n_test, seed=seed)
     train_samples = rows_to_samples(train_rows, template=template)
-    tools = TOOL_TASKS.get(task)
+    tools = TOOL_TASKS.get(task) if tools else None
     if tools:  # multi-turn references: the call, the tool's answer, the final turn
         examples = encode_sft_turns(processor, train_samples, tools)
     else:
