@@ -55,6 +55,11 @@ ARMS: dict[str, list[str]] = {
     # vision-sensitive credit (with --config configs/zoom-tiny.yaml: on multi-turn trajectories)
     "vepo": ["credit.scheme=vepo"],
 }
+#: arms whose final evaluation does not depend on the step count: lr 0 never moves the parameters (AdamW's step and
+#: its weight decay both scale with lr), and the held-out evaluation is seeded by the run's seed alone, so the
+#: control evaluated after 1 step is the control after --steps steps, at a fraction of the cost (--full-control
+#: runs it the whole way)
+FIXED_STEPS = {"lr0": 1}
 #: arms guided by another arm's final checkpoint of the same seed (NPO's two-run recipe: that run is "ahead")
 GUIDED = {"npo": "grpo"}
 #: arms run for as many steps as fit in GRPO's training seconds (same seed), from the named arm's time per step
@@ -199,13 +204,17 @@ def plot(results: list[dict[str, Any]], k: int, path: Path, title: str) -> None:
         arms.setdefault(r["arm"], []).append(r)
     names = list(arms)
     fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(names) + 2), 4.2))
-    bars = ((-0.27, f"avg@{k}", "tab:blue"), (0.0, "greedy", "tab:orange"), (0.27, f"pass@{k}", "tab:green"))
+    keys = [(f"avg@{k}", "tab:blue"), ("greedy", "tab:orange"), (f"pass@{k}", "tab:green")]
+    if any(r.get("zoom_hit_rate") is not None for r in results):  # multi-turn study: the zoom's hit rate too
+        keys.append(("zoom_hit_rate", "tab:purple"))
+    width = 0.8 / len(keys)
+    bars = [((j - (len(keys) - 1) / 2) * width, key, colour) for j, (key, colour) in enumerate(keys)]
     for offset, key, colour in bars:
         for i, name in enumerate(names):
             vals = [r[key] for r in arms[name] if r.get(key) is not None]
             if not vals:
                 continue
-            ax.bar(i + offset, statistics.mean(vals), width=0.26, color=colour, alpha=0.45,
+            ax.bar(i + offset, statistics.mean(vals), width=width - 0.01, color=colour, alpha=0.45,
                    label=key if i == 0 else None)
             ax.scatter([i + offset] * len(vals), vals, color=colour, s=10, zorder=3)
     base = [r[f"avg@{k}"] for r in arms.get("grpo", []) if r.get(f"avg@{k}") is not None]
@@ -233,12 +242,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=8)
     p.add_argument("--eval-size", type=int, default=100)
     p.add_argument("--out", default="runs/seed_study")
+    p.add_argument("--full-control", action="store_true", help="run the lr0 arm for --steps steps too")
+    p.add_argument("--merge", nargs="+", default=None, metavar="DIR",
+                   help="only write the report and plot of --out from the results.json of these study folders (the "
+                        "same study run in parallel processes, e.g. one per seed)")
     p.add_argument("--train-size", type=int, default=None,
                    help="training prompts (default: the config's 800); a smaller set makes prompts recur, which "
                         "the samplers that learn per prompt need")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        merged = [r for d in args.merge for r in json.loads((Path(d) / "results.json").read_text())["results"]]
+        (out / "results.json").write_text(json.dumps({"args": vars(args), "results": merged}, indent=1))
+        (out / "results.md").write_text(report(merged, args.k))
+        plot(merged, args.k, out / "results.png", title=f"synth:{args.task}, {args.steps} steps, "
+             f"{len({r['seed'] for r in merged})} seed(s), held-out avg@{args.k}, greedy and pass@{args.k}")
+        print(report(merged, args.k))
+        return 0
     plan: list[tuple[str, list[str]]] = []
     for arm in args.arms:
         if arm in ARMS:
@@ -262,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, overrides in plan:
             if (name, seed) in finished:
                 continue
-            steps = args.steps
+            steps = args.steps if args.full_control else FIXED_STEPS.get(name, args.steps)
             if name in WALL_MATCHED:  # as many steps as fit in GRPO's training time of the same seed
                 base, arm = (next((r for r in results if r["arm"] == a and r["seed"] == seed), None)
                              for a in ("grpo", WALL_MATCHED[name]))

@@ -131,6 +131,10 @@ def test_seed_study_runs_two_arms_resumes_and_plots(tmp_path, capsys):
     assert study.main(argv) == 0  # resumed: nothing retrained
     assert "resuming: 2 finished runs" in capsys.readouterr().out
     assert json.loads((out / "results.json").read_text())["results"] == rows
+    # the same study run as parallel processes (a folder each) joins into one report
+    assert study.main(["--merge", str(out), "--out", str(tmp_path / "joined"), "--k", "2", "--task", "count"]) == 0
+    joined = json.loads((tmp_path / "joined" / "results.json").read_text())["results"]
+    assert joined == rows and "| grpo − lr0 | 1 × 4 |" in (tmp_path / "joined" / "results.md").read_text()
 
 
 def test_seed_study_paired_differences_by_hand():
