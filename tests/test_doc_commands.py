@@ -236,6 +236,10 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     'mmrlvr train configs/demo-tiny.yaml rollout.strategy=tree "rollout.strategy_params={depth: 2, branching: 2}"':
         ("the option trains 20 steps (tiny run, 24 tokens) and resumes exactly; 2 ranks in the matrix",
          ("tests/test_tree_rollouts.py::test_tree_trains_20_steps_and_resumes_exactly", T_DRY)),
+    'mmrlvr train configs/demo-tiny.yaml "rollout.summarize={at_tokens: 1000}" rollout.max_turns=3 '
+    'rollout.max_new_tokens=14':
+        ("the same options train 4 steps (tiny run) with summarised segments and resume exactly",
+         ("tests/test_multiturn_train.py::test_resum_trains_segments_and_resumes_exactly", T_DRY)),
     'mmrlvr train configs/demo-tiny.yaml "rollout.guide={from: auto, delta: 10}"':
         ("the automatic guide trains (8 steps, delta 2) and resumes exactly",
          ("tests/test_npo_guide.py::test_automatic_guide_runs_the_same_run_delta_steps_ahead_and_resumes_exactly",
