@@ -26,6 +26,7 @@ from mmrlvr.train.model_path import resolve_model_path
 from mmrlvr.types import Sample
 from scripted_policy import scripted_sampler, turn_seed
 
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 ANSWER = "<think>seen</think><answer>3</answer>"
 BOX = [0, 0, 56, 42]
@@ -410,3 +411,32 @@ def test_a_verl_row_s_tools_kwargs_reach_the_sample(tmp_path):
     assert samples[0].meta["tools_kwargs"] == {"zoom": {"coords": "normalized_1000"}}
     assert len(report.skipped) == 1 and report.skipped[0].field == "tools_kwargs"
     assert "zoom" in report.skipped[0].message
+
+
+def test_a_plug_in_tool_is_offered_by_name_and_runs(monkeypatch, tmp_path):
+    from mmrlvr.config import load_config
+    from mmrlvr.plugins import load_plugins
+    from mmrlvr.train.stages.generate import MultiTurnRollouts
+
+    plugin = tmp_path / "crop_top_tool.py"
+    plugin.write_text('''from mmrlvr.tools import ToolResult, register_tool
+
+
+@register_tool()
+def crop_top(image: int, rows: int, context=None) -> ToolResult:
+    """Keep the top of an image.
+
+    Args:
+        image: image index
+        rows: how many pixel rows to keep
+    """
+    src = context.images[image]
+    return ToolResult(text=f"top {rows} rows", images=[src.crop((0, 0, src.width, rows))])
+''')
+    load_plugins([str(plugin)])
+    cfg = load_config(ROOT / "configs" / "demo-tiny.yaml", [f"plugins=[{plugin}]", "rollout.tools=[crop_top, zoom]"])
+    assert MultiTurnRollouts.validate(cfg) == []
+    eng = engine()
+    batch, use = run(monkeypatch, eng, [call("crop_top", image=0, rows=20), ANSWER],
+                     tools={"crop_top": TOOLS.get("crop_top")})
+    assert batch.turns[0][1]["calls"][0]["error"] is None and batch.row_images[0][1].size == (112, 20)
