@@ -39,6 +39,23 @@ def train_tiny_run(run: Path, *overrides: str) -> Path:
     return run
 
 
+def interrupted_copy(run: Path, dest: Path, step: int) -> Path:
+    """``run``'s folder as a run killed after its step-``step`` checkpoint: a copy without the later checkpoints.
+
+    Resuming it is resuming after a crash: the trainer loads the newest checkpoint left, drops the metrics logged
+    after it and writes the later steps' rollout shards again. What a resume test needs without training the first
+    ``step`` steps a second time (the straight run already did, identically: its step-``step`` checkpoint is the one
+    a separate partial run would have written)."""
+    import shutil
+
+    shutil.copytree(run, dest)
+    for ckpt in (dest / "checkpoints").glob("step-*"):
+        if int(ckpt.name.split("-")[1]) > step:
+            shutil.rmtree(ckpt)
+    assert (dest / "checkpoints" / f"step-{step:08d}").is_dir(), f"{run} saved no checkpoint at step {step}"
+    return dest
+
+
 def assert_same_final_state(run_a: Path, run_b: Path) -> None:
     """Two runs of the same steps end in the same place: every parameter of their newest checkpoints (applied to
     the base model) and every stage's saved state (a sampler's table, ...)."""

@@ -172,7 +172,9 @@ def _train(out: Path, *extra: str) -> list[dict]:
         "forward_ce_model_folder_quarter_horizon"])
 def test_trains_20_steps_and_resumes_exactly(tmp_path, option):
     straight = _train(tmp_path / "a", "max_steps=20", *option)
-    _train(tmp_path / "b", "max_steps=10", *option)
+    from analysis_helpers import interrupted_copy
+
+    interrupted_copy(tmp_path / "a", tmp_path / "b", 10)
     resumed = _train(tmp_path / "b", "max_steps=20", "--resume", *option)
     assert [r["step"] for r in straight] == list(range(1, 21))
     clean = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in straight[10:]]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis_helpers import assert_same_final_state, train_tiny_run
+from analysis_helpers import assert_same_final_state, interrupted_copy, train_tiny_run
 
 TOOLS = ["rollout.tools=[zoom]", "plugins=[tests/forced_zoom_plugin.py]", "rollout.max_new_tokens=80",
          "rollout.max_turns=2"]
@@ -21,7 +21,7 @@ def _metrics(run: Path) -> list[dict]:
 
 def test_a_run_with_tools_trains_on_tool_turns_and_resumes_exactly(tmp_path):
     straight = _metrics(train_tiny_run(tmp_path / "a", "max_steps=4", "save_every=2", *TOOLS))
-    train_tiny_run(tmp_path / "b", "max_steps=2", "save_every=2", *TOOLS)
+    interrupted_copy(tmp_path / "a", tmp_path / "b", 2)
     resumed = _metrics(train_tiny_run(tmp_path / "b", "max_steps=4", "save_every=2", "--resume", *TOOLS))
     assert all(r["tools/calls"] == 8 and r["tools/turns_mean"] == 2 for r in straight)  # 2 prompts x 4 rows, called
     clean = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in straight[2:]]
@@ -52,7 +52,7 @@ def test_resum_trains_segments_and_resumes_exactly(tmp_path):
     rows than trajectories, every segment of a trajectory trains with its advantage, and a resumed run continues
     exactly."""
     straight = _metrics(train_tiny_run(tmp_path / "a", "max_steps=4", "save_every=2", *RESUM))
-    train_tiny_run(tmp_path / "b", "max_steps=2", "save_every=2", *RESUM)
+    interrupted_copy(tmp_path / "a", tmp_path / "b", 2)
     resumed = _metrics(train_tiny_run(tmp_path / "b", "max_steps=4", "save_every=2", "--resume", *RESUM))
     assert any(r["rollout/samples"] > 8 for r in straight)  # 2 prompts x 4 trajectories, some in 2 segments
     clean = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in straight[2:]]

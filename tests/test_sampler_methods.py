@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis_helpers import assert_same_final_state, train_tiny_run
+from analysis_helpers import assert_same_final_state, interrupted_copy, train_tiny_run
 from mmrlvr.train.samplers import SAMPLERS, StepOutcome, answer_entropy, build_sampler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,7 +89,7 @@ def _metrics(run: Path) -> list[dict]:
 def test_disagreement_trains_20_steps_and_resumes_exactly(tmp_path):
     opts = ["rollout.sampler=disagreement", "log_rollouts=false", "save_every=10"]
     straight = _metrics(train_tiny_run(tmp_path / "a", "max_steps=20", *opts))
-    train_tiny_run(tmp_path / "b", "max_steps=10", *opts)
+    interrupted_copy(tmp_path / "a", tmp_path / "b", 10)
     resumed = _metrics(train_tiny_run(tmp_path / "b", "max_steps=20", "--resume", *opts))
     clean = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in straight[10:]]
     assert clean == [{k: v for k, v in r.items() if not k.startswith("time/")} for r in resumed[-10:]]
@@ -164,7 +164,7 @@ def test_budget_trains_20_steps_with_groups_of_several_sizes_and_resumes_exactly
     opts = ["rollout.sampler=budget", "rollout.prompts_per_step=4", "data.train_size=8", "save_every=10",
             "stages.shape=[dynamic_sampling]", "algo.dynamic_sampling_max_rounds=1"]
     straight = _metrics(train_tiny_run(tmp_path / "a", "max_steps=20", *opts))
-    train_tiny_run(tmp_path / "b", "max_steps=10", *opts)
+    interrupted_copy(tmp_path / "a", tmp_path / "b", 10)
     resumed = _metrics(train_tiny_run(tmp_path / "b", "max_steps=20", "--resume", *opts))
     clean = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in straight[10:]]
     assert clean == [{k: v for k, v in r.items() if not k.startswith("time/")} for r in resumed[-10:]]
@@ -212,7 +212,7 @@ def test_budget_on_two_ranks_keeps_the_budget_and_resumes_exactly(tmp_path):
     assert topology(tmp_path / "a")["world_size"] == 2
     assert all(r["sampler/samples"] == 16 for r in straight)
     assert any(r["group_size/max"] > r["group_size/min"] for r in straight)
-    train(tmp_path / "b", "max_steps=10")
+    interrupted_copy(tmp_path / "a", tmp_path / "b", 10)
     resumed = train(tmp_path / "b", "max_steps=20", "--resume")
     clean = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in straight[10:]]
     assert clean == [{k: v for k, v in r.items() if not k.startswith("time/")} for r in resumed[-10:]]

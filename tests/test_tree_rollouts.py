@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from analysis_helpers import assert_same_final_state, cli, train_tiny_run
+from analysis_helpers import assert_same_final_state, cli, interrupted_copy, train_tiny_run
 from mmrlvr.algos.advantages import grpo_advantages
 from mmrlvr.algos.tree import tree_advantages
 
@@ -112,7 +112,7 @@ def test_tree_trains_20_steps_and_resumes_exactly(tmp_path):
     opts = ["rollout.strategy=tree", "rollout.strategy_params={depth: 2, branching: 2}", "rollout.max_new_tokens=24",
             "save_every=10"]
     straight = _metrics(train_tiny_run(tmp_path / "a", "max_steps=20", *opts))
-    train_tiny_run(tmp_path / "b", "max_steps=10", *opts)
+    interrupted_copy(tmp_path / "a", tmp_path / "b", 10)
     resumed = _metrics(train_tiny_run(tmp_path / "b", "max_steps=20", "--resume", *opts))
     clean = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in straight[10:]]
     assert clean == [{k: v for k, v in r.items() if not k.startswith("time/")} for r in resumed[-10:]]
