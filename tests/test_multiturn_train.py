@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis_helpers import assert_same_final_state, interrupted_copy, train_tiny_run
+from analysis_helpers import assert_same_final_state, cli, interrupted_copy, train_tiny_run
 
 TOOLS = ["rollout.tools=[zoom]", "plugins=[tests/forced_zoom_plugin.py]", "rollout.max_new_tokens=80",
          "rollout.max_turns=2"]
@@ -34,6 +34,11 @@ def test_a_run_with_tools_trains_on_tool_turns_and_resumes_exactly(tmp_path):
     extra = json.loads(rows["extra"].iloc[0])
     assert [t["kind"] for t in extra["turns"]][:2] == ["model", "tool"] and len(extra["turn_images"]) == 1
     assert extra["turns"][1]["calls"][0]["name"] == "zoom"
+    # `mmrlvr eval RUN_DIR` samples with the run's tools (its plug-in loaded from the run), like the trainer's eval
+    res = cli("eval", str(tmp_path / "a"), "--k", "2", "--limit", "4", "--no-progress")
+    assert res.returncode == 0, res.stderr[-2000:]
+    result = json.loads(res.stdout[res.stdout.index("{"):])
+    assert result["tool_calls_per_response"] == 1.0 and result["tool_error_rate"] == 0.0
 
 
 @pytest.mark.matrix
