@@ -292,3 +292,17 @@ def test_a_lora_target_naming_no_language_module_is_found_on_the_meta_architectu
         with pytest.raises(ConfigErrors) as e:
             check_run(ROOT / "configs/demo-tiny.yaml", [*base, f"model.lora.target_modules={targets}"])
         assert any(needle in p and "model.lora.target_modules" in p for p in e.value.problems), e.value
+
+
+def test_resum_segments_share_their_trajectory_s_advantage_counted_once_in_the_group():
+    # one group, three trajectories with rewards 1, 0, 0; the first has two segments (rows 0, 1), so 4 rows.
+    # GRPO over the *trajectories* (1, 0, 0): mean 1/3, unbiased std sqrt(((2/3)^2 + 2 (1/3)^2) / 2) = sqrt(1/3);
+    # A = (1 - 1/3) / sqrt(1/3) = 1.1547 for trajectory 0 (both segments), (0 - 1/3) / sqrt(1/3) = -0.5774 for the
+    # others. Counting the extra segment as a row would give mean 1/2 and different values.
+    b = _batch([1.0, 1.0, 0.0, 0.0], [0, 0, 0, 0], [2, 2, 2, 2])
+    b.rollouts.trajectory_index = torch.tensor([0, 0, 1, 2])
+    b.rollouts.final_segment = torch.tensor([False, True, True, True])
+    _group_stage([])(b)
+    third = (1 / 3) ** 0.5
+    torch.testing.assert_close(b.advantages, torch.tensor([(2 / 3) / third, (2 / 3) / third, -(1 / 3) / third,
+                                                           -(1 / 3) / third]), rtol=1e-4, atol=1e-5)
