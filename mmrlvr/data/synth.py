@@ -24,9 +24,9 @@ Tasks (``TASKS``):
   is the accepted absolute error in degrees.
 - ``zoom``: "How many {colour} shapes are inside the black frame?" (answer 0-3, chance 25%) on an image drawn at
   eight times ``image_size`` (896 px by default): a thick black frame a quarter of the image wide, small shapes
-  (16-20 px) inside it and around it (the asked colour outside too). The tiny processor shows a model at most
-  224x224 px, where those shapes are 4-5 px specks inside one patch; one ``zoom`` into the frame (``meta["region"]``)
-  returns it at 224 px, where they are 16-20 px again. The reference is two turns: the call
+  (16-20 px) inside it and around it (the asked colour outside too); the frame is in one of nine cells (3 x 3).
+  The tiny processor shows a model at most 224x224 px, where those shapes are 4-5 px specks inside one patch; one
+  ``zoom`` into the frame (``meta["region"]``) returns it at 224 px, where they are 16-20 px again. The reference is two turns: the call
   (``meta["reference_turns"]``), then the count — what ``tiny:FAMILY:warm:zoom`` is warm-started on.
 
 Vocabulary is small on purpose (tiny models read it with a ~400-token BPE): colours red, green, blue,
@@ -245,6 +245,9 @@ ZOOM_SCALE = 8  # the zoom task's image is drawn at ZOOM_SCALE x image_size
 ZOOM_CANVAS = BASE * ZOOM_SCALE  # its layout canvas (896)
 ZOOM_FRAME = 224  # frame side on the canvas (a quarter of it)
 ZOOM_SHAPE = (16, 20)  # small shapes' sides on the canvas
+#: the frame sits in one of 3 x 3 cells (top-left corners on the canvas): where to look is a choice of nine regions
+#: the tiny VLM can learn to name, not a regression on pixel coordinates
+ZOOM_CELLS = (48, (ZOOM_CANVAS - ZOOM_FRAME) // 2, ZOOM_CANVAS - 48 - ZOOM_FRAME)
 
 
 def _scatter(rng: random.Random, n: int, area: tuple[int, int, int, int], avoid: list[tuple[int, int, int, int]],
@@ -270,7 +273,7 @@ def _zoom(rng: random.Random) -> tuple[Scene, str, str, str, dict]:
     target = rng.choice(COLOURS)
     others = [c for c in COLOURS if c != target]
     answer = rng.randint(0, 3)
-    fx, fy = rng.randint(32, ZOOM_CANVAS - 32 - ZOOM_FRAME), rng.randint(32, ZOOM_CANVAS - 32 - ZOOM_FRAME)
+    fx, fy = rng.choice(ZOOM_CELLS), rng.choice(ZOOM_CELLS)
     frame = (fx, fy, fx + ZOOM_FRAME, fy + ZOOM_FRAME)
     inner = (fx + 24, fy + 24, fx + ZOOM_FRAME - 24, fy + ZOOM_FRAME - 24)
     inside_colours = [target] * answer + [rng.choice(others) for _ in range(rng.randint(0, 4 - max(answer, 1)))]
