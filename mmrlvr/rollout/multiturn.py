@@ -20,9 +20,9 @@ The trajectory is laid out like a one-turn response (``mmrlvr.rollout.base``): `
 The HF engine keeps each trajectory's KV cache across its turns: a tool turn is prefilled on top of the cache
 (``generate(cache=...)`` runs only the uncached tokens; transformers recomputes the 3D positions when they hold
 new images) and the returned images go through the vision tower once, their features handed to the model
-(``mm_encoder_outputs``) — so a turn costs its own tokens, not the whole history again. Trajectories run one row at
-a time (rows' histories diverge after the first call); each row samples with its own generator seeded from
-(seed, step, prompt id, sample index, turn), so every process and a resumed run draw the same trajectories.
+(``mm_encoder_outputs``) — so a turn costs its own tokens, not the whole history again. All rows advance turn by
+turn in one batch (``generate_multiturn``); each row samples with its own generator seeded from (seed, step, prompt
+id, sample index, turn), so every process and a resumed run draw the same trajectories.
 """
 
 from __future__ import annotations
@@ -79,20 +79,26 @@ class Turn:
                 "images": self.images}
 
 
-def tool_turn_text(processor: Any, results: list[ToolResult], eos_text: str) -> str:
-    """The text the chat template puts between the end of the model's turn (its end-of-turn token, which the model
-    sampled) and the start of its next turn, for one tool message per result (images as image parts)."""
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _SENTINEL}]
-    for r in results:
-        parts: list[dict[str, Any]] = [{"type": "image"} for _ in r.images]
-        parts.append({"type": "text", "text": r.text if r.ok else error_text(r)})
-        messages.append({"role": "tool", "content": parts})
-    rendered = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+def text_after_model_turn(processor: Any, messages: list[dict[str, Any]], eos_text: str) -> str:
+    """What the chat template puts between the end of the model's turn (its end-of-turn token, which the model
+    sampled) and the start of its next turn, when ``messages`` (tool or user turns) come in between."""
+    history: list[dict[str, Any]] = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _SENTINEL}]
+    rendered = processor.apply_chat_template(history + messages, tokenize=False, add_generation_prompt=True)
     after = rendered[rendered.index(_SENTINEL) + len(_SENTINEL):]
     if not after.startswith(eos_text):
         raise ValueError(f"the chat template does not end an assistant turn with {eos_text!r} (the end-of-turn token "
                          f"the model samples); multi-turn rollouts need it")
     return after[len(eos_text):]
+
+
+def tool_turn_text(processor: Any, results: list[ToolResult], eos_text: str) -> str:
+    """The tool turn's text for one tool message per result (images as image parts, an error as its message)."""
+    messages = []
+    for r in results:
+        parts: list[dict[str, Any]] = [{"type": "image"} for _ in r.images]
+        parts.append({"type": "text", "text": r.text if r.ok else error_text(r)})
+        messages.append({"role": "tool", "content": parts})
+    return text_after_model_turn(processor, messages, eos_text)
 
 
 @dataclass
@@ -429,13 +435,8 @@ def _trim(row: _Row) -> None:
 def _user_turn(processor: Any, tok: Any, text: str, eos_text: str, ended: bool, eos_id: int) -> dict[str, Any]:
     """A user turn after the model's (ReSum's summary request), as the chat template renders it; when the model's
     turn was cut before its end-of-turn token, that token opens this segment (it carries no loss: not sampled)."""
-    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _SENTINEL},
-                {"role": "user", "content": text}]
-    rendered = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    after = rendered[rendered.index(_SENTINEL) + len(_SENTINEL):]
-    if not after.startswith(eos_text):
-        raise ValueError(f"the chat template does not end an assistant turn with {eos_text!r}")
-    ids = tok(after[len(eos_text):], add_special_tokens=False)["input_ids"]
+    after = text_after_model_turn(processor, [{"role": "user", "content": text}], eos_text)
+    ids = tok(after, add_special_tokens=False)["input_ids"]
     if not ended:
         ids = [eos_id] + ids
     return {"ids": ids, "text": text, "images": [], "grids": [], "pixels": [], "types": [0] * len(ids), "calls": [],
