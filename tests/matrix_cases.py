@@ -30,7 +30,8 @@ COMMON = ["max_steps=2", "save_every=0", "eval.every=0", "eval.at_start=false", 
 #: shipped configs whose own warm start is too slow to build for the matrix (zoom-tiny's: ~50 min on 2 cores): they
 #: run from the count warm start, every other key as shipped; the test plug-in makes each trajectory's first turn a
 #: zoom call, so the 2-rank runs hold real tool turns (tests/forced_zoom_plugin.py)
-STAND_INS = {"zoom-tiny": ["model.path=tiny:qwen2_5_vl:warm", f"plugins=[{ROOT / 'tests' / 'forced_zoom_plugin.py'}]",
+STAND_INS = {"zoom-tiny": ["model.path=tiny:qwen2_5_vl:warm:count",
+                           f"plugins=[{ROOT / 'tests' / 'forced_zoom_plugin.py'}]",
                            "rollout.max_new_tokens=80"]}
 
 #: options whose multi-process run is not the 1-process run by design (the reason is the docs')
@@ -148,7 +149,7 @@ def options() -> list[tuple[str, str]]:
 
 
 def cases() -> list[Case]:
-    out = [Case(f"config-{c.stem}", c, STAND_INS.get(c.stem, []), ("ddp", "fsdp2")) for c in [*TINY_CONFIGS, DEMO_CONFIG]]
+    out = [Case(f"config-{c.stem}", c, [], ("ddp", "fsdp2")) for c in [*TINY_CONFIGS, DEMO_CONFIG]]
     out.append(Case("split-advantage", ROOT / "configs" / "consistency-tiny.yaml",
                     ["consistency.split_advantage=true"]))  # the consistency_split advantages stage
     # dynamic sampling without refill rounds: the rank-agreed filtering alone, held to equality
@@ -175,6 +176,9 @@ def cases() -> list[Case]:
         elif key in NOT_EQUAL:
             case.expect, case.why = "runs", NOT_EQUAL[key]
         out.append(case)
+    for c in out:  # every case on a config with a stand-in model takes it (a reward the config uses included)
+        extra = [o for o in STAND_INS.get(c.config.stem, []) if o not in c.overrides]
+        c.overrides = [*extra, *c.overrides]
     seen: dict[tuple, str] = {}
     unique = []
     for c in out:  # an option a shipped config already runs as it stands is covered by that config's case

@@ -18,7 +18,7 @@ CPU_CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.yaml") if load_config
 #: runs here from the count warm start. zoom-tiny's two-turn warm start takes ~50 min on 2 cores; it is built and
 #: measured by benchmarks/zoom_no_tool.py and the zoom study (docs/multiturn.md), and its machinery is tested in
 #: tests/test_models_warmstart.py.
-MODEL_STAND_INS = {"zoom-tiny.yaml": ["model.path=tiny:qwen2_5_vl:warm"]}
+MODEL_STAND_INS = {"zoom-tiny.yaml": ["model.path=tiny:qwen2_5_vl:warm:count"]}
 
 
 @pytest.mark.parametrize("path", CPU_CONFIGS, ids=lambda p: p.name)
