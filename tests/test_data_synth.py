@@ -89,11 +89,25 @@ def test_row_format(task):
     (row,) = make_rows(task, "test", 1, image_size=112)
     assert set(row) == {"id", "problem", "images", "answer", "answer_type", "solution", "task", "meta"}
     assert "<image>" in row["problem"]
-    assert row["images"][0].mode == "RGB" and row["images"][0].size == (112, 112)
+    drawn = 112 * synth.ZOOM_SCALE if task == "zoom" else 112  # the zoom task is drawn larger than it is seen
+    assert row["images"][0].mode == "RGB" and row["images"][0].size == (drawn, drawn)
     assert row["solution"].startswith("<think>") and row["solution"].endswith(f"<answer>{row['answer']}</answer>")
-    assert row["task"] == task and row["meta"]["image_size"] == [112, 112]
+    assert row["task"] == task and row["meta"]["image_size"] == [drawn, drawn]
     assert row["answer_type"] in {"number", "text", "box"}
     json.dumps(row["meta"])  # meta must be JSON-serialisable (written as a JSON column)
+
+
+def test_zoom_answer_counts_the_asked_colour_inside_the_frame():
+    for row in make_rows("zoom", "train", 30, seed=3):
+        img = np.asarray(row["images"][0])
+        x1, y1, x2, y2 = row["meta"]["region"]
+        assert (x2 - x1, y2 - y1) == (synth.ZOOM_FRAME, synth.ZOOM_FRAME) and x1 in synth.ZOOM_CELLS
+        assert tuple(img[y1 + 2, (x1 + x2) // 2]) == (0, 0, 0)  # the frame is drawn
+        inside = [s for s in row["meta"]["shapes"] if x1 <= s["box"][0] and s["box"][2] <= x2
+                  and y1 <= s["box"][1] and s["box"][3] <= y2]
+        assert sum(s["colour"] == row["meta"]["target"] for s in inside) == int(row["answer"])
+        outside = [s for s in row["meta"]["shapes"] if s not in inside]
+        assert any(s["colour"] == row["meta"]["target"] for s in outside)  # the colour alone does not give it away
 
 
 def test_count_answer_matches_the_pixels():

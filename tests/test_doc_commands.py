@@ -282,6 +282,9 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "python demos/credit_study.py": (RUN + " (2 steps)", (T_DOC + "test_credit_study_demo_runs",)),
     "python benchmarks/reward_agreement.py":  # docs/rewards.md; its corpus table is tests/test_rewards_corpus.py
         (RUN + " (cost and nesting tables, 1 pass)", ("tests/test_rewards_corpus.py::test_agreement_benchmark_runs",)),
+    "python benchmarks/zoom_no_tool.py":  # docs/multiturn.md: run by hand (its figures are there); ~8 min on 2 cores
+        ("the one-turn warm start of a tool task it builds is tested (2 steps)",
+         ("tests/test_models_warmstart.py::test_a_short_tool_task_warm_start_samples_with_its_tool",)),
     "python benchmarks/credit_overhead.py":  # the harness (one subprocess per arm for memory) is run by hand
         ("its timed trainer steps run for every arm",
          ("tests/test_credit_benchmark.py::test_every_arm_runs_the_same_rollouts_with_its_credit",)),

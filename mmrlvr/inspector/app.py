@@ -411,7 +411,7 @@ class Inspector:
         return views.nearest_step(self.reader.steps(), float(x))
 
 
-BROWSE_OUTPUTS = 16  # len(Inspector.render(...)): the Browse components every navigation event updates
+BROWSE_OUTPUTS = 17  # len(Inspector.render(...)): the Browse components every navigation event updates
 
 
 def _as_int(x: Any) -> int | None:
