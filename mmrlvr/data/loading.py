@@ -530,17 +530,22 @@ def _rubric(value: Any) -> list[dict[str, Any]] | None:
     return value
 
 
-def _meta(value: Any) -> dict[str, Any]:
+def _json_object(value: Any, name: str, what: str = "an object") -> dict[str, Any]:
+    """A row field that holds an object, given as one or as its JSON text ({} when absent)."""
     if value is None:
         return {}
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError as exc:
-            raise DataError(f"meta is not valid JSON ({exc.msg})") from None
+            raise DataError(f"{name} is not valid JSON ({exc.msg})") from None
     if not isinstance(value, dict):
-        raise DataError(f"meta must be an object, got {type(value).__name__}")
+        raise DataError(f"{name} must be {what}, got {type(value).__name__}")
     return value
+
+
+def _meta(value: Any) -> dict[str, Any]:
+    return _json_object(value, "meta")
 
 
 def _tools_kwargs(value: Any) -> dict[str, dict[str, Any]]:
@@ -550,15 +555,7 @@ def _tools_kwargs(value: Any) -> dict[str, dict[str, Any]]:
     >>> _tools_kwargs({"zoom": {"create_kwargs": {"coords": "normalized_1000"}}})
     {'zoom': {'coords': 'normalized_1000'}}
     """
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"tools_kwargs is not valid JSON ({exc.msg})") from None
-    if not isinstance(value, dict):
-        raise DataError(f"tools_kwargs must map tool names to argument objects, got {type(value).__name__}")
+    value = _json_object(value, "tools_kwargs", "an object mapping tool names to argument objects")
     out: dict[str, dict[str, Any]] = {}
     for tool, args in value.items():
         if args is None:
