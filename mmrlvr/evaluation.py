@@ -119,3 +119,34 @@ def evaluate(engine: RolloutEngine, samples: list[Sample], *, k: int = 8, temper
         result["per_prompt"] = rows
     bar.close()
     return result
+
+
+class EvalSeen:
+    """An ``observe`` callback for ``evaluate`` that keeps the greedy completions and their samples."""
+
+    def __init__(self) -> None:
+        self.completions: list = []
+        self.samples: list = []
+
+    def __call__(self, kind: str, completions: list, samples: list) -> None:
+        if kind == "greedy":
+            self.completions.extend(completions)
+            self.samples.extend(samples)
+
+
+def tool_metrics(completions: list, samples: list) -> dict[str, float]:
+    """Multi-turn responses: tool calls per response, the share of calls that failed and, where samples have a gold
+    region (``synth:zoom``), the share of responses whose zoom hit it (IoU >= 0.5: ``zoom_iou``). {} otherwise."""
+    from mmrlvr.rewards.tool_use import ZoomIoUReward, trajectory_calls
+
+    if not completions or not any((c.meta or {}).get("turns") for c in completions):
+        return {}
+    calls = [trajectory_calls(c) for c in completions]
+    n_calls = sum(len(c) for c in calls)
+    out = {"tool_calls_per_response": n_calls / len(completions),
+           "tool_error_rate": sum(1 for cs in calls for c in cs if c.get("error")) / n_calls if n_calls else 0.0}
+    with_region = [(c, s) for c, s in zip(completions, samples) if (s.meta or {}).get("region")]
+    if with_region:
+        zoom = ZoomIoUReward()
+        out["zoom_hit_rate"] = sum(bool(zoom(c, s).parsed["zoom_hit"]) for c, s in with_region) / len(with_region)
+    return out

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from mmrlvr.data import make_rows, rows_to_samples
+from mmrlvr.data import make_rows, rows_to_samples, synth
 from mmrlvr.errors import UserError
 from mmrlvr.models import build_tiny, load_policy
 from mmrlvr.models.warmstart import RESULT_FILE, collate_sft, encode_sft, noisy_target, warm_start
@@ -190,6 +190,8 @@ def test_multi_turn_sft_labels_the_model_turns_and_encodes_the_tool_turn_as_a_ro
         first, final = s.meta["reference_turns"]
         assert tok.decode(labelled) == first + "<|im_end|>" + final + "<|im_end|>"
     assert batch["image_grid_thw"].shape == (4, 3)  # each example: the scene and the zoom's crop
+    # stored in bfloat16 (two 224-px images per example), handed to the model in float32
+    assert examples[0]["pixel_values"].dtype == torch.bfloat16 and batch["pixel_values"].dtype == torch.float32
     # the same trajectory through a rollout: identical real tokens
     monkeypatch.setattr(sampling, "RowSampler", scripted_sampler(tok, list(samples[0].meta["reference_turns"])))
     out = generate_multiturn(HFEngine(model, processor), samples[:1], 1, SamplingParams(max_new_tokens=128),
@@ -203,6 +205,25 @@ def test_a_short_tool_task_warm_start_samples_with_its_tool(tmp_path):
     result = warm_start(out, task="zoom", steps=2, eval_every=2, n_train=8, n_val=2, n_test=2, k=1, batch_size=4,
                         stop_at=None, progress=False)
     assert result["steps_run"] == 2 and result["options"]["tools"] == ["zoom"]
+    # validation says how the model used the tool, not only how often it was right (a wrong first look shows here)
+    assert {"val_greedy_tool_calls_per_response", "val_greedy_tool_error_rate",
+            "val_greedy_zoom_hit_rate"} <= set(result["val_history"][0])
+    assert result["options"]["task_data"] == synth.DATA_VERSIONS["zoom"]  # a redrawn task is a new recipe
     direct = warm_start(tmp_path / "direct", task="zoom", steps=2, eval_every=2, n_train=8, n_val=2, n_test=2, k=1,
                         batch_size=4, stop_at=None, progress=False, tools=False)
     assert direct["options"]["tools"] == [] and direct["options_hash"] != result["options_hash"]
+
+
+def test_examples_do_not_depend_on_how_the_rows_are_chunked(tmp_path):
+    """The build draws and encodes its training rows a chunk at a time (``ENCODE_CHUNK``); the examples equal
+    those of one call over all rows, so the chunk size is not part of the recipe."""
+    from mmrlvr.models.warmstart import encode_sft
+
+    _, processor = load_policy(build_tiny("qwen2_5_vl", tmp_path / "m"))
+    samples = rows_to_samples(make_rows("count", "train", 5, seed=0))
+    targets = [s.meta.get("solution") or "<think>x</think><answer>1</answer>" for s in samples]
+    whole = encode_sft(processor, samples, targets)
+    parts = encode_sft(processor, samples[:2], targets[:2]) + encode_sft(processor, samples[2:], targets[2:])
+    for a, b in zip(whole, parts, strict=True):
+        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["pixel_values"], b["pixel_values"])
+        assert a["n_resp"] == b["n_resp"]

@@ -23,11 +23,12 @@ Tasks (``TASKS``):
 - ``geometry``: read a drawn angle, 20-160 degrees in steps of 10 (chance 1/15); ``meta["tolerance"]``
   is the accepted absolute error in degrees.
 - ``zoom``: "How many {colour} shapes are inside the black frame?" (answer 0-3, chance 25%) on an image drawn at
-  eight times ``image_size`` (896 px by default): a thick black frame a quarter of the image wide, small shapes
-  (16-20 px) inside it and around it (the asked colour outside too); the frame is in one of nine cells (3 x 3).
-  The tiny processor shows a model at most 224x224 px, where those shapes are 4-5 px specks inside one patch; one
-  ``zoom`` into the frame (``meta["region"]``) returns it at 224 px, where they are 16-20 px again. The reference is two turns: the call
-  (``meta["reference_turns"]``), then the count — what ``tiny:FAMILY:warm:zoom`` is warm-started on.
+  eight times ``image_size`` (896 px by default): a black frame an eighth of the image wide, small shapes (16-20 px)
+  inside it and around it (the asked colour outside too); the frame is in one of nine cells (3 x 3). The tiny
+  processor shows a model at most 224x224 px, where those shapes are 4-5 px specks inside one patch; one ``zoom``
+  into the frame (``meta["region"]``) returns its 112 px at 224 px, where they are 32-40 px (2-3 patches, the size
+  the ``count`` task's shapes have). The reference is two turns: the call (``meta["reference_turns"]``), then the
+  count — what ``tiny:FAMILY:warm:zoom`` is warm-started on.
 
 Vocabulary is small on purpose (tiny models read it with a ~400-token BPE): colours red, green, blue,
 yellow; shapes circle, square, triangle. Geometry is laid out on a 112-px canvas and scaled to
@@ -243,7 +244,8 @@ def _geometry(rng: random.Random) -> tuple[Scene, str, str, str, dict]:
 
 ZOOM_SCALE = 8  # the zoom task's image is drawn at ZOOM_SCALE x image_size
 ZOOM_CANVAS = BASE * ZOOM_SCALE  # its layout canvas (896)
-ZOOM_FRAME = 224  # frame side on the canvas (a quarter of it)
+ZOOM_FRAME = 112  # frame side on the canvas (an eighth of it): the zoom tool returns it twice as large
+ZOOM_LINE = 8  # the frame's line width on the canvas
 ZOOM_SHAPE = (16, 20)  # small shapes' sides on the canvas
 #: the frame sits in one of 3 x 3 cells (top-left corners on the canvas): where to look is a choice of nine regions
 #: the tiny VLM can learn to name, not a regression on pixel coordinates
@@ -275,7 +277,8 @@ def _zoom(rng: random.Random) -> tuple[Scene, str, str, str, dict]:
     answer = rng.randint(0, 3)
     fx, fy = rng.choice(ZOOM_CELLS), rng.choice(ZOOM_CELLS)
     frame = (fx, fy, fx + ZOOM_FRAME, fy + ZOOM_FRAME)
-    inner = (fx + 24, fy + 24, fx + ZOOM_FRAME - 24, fy + ZOOM_FRAME - 24)
+    margin = ZOOM_LINE + 8
+    inner = (fx + margin, fy + margin, fx + ZOOM_FRAME - margin, fy + ZOOM_FRAME - margin)
     inside_colours = [target] * answer + [rng.choice(others) for _ in range(rng.randint(0, 4 - max(answer, 1)))]
     outside_colours = [target] * rng.randint(1, 3) + [rng.choice(others) for _ in range(rng.randint(3, 5))]
     inside = _scatter(rng, len(inside_colours), inner, [])
@@ -306,6 +309,9 @@ _TASK_FNS: dict[str, Callable[[random.Random], tuple[Scene, str, str, str, dict]
     "grounding_single": _grounding_single,
     "zoom": _zoom,
 }
+#: tasks whose drawing changed since their warm starts were first cached: part of those warm starts' cache key
+#: (zoom 2: a frame an eighth of the image wide, returned twice as large by one zoom)
+DATA_VERSIONS: dict[str, int] = {"zoom": 2}
 ANSWER_TYPES: dict[str, str] = {
     "count": "number", "count_chatter": "number", "largest_colour": "text", "left_right": "text", "grounding": "box", "geometry": "number",
     "grounding_single": "box", "zoom": "number",
@@ -335,7 +341,8 @@ def _draw(scene: Scene, image_size: int) -> Image.Image:
     img = Image.new("RGB", (image_size, image_size), BACKGROUND)
     draw = ImageDraw.Draw(img)
     if "frame" in scene:
-        draw.rectangle(_scaled_box(list(scene["frame"]), scale), outline=(0, 0, 0), width=max(2, round(12 * scale)))
+        draw.rectangle(_scaled_box(list(scene["frame"]), scale), outline=(0, 0, 0),
+                       width=max(2, round(ZOOM_LINE * scale)))
     for s in scene.get("shapes", []):
         x1, y1, x2, y2 = _scaled_box(s.box, scale)
         fill = RGB[s.colour]

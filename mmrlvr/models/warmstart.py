@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 from mmrlvr.data import make_rows, rows_to_samples
 from mmrlvr.data import synth
 from mmrlvr.errors import UserError
-from mmrlvr.evaluation import evaluate
+from mmrlvr.evaluation import EvalSeen, evaluate, tool_metrics
 from mmrlvr.models.kernels import LABEL as KERNELS
 from mmrlvr.models.kernels import check_pinned, env_pinned, kernel_state, pinned_env
 from mmrlvr.models.loading import load_policy
@@ -86,9 +86,10 @@ IN_PROGRESS = ".warmstart-in-progress"
 # keep the build's encoding small (docs/data.md has the figures).
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "video_count": {"steps": 1200, "stop_at": 0.45, "eval_every": 50, "n_train": 2048, "n_val": 128, "n_test": 200},
-    # two images of 256 patches per example (the 896-px scene seen at 224 px, the zoom at 224 px): 1024 rows
-    # keep the encoded set near 2.5 GB; greedy validation runs both turns, so it is sparser and smaller
-    "zoom": {"steps": 800, "stop_at": 0.5, "eval_every": 100, "n_train": 1024, "n_val": 64, "n_test": 200},
+    # two images of 256 patches per example (the 896-px scene seen at 224 px, the zoom at 224 px), ~1.2 MB in
+    # bfloat16: 4096 rows keep the encoded set near 5 GB (1024 were memorised: training loss 0.03, validation at
+    # chance); greedy validation runs both turns, so it is sparser and smaller
+    "zoom": {"steps": 800, "stop_at": 0.5, "eval_every": 100, "n_train": 4096, "n_val": 64, "n_test": 200},
 }
 UNSET: Any = type("Unset", (), {"__repr__": lambda self: "UNSET"})()  # "not given": the task's default applies
 _SIGNATURE_DEFAULTS: dict[str, Any] = {"steps": 600, "stop_at": 0.45, "eval_every": 50, "n_train": 4096,
@@ -180,6 +181,9 @@ def encode_sft(processor: Any, samples: list[Sample], targets: list[str], chunk:
     return out
 
 
+#: training rows drawn and encoded at a time (a multiple of ``encode_sft``'s processor chunk, so the bytes do not
+#: depend on it)
+ENCODE_CHUNK = 256
 #: tasks whose reference is a multi-turn trajectory, and the tools it calls (``meta["reference_turns"]``)
 TOOL_TASKS: dict[str, list[str]] = {"zoom": ["zoom"]}
 #: response tokens per model turn when sampling a tool task (the zoom task's first turn, thinking and call, is ~100
@@ -193,7 +197,8 @@ def encode_sft_turns(processor: Any, samples: list[Sample], tools: list[str]) ->
     a multi-turn rollout encodes them (``mmrlvr.rollout.multiturn``), so SFT trains on the sequences RL samples.
     The prompts do not list the tools (``describe=False``: the warm start learns the call itself, and the tiny BPE
     spends ~600 tokens on the schema block); runs from such a warm start set ``rollout.tool_params.describe: false``.
-    ``label_mask`` marks the model's tokens (each turn and its end-of-turn token); tool turns are context only."""
+    ``label_mask`` marks the model's tokens (each turn and its end-of-turn token); tool turns are context only.
+    Pixel values are stored in bfloat16 (an 8-bit image loses nothing that matters; half the memory)."""
     from mmrlvr.rollout.multiturn import ToolUse, tool_turn
     from mmrlvr.tools import TOOLS, parse_tool_calls
 
@@ -235,8 +240,8 @@ def encode_sft_turns(processor: Any, samples: list[Sample], tools: list[str]) ->
         example = {"input_ids": torch.tensor(ids), "label_mask": torch.tensor(labels),
                    "per_token": {k: torch.tensor(v, dtype=prompt[k].dtype) for k, v in per_token.items()},
                    "n_resp": len(ids) - int(prompt["input_ids"].shape[1])}
-        if pixels:
-            example["pixel_values"] = torch.cat(pixels)
+        if pixels:  # kept in bfloat16 (half the memory: several 224-px images per example); collate_sft restores float32
+            example["pixel_values"] = torch.cat(pixels).to(torch.bfloat16)
             example["image_grid_thw"] = torch.cat(grids)
         out.append(example)
     return out
@@ -263,6 +268,8 @@ def collate_sft(examples: list[dict[str, Any]], pad_id: int) -> dict[str, torch.
     vision = {key: torch.cat([e[key] for e in examples])
               for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
                           "second_per_grid_ts") if key in examples[0]}
+    if "pixel_values" in vision and vision["pixel_values"].dtype == torch.bfloat16:  # encode_sft_turns' storage
+        vision["pixel_values"] = vision["pixel_values"].float()
     return {"input_ids": input_ids, "attention_mask": attention, "labels": labels, **per_token, **vision}
 
 
@@ -349,6 +356,8 @@ def warm_start(out_dir: str | Path, *, family: str = "qwen2_5_vl", task: str = "
     if task in TOOL_TASKS:  # multi-turn sampling is part of the recipe (other tasks: unchanged keys and hash)
         options["tools"] = TOOL_TASKS[task] if tools else []
         options["turn_tokens"] = TOOL_TURN_TOKENS
+    if task in synth.DATA_VERSIONS:  # the task's drawing is part of the recipe (other tasks: unchanged keys and hash)
+        options["task_data"] = synth.DATA_VERSIONS[task]
     if task in VIDEO_TASKS:  # the clips' drawing is part of the recipe (image tasks: unchanged keys and hash)
         from mmrlvr.data.synth_video import VIDEO_DATA_VERSION
 
@@ -399,20 +408,23 @@ def _build(out: Path, marker: Path, options: dict[str, Any], digest: str, *, fam
     model, processor = load_policy(out)
     tokenizer = processor.tokenizer
 
-    from mmrlvr.data.synth_video import VIDEO_TASKS, make_video_rows
+    from mmrlvr.data.synth_video import VIDEO_TASKS, make_video_row, make_video_rows
 
-    rows_of = make_video_rows if task in VIDEO_TASKS else make_rows
+    rows_of, row_of = (make_video_rows, make_video_row) if task in VIDEO_TASKS else (make_rows, synth.make_row)
     rng = random.Random(f"warmstart/{seed}")
-    train_rows = rows_of(task, "train", n_train, seed=seed)
     val_rows = rows_of(task, "train", n_val, seed=seed + 10_000)  # other scenes than the training rows
     test_rows = rows_of(task, "test", n_test, seed=seed)
-    train_samples = rows_to_samples(train_rows, template=template)
     tools = TOOL_TASKS.get(task) if tools else None
-    if tools:  # multi-turn references: the call, the tool's answer, the final turn
-        examples = encode_sft_turns(processor, train_samples, tools)
-    else:
-        targets = [noisy_target(r["solution"], task, answer_noise, rng) for r in train_rows]
-        examples = encode_sft(processor, train_samples, targets)
+    examples: list[dict[str, Any]] = []
+    for start in range(0, n_train, ENCODE_CHUNK):  # rows are drawn, encoded and dropped a chunk at a time: the zoom
+        # task's 896-px images would hold ~2.4 MB each for the whole build otherwise
+        rows = [row_of(task, "train", i, seed) for i in range(start, min(n_train, start + ENCODE_CHUNK))]
+        samples = rows_to_samples(rows, template=template)
+        if tools:  # multi-turn references: the call, the tool's answer, the final turn
+            examples += encode_sft_turns(processor, samples, tools)
+        else:
+            examples += encode_sft(processor, samples, [noisy_target(r["solution"], task, answer_noise, rng)
+                                                         for r in rows])
 
     torch.manual_seed(seed)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
@@ -445,8 +457,10 @@ def _build(out: Path, marker: Path, options: dict[str, Any], digest: str, *, fam
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
         if step % eval_every == 0 or step == steps:
-            val = evaluate(engine, val_samples, k=0, max_new_tokens=max_new, seed=seed, progress=False)
-            history.append({"step": step, "loss": float(loss.item()), "val_greedy_accuracy": val["greedy_accuracy"]})
+            seen = EvalSeen()
+            val = evaluate(engine, val_samples, k=0, max_new_tokens=max_new, seed=seed, progress=False, observe=seen)
+            history.append({"step": step, "loss": float(loss.item()), "val_greedy_accuracy": val["greedy_accuracy"],
+                            **{f"val_greedy_{key}": v for key, v in tool_metrics(seen.completions, seen.samples).items()}})
             bar.set_postfix(loss=f"{loss.item():.3f}", val=f"{val['greedy_accuracy']:.2f}")
             model.train()
             if stop_at is not None and val["greedy_accuracy"] >= stop_at:

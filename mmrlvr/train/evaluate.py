@@ -61,26 +61,10 @@ class EvalExtras:
                     out[prefix + key.removeprefix("consistency/")] = m[key]
         if self.rubric_scores:
             out["rubric"] = sum(self.rubric_scores) / len(self.rubric_scores)
+        from mmrlvr.evaluation import tool_metrics
+
         out.update(tool_metrics(*self.seen["sampled"]))
         return out
-
-
-def tool_metrics(completions: list, samples: list) -> dict[str, float]:
-    """Multi-turn responses: tool calls per response, the share of calls that failed and, where samples have a gold
-    region (``synth:zoom``), the share of responses whose zoom hit it (IoU >= 0.5: ``zoom_iou``). {} otherwise."""
-    from mmrlvr.rewards.tool_use import ZoomIoUReward, trajectory_calls
-
-    if not completions or not any((c.meta or {}).get("turns") for c in completions):
-        return {}
-    calls = [trajectory_calls(c) for c in completions]
-    n_calls = sum(len(c) for c in calls)
-    out = {"tool_calls_per_response": n_calls / len(completions),
-           "tool_error_rate": sum(1 for cs in calls for c in cs if c.get("error")) / n_calls if n_calls else 0.0}
-    with_region = [(c, s) for c, s in zip(completions, samples) if (s.meta or {}).get("region")]
-    if with_region:
-        zoom = ZoomIoUReward()
-        out["zoom_hit_rate"] = sum(bool(zoom(c, s).parsed["zoom_hit"]) for c, s in with_region) / len(with_region)
-    return out
 
 
 def load_eval_samples(cfg, data: str | None = None) -> list:
