@@ -2,8 +2,8 @@
 
 Builds (once, cached like every warm start) the tiny model fine-tuned on ``synth:zoom``'s final answers straight
 after the prompt — the same scenes and learning rate as ``tiny:FAMILY:warm:zoom``, minus the call, for ``--steps``
-(300: one-turn examples are learnt in far fewer steps than two-turn ones; the validation accuracy has flattened by
-then) — and prints its held-out accuracy (200 test scenes, greedy and avg@8 at T = 1) beside chance (0.25) and the
+(300, all of them: one-turn examples are learnt in far fewer steps than two-turn ones; the validation accuracy has
+flattened by then) — and prints its held-out accuracy (200 test scenes, greedy and avg@8 at T = 1) beside chance (0.25) and the
 two-turn warm start's.
 
     python benchmarks/zoom_no_tool.py [--family qwen2_5_vl] [--steps 300]
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out = cache_dir() / "tiny" / f"{args.family}-warm-zoom-no_tool-{args.steps}"
     with build_lock(out):
-        direct = warm_start(out, family=args.family, task="zoom", tools=False, steps=args.steps)
+        direct = warm_start(out, family=args.family, task="zoom", tools=False, steps=args.steps, stop_at=None)
     with_tool = json.loads((__import__("pathlib").Path(resolve_model_path(f"tiny:{args.family}:warm:zoom"))
                             / "warmstart.json").read_text())
     rows = [("no tool (one turn)", direct), ("zoom warm start (two turns)", with_tool)]

@@ -108,6 +108,11 @@ def test_zoom_answer_counts_the_asked_colour_inside_the_frame():
         assert sum(s["colour"] == row["meta"]["target"] for s in inside) == int(row["answer"])
         outside = [s for s in row["meta"]["shapes"] if s not in inside]
         assert any(s["colour"] == row["meta"]["target"] for s in outside)  # the colour alone does not give it away
+        # the decoy trajectory looks into another of the nine cells, then gives the same final turn
+        call, final = row["meta"]["decoy_turns"]
+        box = json.loads(call.split("<tool_call>")[1].split("</tool_call>")[0])["arguments"]["box"]
+        assert box != row["meta"]["region"] and box[0] in synth.ZOOM_CELLS and box[1] in synth.ZOOM_CELLS
+        assert box[2] - box[0] == synth.ZOOM_FRAME and final == row["meta"]["reference_turns"][1]
 
 
 def test_count_answer_matches_the_pixels():

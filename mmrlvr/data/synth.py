@@ -290,7 +290,7 @@ def _zoom(rng: random.Random) -> tuple[Scene, str, str, str, dict]:
     thinking = f"I see {answer} {target}."
     return ({"shapes": shapes, "frame": frame, "canvas": ZOOM_CANVAS},
             f"How many {target} shapes are inside the black frame?", str(answer), thinking,
-            {"target": target, "_frame": list(frame), "_where": where})
+            {"target": target, "_frame": list(frame), "_where": where, "_cell": [fx, fy]})
 
 
 def _count_chatter(rng: random.Random) -> tuple[Scene, str, str, str, dict]:
@@ -402,8 +402,18 @@ def make_row(task: str, split: str, index: int, seed: int = 0, image_size: int =
         region = _scaled_box(meta.pop("_frame"), scale)
         meta["region"] = region
         call = json.dumps({"name": "zoom", "arguments": {"image": 0, "box": region}})
-        reference_turns = [f"<think>The frame is at the {meta.pop('_where')}.</think>\n<tool_call>\n{call}\n</tool_call>",
+        where = meta.pop("_where")
+        reference_turns = [f"<think>The frame is at the {where}.</think>\n<tool_call>\n{call}\n</tool_call>",
                            f"<think>{thinking}</think><answer>{answer}</answer>"]
+        # a look into another cell (drawn from the scene's hash, so the scene itself is untouched): what a warm
+        # start shows the model so that it answers after any zoom, not only after the right one
+        cells = [(x, y) for x in ZOOM_CELLS for y in ZOOM_CELLS if [x, y] != meta["_cell"]]
+        dx, dy = random.Random(key).choice(cells)
+        decoy = json.dumps({"name": "zoom", "arguments": {"image": 0, "box": _scaled_box(
+            [dx, dy, dx + ZOOM_FRAME, dy + ZOOM_FRAME], scale)}})
+        meta["decoy_turns"] = [f"<think>The frame is at the {where}.</think>\n<tool_call>\n{decoy}\n</tool_call>",
+                               reference_turns[1]]
+        meta.pop("_cell")
     meta = {
         "task": task, "split": split, "seed": seed, "index": index, "image_size": [drawn, drawn],
         "scene_hash": key, **meta,

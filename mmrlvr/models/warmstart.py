@@ -89,7 +89,7 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     # two images of 256 patches per example (the 896-px scene seen at 224 px, the zoom at 224 px), ~1.2 MB in
     # bfloat16: 4096 rows keep the encoded set near 5 GB (1024 were memorised: training loss 0.03, validation at
     # chance); greedy validation runs both turns, so it is sparser and smaller
-    "zoom": {"steps": 800, "stop_at": 0.5, "eval_every": 100, "n_train": 4096, "n_val": 64, "n_test": 200},
+    "zoom": {"steps": 500, "stop_at": 0.4, "eval_every": 100, "n_train": 4096, "n_val": 64, "n_test": 200},
 }
 UNSET: Any = type("Unset", (), {"__repr__": lambda self: "UNSET"})()  # "not given": the task's default applies
 _SIGNATURE_DEFAULTS: dict[str, Any] = {"steps": 600, "stop_at": 0.45, "eval_every": 50, "n_train": 4096,
@@ -189,15 +189,26 @@ TOOL_TASKS: dict[str, list[str]] = {"zoom": ["zoom"]}
 #: response tokens per model turn when sampling a tool task (the zoom task's first turn, thinking and call, is ~100
 #: tokens of the tiny BPE)
 TOOL_TURN_TOKENS = 128
+#: the share of a tool task's SFT examples that look in the wrong place first (``meta["decoy_turns"]``): their call is
+#: context (no loss), their final answer is trained — so the warm start answers after any zoom instead of calling
+#: again on a view it never saw in training (without them greedy validation swung between 0.03 and 0.31 from one
+#: check to the next), and RL starts from trajectories where the right look is what makes the answer right
+DECOY_SHARE = 0.25
+#: model turns when sampling a tool task (validation, the held-out metrics): the reference's two, as
+#: ``configs/zoom-tiny.yaml`` allows
+TOOL_MAX_TURNS = 2
 
 
-def encode_sft_turns(processor: Any, samples: list[Sample], tools: list[str]) -> list[dict[str, Any]]:
+def encode_sft_turns(processor: Any, samples: list[Sample], tools: list[str],
+                     decoy_share: float = 0.0) -> list[dict[str, Any]]:
     """``encode_sft``'s examples for multi-turn references (``sample.meta["reference_turns"]``: the model turns, each
     but the last ending in tool calls): the calls run through the real tools and their answers are encoded exactly as
     a multi-turn rollout encodes them (``mmrlvr.rollout.multiturn``), so SFT trains on the sequences RL samples.
     The prompts do not list the tools (``describe=False``: the warm start learns the call itself, and the tiny BPE
     spends ~600 tokens on the schema block); runs from such a warm start set ``rollout.tool_params.describe: false``.
     ``label_mask`` marks the model's tokens (each turn and its end-of-turn token); tool turns are context only.
+    ``decoy_share``: the share of samples (chosen by a hash of their id) encoded from ``meta["decoy_turns"]`` where
+    they have them, every turn but the last unlabelled.
     Pixel values are stored in bfloat16 (an 8-bit image loses nothing that matters; half the memory)."""
     from mmrlvr.rollout.multiturn import ToolUse, tool_turn
     from mmrlvr.tools import TOOLS, parse_tool_calls
@@ -217,11 +228,12 @@ def encode_sft_turns(processor: Any, samples: list[Sample], tools: list[str]) ->
         pixels = [prompt["pixel_values"]] if "pixel_values" in prompt else []
         grids = [prompt["image_grid_thw"]] if "image_grid_thw" in prompt else []
         images = list(s.images)
-        turns = s.meta["reference_turns"]
+        decoy = bool(s.meta.get("decoy_turns")) and random.Random(f"decoy/{s.id}").random() < decoy_share
+        turns = s.meta["decoy_turns" if decoy else "reference_turns"]
         for j, text in enumerate(turns):
             turn_ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [eos_id]
             ids += turn_ids
-            labels += [True] * len(turn_ids)
+            labels += [not decoy or j == len(turns) - 1] * len(turn_ids)
             for key in per_token:
                 per_token[key] += [0] * len(turn_ids)
             if j == len(turns) - 1:
@@ -356,6 +368,8 @@ def warm_start(out_dir: str | Path, *, family: str = "qwen2_5_vl", task: str = "
     if task in TOOL_TASKS:  # multi-turn sampling is part of the recipe (other tasks: unchanged keys and hash)
         options["tools"] = TOOL_TASKS[task] if tools else []
         options["turn_tokens"] = TOOL_TURN_TOKENS
+        if tools:  # (the one-turn baseline's recipe does not involve them)
+            options.update(decoy_share=DECOY_SHARE, max_turns=TOOL_MAX_TURNS)
     if task in synth.DATA_VERSIONS:  # the task's drawing is part of the recipe (other tasks: unchanged keys and hash)
         options["task_data"] = synth.DATA_VERSIONS[task]
     if task in VIDEO_TASKS:  # the clips' drawing is part of the recipe (image tasks: unchanged keys and hash)
@@ -421,7 +435,7 @@ def _build(out: Path, marker: Path, options: dict[str, Any], digest: str, *, fam
         rows = [row_of(task, "train", i, seed) for i in range(start, min(n_train, start + ENCODE_CHUNK))]
         samples = rows_to_samples(rows, template=template)
         if tools:  # multi-turn references: the call, the tool's answer, the final turn
-            examples += encode_sft_turns(processor, samples, tools)
+            examples += encode_sft_turns(processor, samples, tools, decoy_share=DECOY_SHARE)
         else:
             examples += encode_sft(processor, samples, [noisy_target(r["solution"], task, answer_noise, rng)
                                                          for r in rows])
@@ -434,7 +448,8 @@ def _build(out: Path, marker: Path, options: dict[str, Any], digest: str, *, fam
         from mmrlvr.rollout.multiturn import ToolEngine, ToolUse
         from mmrlvr.tools import TOOLS
 
-        engine = ToolEngine(engine, ToolUse(tools={name: TOOLS.get(name) for name in tools}, describe=False))
+        engine = ToolEngine(engine, ToolUse(tools={name: TOOLS.get(name) for name in tools}, describe=False,
+                                            max_turns=TOOL_MAX_TURNS))
         max_new = TOOL_TURN_TOKENS
     val_samples = rows_to_samples(val_rows, template=template)
     history: list[dict[str, float]] = []
