@@ -234,3 +234,22 @@ def test_examples_do_not_depend_on_how_the_rows_are_chunked(tmp_path):
     for a, b in zip(whole, parts, strict=True):
         assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["pixel_values"], b["pixel_values"])
         assert a["n_resp"] == b["n_resp"]
+
+
+def test_a_warm_start_can_fine_tune_another_warm_start(tmp_path):
+    """``base``: the build starts from that finished warm start's weights (lr 0 keeps them: the saved model equals
+    the base's), and the base's identity is part of the recipe; a folder that is not a finished warm start is
+    refused by name."""
+    from safetensors.torch import load_file
+
+    base = tmp_path / "count"
+    warm_start(base, task="count", steps=1, eval_every=1, n_train=4, n_val=2, n_test=2, k=1, batch_size=2,
+               stop_at=None, progress=False)
+    out = tmp_path / "zoom"
+    result = warm_start(out, task="zoom", steps=1, eval_every=1, n_train=2, n_val=1, n_test=1, k=1, batch_size=2,
+                        stop_at=None, progress=False, lr=0.0, base=base)
+    assert result["options"]["base"] == json.loads((base / "warmstart.json").read_text())["options_hash"]
+    a, b = load_file(base / "model.safetensors"), load_file(out / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(UserError, match="not a finished warm start"):
+        warm_start(tmp_path / "x", task="zoom", steps=1, base=tmp_path / "nothing")

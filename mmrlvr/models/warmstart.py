@@ -184,6 +184,10 @@ def encode_sft(processor: Any, samples: list[Sample], targets: list[str], chunk:
 #: training rows drawn and encoded at a time (a multiple of ``encode_sft``'s processor chunk, so the bytes do not
 #: depend on it)
 ENCODE_CHUNK = 256
+#: tasks fine-tuned from another task's warm start of the same family instead of a fresh tiny model (``base``): the
+#: zoom task's last turn is counting, which the count warm start's vision and language already do; from a fresh model,
+#: 500 steps learnt the call's format but neither where to look nor how to count
+BASE_TASKS: dict[str, str] = {"zoom": "count"}
 #: tasks whose reference is a multi-turn trajectory, and the tools it calls (``meta["reference_turns"]``)
 TOOL_TASKS: dict[str, list[str]] = {"zoom": ["zoom"]}
 #: response tokens per model turn when sampling a tool task (the zoom task's first turn, thinking and call, is ~100
@@ -338,8 +342,11 @@ def warm_start(out_dir: str | Path, *, family: str = "qwen2_5_vl", task: str = "
                answer_noise: float = 0.0, seed: int = 0, force: bool = False, stop_at: float | None = UNSET,
                eval_every: int = UNSET, batch_size: int = 32, lr: float = 1e-3, n_train: int = UNSET,
                n_val: int = UNSET, n_test: int = UNSET, k: int = 8, template: str = "r1",
-               progress: bool = True, tools: bool = True) -> dict[str, Any]:
+               progress: bool = True, tools: bool = True, base: str | Path | None = None) -> dict[str, Any]:
     """Build a tiny ``family`` model in ``out_dir``, SFT it on ``task``, evaluate on held-out test rows.
+
+    base: a finished warm start's folder to fine-tune instead of a fresh tiny model (``BASE_TASKS`` says which task's
+    the run specs use); its options hash is part of this recipe.
 
     tools: for a tool task (``TOOL_TASKS``), False trains and evaluates it in one turn — the final answer right
     after the prompt, no call — the baseline that shows what the model can read without looking again.
@@ -370,6 +377,11 @@ def warm_start(out_dir: str | Path, *, family: str = "qwen2_5_vl", task: str = "
         options["turn_tokens"] = TOOL_TURN_TOKENS
         if tools:  # (the one-turn baseline's recipe does not involve them)
             options.update(decoy_share=DECOY_SHARE, max_turns=TOOL_MAX_TURNS)
+    if base is not None:
+        base_result = Path(base) / RESULT_FILE
+        if not base_result.exists():
+            raise UserError(f"warm start base {str(base)!r} is not a finished warm start (no {RESULT_FILE})")
+        options["base"] = json.loads(base_result.read_text())["options_hash"]
     if task in synth.DATA_VERSIONS:  # the task's drawing is part of the recipe (other tasks: unchanged keys and hash)
         options["task_data"] = synth.DATA_VERSIONS[task]
     if task in VIDEO_TASKS:  # the clips' drawing is part of the recipe (image tasks: unchanged keys and hash)
@@ -386,7 +398,7 @@ def warm_start(out_dir: str | Path, *, family: str = "qwen2_5_vl", task: str = "
                         "overwrite it")
     kwargs = dict(family=family, task=task, steps=steps, answer_noise=answer_noise, seed=seed, stop_at=stop_at,
                   eval_every=eval_every, batch_size=batch_size, lr=lr, n_train=n_train, n_val=n_val, n_test=n_test,
-                  k=k, template=template, progress=progress, tools=tools)
+                  k=k, template=template, progress=progress, tools=tools, base=None if base is None else str(base))
     if not env_pinned():
         return _build_in_pinned_child(out, digest, {**kwargs, "force": force})
     with deterministic_build():
@@ -412,13 +424,20 @@ def _build_in_pinned_child(out: Path, digest: str, kwargs: dict[str, Any]) -> di
 def _build(out: Path, marker: Path, options: dict[str, Any], digest: str, *, family: str, task: str, steps: int,
            answer_noise: float, seed: int, stop_at: float | None, eval_every: int, batch_size: int, lr: float,
            n_train: int, n_val: int, n_test: int, k: int, template: str, progress: bool,
-           tools: bool = True) -> dict[str, Any]:
+           tools: bool = True, base: str | None = None) -> dict[str, Any]:
     """The warm start itself (``warm_start`` runs it under ``deterministic_build``)."""
     t_start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     marker.touch()  # lets a rerun overwrite an interrupted build without --force
     (out / RESULT_FILE).unlink(missing_ok=True)
-    build_tiny(family, out, seed=seed)
+    if base is None:
+        build_tiny(family, out, seed=seed)
+    else:  # the base's model, tokenizer and processor files (not its result: this build writes its own)
+        import shutil
+
+        for f in Path(base).iterdir():
+            if f.is_file() and f.name not in (RESULT_FILE, IN_PROGRESS):
+                shutil.copy2(f, out / f.name)
     model, processor = load_policy(out)
     tokenizer = processor.tokenizer
 

@@ -89,13 +89,14 @@ def resolve_model_path(spec: str, *, task: str = "count", answer_noise: float = 
     task = spec_task(spec, task)
     # One builder per cache folder across processes (parallel test workers, several runs started at once): the
     # others wait for it and then reuse its result instead of building the same model again beside it.
-    from mmrlvr.models.warmstart import build_lock
+    from mmrlvr.models.warmstart import BASE_TASKS, build_lock
 
+    base = resolve_model_path(f"tiny:{family}:warm:{BASE_TASKS[task]}") if warm and task in BASE_TASKS else None
     with build_lock(out):
         if warm:
             from mmrlvr.models.warmstart import warm_start
 
-            warm_start(out, family=family, task=task, answer_noise=answer_noise)
+            warm_start(out, family=family, task=task, answer_noise=answer_noise, base=base)
         elif not (out / "config.json").exists():
             from mmrlvr.models.tiny import build_tiny
 
