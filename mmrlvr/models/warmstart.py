@@ -87,8 +87,8 @@ IN_PROGRESS = ".warmstart-in-progress"
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "video_count": {"steps": 1200, "stop_at": 0.45, "eval_every": 50, "n_train": 2048, "n_val": 128, "n_test": 200},
     # two images of 256 patches per example (the 896-px scene seen at 224 px, the zoom at 224 px), ~1.2 MB in
-    # bfloat16: 4096 rows keep the encoded set near 5 GB (1024 were memorised: training loss 0.03, validation at
-    # chance); greedy validation runs both turns, so it is sparser and smaller
+    # bfloat16: 4096 rows keep the encoded set near 5 GB (1024 rows were seen 25 times each in 800 steps);
+    # greedy validation runs both turns, so it is sparser and smaller
     "zoom": {"steps": 500, "stop_at": 0.4, "eval_every": 100, "n_train": 4096, "n_val": 64, "n_test": 200},
 }
 UNSET: Any = type("Unset", (), {"__repr__": lambda self: "UNSET"})()  # "not given": the task's default applies
