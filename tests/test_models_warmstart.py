@@ -7,6 +7,7 @@ import random
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -253,3 +254,21 @@ def test_a_warm_start_can_fine_tune_another_warm_start(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(UserError, match="not a finished warm start"):
         warm_start(tmp_path / "x", task="zoom", steps=1, base=tmp_path / "nothing")
+
+
+def test_a_tool_task_spec_builds_its_base_warm_start_first(tmp_path, monkeypatch):
+    """``tiny:FAMILY:warm:zoom`` resolves the count warm start of the same family first and fine-tunes it (the
+    builds themselves are replaced by a recorder here: each takes minutes)."""
+    import mmrlvr.models.warmstart as ws
+    from mmrlvr.train.model_path import resolve_model_path
+
+    monkeypatch.setenv("MMRLVR_CACHE", str(tmp_path))
+    calls = []
+
+    def record(out, *, family, task, answer_noise, base=None):
+        calls.append((Path(out).name, family, task, None if base is None else Path(base).name))
+
+    monkeypatch.setattr(ws, "warm_start", record)
+    resolve_model_path("tiny:qwen3_vl:warm:zoom")
+    assert calls == [("qwen3_vl-warm", "qwen3_vl", "count", None),
+                     ("qwen3_vl-warm-zoom", "qwen3_vl", "zoom", "qwen3_vl-warm")]
