@@ -126,3 +126,66 @@ def test_in_update_credit_reaches_the_rollout_records_and_metrics(tiny_dir, tmp_
     row = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r][0]
     assert 0.2 <= row["credit/selected_fraction"] < 0.5 and row["credit/vision_sensitivity_mean"] > 0
     assert "credit/selected_low_entropy_share" in row and "credit/entropy_topk_jaccard" in row
+
+
+def test_in_update_credit_reads_the_fused_prefix_shared_pass(tiny_dir, tmp_path, monkeypatch):
+    """The update's pass never forms [n, L, V] logits for deferred credit: the signals come from the fused head's
+    chunks, with each group's prompt run once — and the step equals a separate clean pass."""
+    import mmrlvr.train.forward as forward
+
+    shared = []
+    real_shared = forward.prefix_shared_logprobs
+
+    def spy(*args, **kwargs):
+        out = real_shared(*args, **kwargs)
+        shared.append(out is not None and torch.is_grad_enabled() and kwargs.get("observe") is not None)
+        return out
+
+    def no_logits(*args, **kwargs):
+        raise AssertionError("the update formed full logits")
+
+    t_sep, d_sep, s_sep = _one_step(tiny_dir, tmp_path / "sep", "vepo", False, "token-mean")
+    monkeypatch.setattr(forward, "prefix_shared_logprobs", spy)
+    monkeypatch.setattr(forward, "response_logits", no_logits)
+    t_in, d_in, s_in = _one_step(tiny_dir, tmp_path / "in", "vepo", True, "token-mean")
+    assert _deferred(t_in) and any(shared)  # the policy pass with the credit observer ran prefix-shared
+    assert torch.equal(d_sep.token_weights > 0, d_in.token_weights > 0)
+    assert torch.allclose(d_sep.signals.jsd, d_in.signals.jsd, atol=1e-5)
+    assert torch.allclose(d_sep.signals.entropy, d_in.signals.entropy, atol=1e-5)
+    assert s_in["loss"] == pytest.approx(s_sep["loss"], abs=1e-6)
+    _same_grads(t_sep, t_in, atol=1e-7)
+
+
+def test_signals_beside_the_fused_head_equal_token_signals_at_a_real_vocabulary():
+    """At Qwen's 151,936-token vocabulary and the 3B model's width (2,048), the signals computed inside the fused
+    head's log-prob pass equal ``token_signals`` over the whole logits within 1e-5, masked positions 0."""
+    from mmrlvr.algos.logits import logprobs_from_hidden
+    from mmrlvr.credit.signals import Hidden, SignalsBeside, token_signals
+
+    V, H, n, L = 151_936, 2_048, 2, 24
+    g = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(H, V, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(V, H, generator=g) * 0.02)
+    p_states = torch.randn(n, L, H, generator=g)
+    q_states = p_states + 0.3 * torch.randn(n, L, H, generator=g)
+    q_states[0, :4] = p_states[0, :4]  # identical positions: JSD exactly 0
+    ids = torch.randint(0, V, (n, L), generator=g)
+    mask = torch.ones(n, L)
+    mask[1, 17:] = 0
+    with torch.no_grad():
+        want = token_signals(head(p_states), Hidden(q_states, head), ids, mask, temperature=0.9)
+    beside = SignalsBeside(Hidden(q_states, head), ids, mask, temperature=0.9)
+    hidden = p_states.clone().requires_grad_(True)
+    logp, _ = logprobs_from_hidden(hidden, head.weight, ids, temperature=0.9, observe=beside)
+    got = beside.signals()
+    logp.sum().backward()  # the observer does not disturb the gradient path
+    assert hidden.grad is not None and bool(torch.isfinite(hidden.grad).all())
+    for name in ("entropy", "jsd", "entropy_shift", "logp", "logq"):
+        a, b = getattr(want, name), getattr(got, name)
+        # entropies here are ~11.9 nats (log V): their float32 sums over 151,936 terms round at ~1e-6 of that
+        tol = 1e-5 if name in ("jsd", "logp", "logq") else 2e-6 * float(want.entropy.abs().max())
+        assert float((a - b).abs().max()) <= tol, (name, float((a - b).abs().max()))
+        assert bool((b[1, 17:] == 0).all())
+    assert bool((got.jsd[0, :4] == 0).all()) and float(got.jsd.max()) > 1e-3
+    assert torch.allclose(logp.detach() * mask, got.logp, atol=1e-5)

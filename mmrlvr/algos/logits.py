@@ -14,9 +14,17 @@ from __future__ import annotations
 
 import math
 
+from typing import Callable
+
 import torch
 
 from mmrlvr.algos.cpu_linear import linear, matmul
+
+#: called by the chunked passes with each chunk's index into the leading dims, its logits divided by the temperature
+#: (float32, [..., V]; read-only: the pass reuses the buffer afterwards) and their log-sum-exp — so a caller can
+#: compute what else it needs from the full distribution (token credit's entropy and JSD: ``SignalsBeside``) while the
+#: chunk's logits exist, instead of forming them again. Runs in the forward only, without gradient.
+Observer = Callable[[tuple, torch.Tensor, torch.Tensor], None]
 
 def _chunk_index(lead: tuple[int, ...], chunk_size: int) -> list[tuple]:
     """Indices into the leading dims so that each ``x[idx]`` is a view of at most ``chunk_size`` positions.
@@ -47,12 +55,15 @@ class _TokenLogProb(torch.autograd.Function):
     """log softmax(logits / T)[ids], chunked; backward: (onehot(ids) - softmax) * grad / T."""
 
     @staticmethod
-    def forward(ctx, logits, ids, temperature, chunk_size):  # type: ignore[override]
+    def forward(ctx, logits, ids, temperature, chunk_size, observe=None):  # type: ignore[override]
         out = torch.empty(ids.shape, dtype=_compute_dtype(logits), device=logits.device)
         for idx in _chunk_index(tuple(ids.shape), chunk_size):
             z = _scaled(logits[idx], temperature)  # [c, V]
             picked = z.gather(-1, ids[idx].unsqueeze(-1)).squeeze(-1)
-            out[idx] = picked - torch.logsumexp(z, dim=-1)
+            lse = torch.logsumexp(z, dim=-1)
+            out[idx] = picked - lse
+            if observe is not None:
+                observe(idx, z, lse)
         ctx.save_for_backward(logits, ids)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
         return out
@@ -66,7 +77,7 @@ class _TokenLogProb(torch.autograd.Function):
             g = torch.softmax(_scaled(logits[idx], ctx.temperature), dim=-1).mul_(-go)
             g.scatter_add_(-1, ids[idx].unsqueeze(-1), go)
             grad[idx] = (g / ctx.temperature).to(grad.dtype)
-        return grad, None, None, None
+        return grad, None, None, None, None
 
 
 class _Entropy(torch.autograd.Function):
@@ -119,7 +130,7 @@ def _check(chunk_size: int, temperature: float) -> None:
 
 
 def logprobs_from_logits(logits: torch.Tensor, ids: torch.Tensor, *, temperature: float = 1.0,
-                         chunk_size: int = 512) -> torch.Tensor:
+                         chunk_size: int = 512, observe: Observer | None = None) -> torch.Tensor:
     """log softmax(logits / temperature) at the given token ids, exact and chunked over positions.
 
     logits: [N, L, V] (any leading dims; may be a non-contiguous slice); ids: [N, L] long, each in
@@ -128,13 +139,13 @@ def logprobs_from_logits(logits: torch.Tensor, ids: torch.Tensor, *, temperature
     sampling so that log-ratios against the sampler's log-probs are meaningful; passing it here
     instead of dividing the logits first avoids an [N, L, V] copy. Peak extra memory: a few
     [chunk_size, V] float32 buffers (measured on CPU, V = 151,936, 512 positions: +155 MiB in the
-    forward at chunk_size 256 against +297 MiB for log_softmax).
+    forward at chunk_size 256 against +297 MiB for log_softmax). ``observe``: see ``Observer``.
     """
     _check(chunk_size, temperature)
     if logits.shape[:-1] != ids.shape:
         raise ValueError(f"logits {tuple(logits.shape)} do not match ids {tuple(ids.shape)} "
                          "(want [..., V] and [...])")
-    return _TokenLogProb.apply(logits, ids.long(), float(temperature), int(chunk_size))
+    return _TokenLogProb.apply(logits, ids.long(), float(temperature), int(chunk_size), observe)
 
 
 def entropy_from_logits(logits: torch.Tensor, *, temperature: float = 1.0,
@@ -149,7 +160,7 @@ def entropy_from_logits(logits: torch.Tensor, *, temperature: float = 1.0,
     return _Entropy.apply(logits, float(temperature), int(chunk_size))
 
 
-def _head(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def head_logits(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """The LM head on one chunk; outside autocast the hidden states are cast to the head's dtype (as
     an ``nn.Linear`` of that dtype would require), inside it autocast picks the dtype like the model's."""
     if h.dtype != weight.dtype and not torch.is_autocast_enabled(h.device.type):
@@ -234,7 +245,7 @@ class _LinearTokenLogProb(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, ids, temperature, chunk_size, with_entropy):  # type: ignore[override]
+    def forward(ctx, hidden, weight, ids, temperature, chunk_size, with_entropy, observe=None):  # type: ignore[override]
         chunk_size = fit_chunk(chunk_size, weight.shape[0])
         cdtype = torch.promote_types(hidden.dtype, torch.float32)
         out = torch.empty(ids.shape, dtype=cdtype, device=hidden.device)
@@ -243,9 +254,11 @@ class _LinearTokenLogProb(torch.autograd.Function):
         direction = (torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device)
                      if ctx.needs_input_grad[0] and not ctx.needs_input_grad[1] else None)
         for idx in _chunk_index(tuple(ids.shape), chunk_size):
-            z = _scaled(_head(hidden[idx], weight), temperature)  # [c, V]
+            z = _scaled(head_logits(hidden[idx], weight), temperature)  # [c, V]
             lse = torch.logsumexp(z, dim=-1)
             out[idx] = z.gather(-1, ids[idx].unsqueeze(-1)).squeeze(-1) - lse
+            if observe is not None:
+                observe(idx, z, lse)
             if ent is not None:
                 ent[idx] = lse - _Entropy._pz_sum(z)
             if direction is not None:
@@ -270,7 +283,7 @@ class _LinearTokenLogProb(torch.autograd.Function):
         if ctx.frozen_head:
             (direction,) = ctx.saved_tensors
             grad_h = grad_out.unsqueeze(-1) * direction  # promoted to the wider dtype, then back to hidden's
-            return grad_h.to(direction.dtype), None, None, None, None, None
+            return grad_h.to(direction.dtype), None, None, None, None, None, None
         hidden, weight, ids = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(hidden) if need_h else None
@@ -306,12 +319,12 @@ class _LinearTokenLogProb(torch.autograd.Function):
                 else:
                     leaf.grad.add_(grad_w)
                 grad_w = None
-        return grad_h, grad_w, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None
 
 
 def logprobs_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, *,
-                         temperature: float = 1.0, chunk_size: int = 256,
-                         with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                         temperature: float = 1.0, chunk_size: int = 256, with_entropy: bool = False,
+                         observe: Observer | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log softmax(hidden @ weight^T / T)[ids] (and the entropy) without materialising the logits.
 
     hidden: [N, L, H] (any leading dims, the LM head's *input*: the final normed hidden states; may be a
@@ -320,7 +333,8 @@ def logprobs_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.
     float64 for float64 inputs, differentiable w.r.t. hidden and weight; entropy [N, L] without gradient
     when ``with_entropy``, else None). Equal to ``logprobs_from_logits(lm_head(hidden), ids)`` up to
     float rounding, but the largest buffers are a few [chunk_size, V] ones in the forward and in the
-    backward, against [N, L, V] logits kept alive from the forward until the backward.
+    backward, against [N, L, V] logits kept alive from the forward until the backward. ``observe``: see
+    ``Observer`` (its chunks are ``fit_chunk``'s, at most ``chunk_size`` positions).
     """
     _check(chunk_size, temperature)
     if hidden.shape[:-1] != ids.shape:
@@ -329,5 +343,5 @@ def logprobs_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.
     if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
         raise ValueError(f"weight {tuple(weight.shape)} is not [V, {hidden.shape[-1]}]")
     logp, ent = _LinearTokenLogProb.apply(hidden, weight, ids.long(), float(temperature), int(chunk_size),
-                                          bool(with_entropy))
+                                          bool(with_entropy), observe)
     return logp, (ent if with_entropy else None)

@@ -30,6 +30,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
+from mmrlvr.algos.logits import head_logits
 from mmrlvr.errors import UserError
 from mmrlvr.models.placement import to_model
 
@@ -128,40 +129,106 @@ def token_signals(p: Source | None, q: Source | None, response_ids: torch.Tensor
     device = source.states.device if isinstance(source, Hidden) else source.device
     response_ids, mask = response_ids.to(device), mask.to(device)
     rows, cols = (mask > 0).nonzero(as_tuple=True)  # [M] each: the valid tokens, row-major
-    out = {k: torch.zeros(N, L, device=device) for k in ("entropy", "logp", "jsd", "shift", "logq")}
+    out = {k: torch.zeros(N, L, device=device) for k in _SIGNAL_KEYS}
     with torch.no_grad():
         for s in range(0, rows.numel(), chunk_size):
             r, c = rows[s:s + chunk_size], cols[s:s + chunk_size]
-            tok = response_ids[r, c].unsqueeze(-1)  # [c, 1]
-            if p is not None:
-                lp = _chunk_log_probs(p, r, c, temperature)  # [c, V]
-                out["logp"][r, c] = lp.gather(-1, tok).squeeze(-1)
-                pp = lp.exp()
-                h_p = -_plogp_sum(pp, lp)
-                out["entropy"][r, c] = h_p
-            if q is None:
-                continue
-            lq = _chunk_log_probs(q, r, c, temperature)  # [c, V]
-            out["logq"][r, c] = lq.gather(-1, tok).squeeze(-1)
-            if not distribution:
-                continue
-            qq = lq.exp()
-            h_q = -_plogp_sum(qq, lq)
-            # Identical rows have bitwise-equal entropies; only those candidates get the full comparison.
-            same = h_p == h_q  # [c]
-            if bool(same.any()):
-                same[same.clone()] = (lp[same] == lq[same]).all(-1)
-            del lp
-            mm = pp.add_(qq).mul_(0.5)  # M = (P + Q)/2, in P's buffer
-            h_m = -_plogp_sum(mm, torch.log(mm, out=lq))  # log M in lq's buffer
-            jsd = (h_m - 0.5 * (h_p + h_q)).clamp_(0.0, LOG2)
-            out["jsd"][r, c] = torch.where(same, torch.zeros_like(jsd), jsd)
-            out["shift"][r, c] = h_q - h_p
-    has_p, has_q, full = p is not None, q is not None, q is not None and distribution
-    out = {k: v.to(home) for k, v in out.items()}
+            lp = _chunk_log_probs(p, r, c, temperature) if p is not None else None  # [c, V]
+            lq = _chunk_log_probs(q, r, c, temperature) if q is not None else None
+            for k, v in _chunk_signals(lp, lq, response_ids[r, c], distribution).items():
+                out[k][r, c] = v
+    return _as_signals({k: v.to(home) for k, v in out.items()}, p is not None, q is not None, distribution)
+
+
+_SIGNAL_KEYS = ("entropy", "logp", "jsd", "shift", "logq")
+
+
+def _chunk_signals(lp: torch.Tensor | None, lq: torch.Tensor | None, tok: torch.Tensor,
+                   distribution: bool) -> dict[str, torch.Tensor]:
+    """The signals of one chunk of positions from its clean and perturbed log-probabilities ([c, V] each, float32;
+    either may be None): {"logp", "entropy"} from P, {"logq"} from Q, {"jsd", "shift"} from both with
+    ``distribution``. The buffers of ``lp`` and ``lq`` are reused (overwritten)."""
+    out: dict[str, torch.Tensor] = {}
+    tok = tok.unsqueeze(-1)  # [c, 1]
+    if lp is not None:
+        out["logp"] = lp.gather(-1, tok).squeeze(-1)
+        pp = lp.exp()
+        h_p = -_plogp_sum(pp, lp)
+        out["entropy"] = h_p
+    if lq is None:
+        return out
+    out["logq"] = lq.gather(-1, tok).squeeze(-1)
+    if not distribution or lp is None:
+        return out
+    qq = lq.exp()
+    h_q = -_plogp_sum(qq, lq)
+    # Identical rows have bitwise-equal entropies; only those candidates get the full comparison.
+    same = h_p == h_q  # [c]
+    if bool(same.any()):
+        same[same.clone()] = (lp[same] == lq[same]).all(-1)
+    mm = pp.add_(qq).mul_(0.5)  # M = (P + Q)/2, in P's buffer
+    h_m = -_plogp_sum(mm, torch.log(mm, out=lq))  # log M in lq's buffer
+    jsd = (h_m - 0.5 * (h_p + h_q)).clamp_(0.0, LOG2)
+    out["jsd"] = torch.where(same, torch.zeros_like(jsd), jsd)
+    out["shift"] = h_q - h_p
+    return out
+
+
+def _as_signals(out: dict[str, torch.Tensor], has_p: bool, has_q: bool, distribution: bool) -> TokenSignals:
+    full = has_q and distribution and has_p
     return TokenSignals(entropy=out["entropy"] if has_p else None, jsd=out["jsd"] if full else None,
                         entropy_shift=out["shift"] if full else None, logp=out["logp"] if has_p else None,
                         logq=out["logq"] if has_q else None)
+
+
+class SignalsBeside:
+    """``token_signals`` computed beside a chunked log-prob pass that already has the clean logits of each chunk.
+
+    The policy update's log-probs (``mmrlvr.algos.logits``: the fused head, or chunked logits) form each chunk's
+    clean logits ``z`` (divided by the temperature) and their log-sum-exp; called with them, this turns the chunk
+    into the clean log-probabilities and compares them with the perturbed pass ``q`` at the same positions (its
+    logits formed here, chunk by chunk, from its hidden states). So in-update credit needs no [n, L, V] tensor
+    and no second clean head product. Same per-chunk arithmetic as ``token_signals`` (``_chunk_signals``); the
+    logits come from the pass's own products, so values agree with a separate clean pass up to float rounding.
+
+    Positions are the pass's chunks over [n, L] (masked ones included); ``signals()`` zeroes masked positions as
+    ``token_signals`` does. ``ran`` stays False if the pass never called it."""
+
+    def __init__(self, q: Source | None, response_ids: torch.Tensor, mask: torch.Tensor, *, temperature: float = 1.0,
+                 distribution: bool = True) -> None:
+        self.q, self.ids, self.mask = q, response_ids, mask
+        self.temperature, self.distribution = temperature, distribution
+        self.out: dict[str, torch.Tensor] = {}
+        self.ran = False
+
+    def __call__(self, idx: tuple, z: torch.Tensor, lse: torch.Tensor) -> None:
+        with torch.no_grad():
+            if not self.out:
+                self.out = {k: torch.zeros(self.ids.shape, device=z.device) for k in _SIGNAL_KEYS}
+                self.ids, self.mask = self.ids.to(z.device), self.mask.to(z.device)
+            self.ran = True
+            lead, V = z.shape[:-1], z.shape[-1]
+            lp = torch.log_softmax(z.reshape(-1, V).float(), dim=-1)
+            lq = None
+            if self.q is not None:
+                if isinstance(self.q, Hidden):
+                    states = self.q.states.to(z.device)[idx]
+                    head = self.q.head
+                    if type(head) is torch.nn.Linear and head.bias is None:  # the product the clean chunk took:
+                        zq = head_logits(states, head.weight)  # equal states give bit-equal logits (JSD 0)
+                    else:
+                        zq = head(states)
+                else:
+                    zq = self.q[idx]
+                zq = zq.reshape(-1, V).float()
+                lq = torch.log_softmax(zq / self.temperature if self.temperature != 1.0 else zq, dim=-1)
+            for k, v in _chunk_signals(lp, lq, self.ids[idx].reshape(-1), self.distribution).items():
+                self.out[k][idx] = v.reshape(lead)
+
+    def signals(self, home: torch.device | None = None) -> TokenSignals:
+        valid = self.mask > 0
+        out = {k: torch.where(valid, v, torch.zeros_like(v)).to(home or self.mask.device) for k, v in self.out.items()}
+        return _as_signals(out, True, self.q is not None, self.distribution)
 
 
 def _distinct_image_inputs(backbone: torch.nn.Module, inputs: dict[str, Any]) -> dict[str, Any] | None:

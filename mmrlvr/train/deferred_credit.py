@@ -5,7 +5,9 @@ need P_t(·|I) of the current policy over the full vocabulary. Before the first 
 training step the policy *is* π_old, and the update's first pass computes exactly these logits (with
 gradient) anyway. Running a separate no-grad clean forward in the rollout stage would repeat that pass;
 deferring the scheme to the update's first pass removes it, leaving one extra no-grad forward (the
-perturbed image) for VEPO and none for entropy top-k / RSI.
+perturbed image) for VEPO and none for entropy top-k / RSI. The signals are computed chunk by chunk inside
+that pass (``beside``: ``mmrlvr.credit.signals.SignalsBeside``), on the fused head and with prefix sharing like
+plain GRPO's pass, so the [n, L, V] logits never exist.
 
 Valid only for schemes that decide each response on its own (``CreditScheme.row_local``) — micro-batches
 see a slice of the rows — and that add no loss term of their own (PAPO). The selection per row is the one a
@@ -25,7 +27,7 @@ from typing import Any
 
 import torch
 
-from mmrlvr.credit.signals import Hidden, TokenSignals, token_signals
+from mmrlvr.credit.signals import Hidden, SignalsBeside, TokenSignals, token_signals
 
 _PARTS = ("entropy", "jsd", "entropy_shift", "logp", "logq")
 
@@ -56,16 +58,30 @@ class DeferredCredit:
     done: bool = False
     parts: dict[str, torch.Tensor] = field(default_factory=dict)
 
+    def beside(self, rows: slice, response_ids: torch.Tensor, mask: torch.Tensor) -> SignalsBeside:
+        """The observer that computes rows ``rows``' signals inside the update's log-prob pass (``token_logprobs(...,
+        observe=)``): the clean side from that pass's own chunks of logits, the perturbed side from this step's
+        perturbed hidden states at the same positions. Hand it to ``apply_signals`` once the pass has run."""
+        q = None
+        if self.perturbed is not None:
+            q = Hidden(states=self.perturbed.states[rows], head=self.perturbed.head)
+        return SignalsBeside(q, response_ids, mask, temperature=self.temperature)
+
     def apply(self, rows: slice, logits: torch.Tensor, response_ids: torch.Tensor, mask: torch.Tensor,
               old_logprobs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Credit for rows ``rows`` from their clean logits [n, L, V] (detached here).
-
-        Returns (token_weights [n, L], advantages [n] or [n, L], entropy [n, L]) for these rows."""
+        """Credit for rows ``rows`` from their clean logits [n, L, V] (detached here): ``apply_signals`` of
+        ``token_signals`` over them. The update runs ``beside`` instead (no [n, L, V] tensor)."""
         q = None
         if self.perturbed is not None:
             q = Hidden(states=self.perturbed.states[rows], head=self.perturbed.head)
         sig = token_signals(logits.detach(), q, response_ids, mask, chunk_size=self.chunk_size,
                             temperature=self.temperature)
+        return self.apply_signals(rows, sig, old_logprobs)
+
+    def apply_signals(self, rows: slice, sig: TokenSignals, old_logprobs: torch.Tensor | None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Credit for rows ``rows`` from their signals. Returns (token_weights [n, L], advantages [n] or [n, L],
+        entropy [n, L]) for these rows."""
         base_w = self.base_weights[rows]
         adv = self.base_advantages[rows]
         credit = self.scheme(sig, base_w, adv, old_logprobs=old_logprobs)

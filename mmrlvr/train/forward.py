@@ -24,7 +24,7 @@ import torch
 
 from mmrlvr.algos import entropy_from_logits, logprobs_from_logits
 from mmrlvr.algos.cpu_linear import onednn_linears
-from mmrlvr.algos.logits import logprobs_from_hidden
+from mmrlvr.algos.logits import Observer, logprobs_from_hidden
 from mmrlvr.models.placement import model_device, to_model
 from mmrlvr.rollout.vision import encode_images, encoder_outputs, find_vlm_core, supports_precomputed_vision
 
@@ -109,13 +109,16 @@ def response_hidden_states(model: torch.nn.Module, inputs: dict[str, Any], respo
 def token_logprobs(model: torch.nn.Module, inputs: dict[str, Any], response_ids: torch.Tensor,
                    temperature: float = 1.0, with_entropy: bool = False,
                    chunk_size: int = LOGPROB_CHUNK, *, prompt_length: int | None = None,
-                   rows_per_prompt: int = 1) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   rows_per_prompt: int = 1, observe: Observer | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(o_t) [N, L] (and entropy H_t [N, L], detached) at the sampling temperature.
 
     Fused path (``logprobs_from_hidden``) whenever the head allows it: equal to the logits path below
     up to float rounding (tests: 1e-5 in float32 on the tiny VLM and a Qwen2.5-VL-3B-shaped stand-in).
     With ``rows_per_prompt`` = G > 1 and ``prompt_length`` (``model.prefix_sharing``) each group's prompt runs
     once (``prefix_shared_logprobs``) where that applies; gradient or not follows the caller's grad mode.
+    ``observe`` (``mmrlvr.algos.logits.Observer``) sees every chunk's logits on whichever path runs (in-update
+    token credit reads the clean distribution there: ``mmrlvr.credit.signals.SignalsBeside``).
 
     The pass runs on the model's device; the results come back on ``response_ids``' device (the batch's:
     ``mmrlvr.models.placement``), with the gradient flowing back through the copy."""
@@ -123,24 +126,26 @@ def token_logprobs(model: torch.nn.Module, inputs: dict[str, Any], response_ids:
     inputs, response_ids = to_model(inputs, model), response_ids.to(model_device(model))
     with onednn_linears(model):  # no-grad passes: oneDNN's CPU products (``mmrlvr.algos.cpu_linear``)
         logp, ent = _token_logprobs(model, inputs, response_ids, temperature, with_entropy, chunk_size,
-                                    prompt_length, rows_per_prompt)
+                                    prompt_length, rows_per_prompt, observe)
     return logp.to(home), (ent.to(home) if ent is not None else None)
 
 
 def _token_logprobs(model, inputs, response_ids, temperature, with_entropy, chunk_size, prompt_length,
-                    rows_per_prompt) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    rows_per_prompt, observe) -> tuple[torch.Tensor, torch.Tensor | None]:
     if rows_per_prompt > 1 and prompt_length is not None:
         shared = prefix_shared_logprobs(model, inputs, response_ids, prompt_length, rows_per_prompt,
-                                        temperature=temperature, with_entropy=with_entropy, chunk_size=chunk_size)
+                                        temperature=temperature, with_entropy=with_entropy, chunk_size=chunk_size,
+                                        observe=observe)
         if shared is not None:
             return shared
     captured = response_hidden_states(model, inputs, response_ids.shape[1])
     if captured is not None:
         states, head = captured
         return logprobs_from_hidden(states, head.weight, response_ids, temperature=temperature,
-                                    chunk_size=chunk_size, with_entropy=with_entropy)
+                                    chunk_size=chunk_size, with_entropy=with_entropy, observe=observe)
     logits = response_logits(model, inputs, response_ids.shape[1])
-    logp = logprobs_from_logits(logits, response_ids, temperature=temperature, chunk_size=chunk_size)
+    logp = logprobs_from_logits(logits, response_ids, temperature=temperature, chunk_size=chunk_size,
+                                observe=observe)
     ent = None
     if with_entropy:
         with torch.no_grad():
@@ -161,8 +166,8 @@ def prefix_sharing(cfg: Any, rollouts: Any) -> dict[str, Any]:
 
 def prefix_shared_logprobs(model: torch.nn.Module, inputs: dict[str, Any], response_ids: torch.Tensor,
                            prompt_length: int, rows_per_prompt: int, temperature: float = 1.0,
-                           with_entropy: bool = False, chunk_size: int = LOGPROB_CHUNK
-                           ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+                           with_entropy: bool = False, chunk_size: int = LOGPROB_CHUNK,
+                           observe: Observer | None = None) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """log pi(o_t) [N, L] (and entropies) with each group's prompt run once, or None (then the whole-row pass).
 
     Prefix sharing (``model.prefix_sharing``; docs/performance.md, "Prefix sharing"): the G rows of a group share
@@ -201,7 +206,7 @@ def prefix_shared_logprobs(model: torch.nn.Module, inputs: dict[str, Any], respo
     if states is None:
         return None
     return logprobs_from_hidden(states, head.weight, response_ids, temperature=temperature,
-                                chunk_size=chunk_size, with_entropy=with_entropy)
+                                chunk_size=chunk_size, with_entropy=with_entropy, observe=observe)
 
 
 class VisionFeatureCache:

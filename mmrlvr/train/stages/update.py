@@ -179,24 +179,28 @@ class PolicyGradient(Stage):
         dc = b.deferred if b.deferred is not None and not b.deferred.done else None
         dense = b.distribution_losses  # terms over the policy's log-probs of chosen vocabulary ids (distillation)
         logits = None
-        if dc is not None or dense:  # this pass needs the vocabulary logits, not only the sampled tokens' log-probs
+        ids = rollouts.response_ids[rows]
+        if dense:  # distillation terms read chosen vocabulary ids' log-probs: this pass keeps the logits
             logits = response_logits(rt.model, inputs, rollouts.response_ids.shape[1])  # on the model's device
-            ids = rollouts.response_ids[rows]
+            beside = dc.beside(rows, ids, mask) if dc is not None else None
             logp = logprobs_from_logits(logits, ids.to(logits.device), temperature=cfg.rollout.temperature,
-                                        chunk_size=LOGPROB_CHUNK).to(ids.device)
-            if dc is not None:  # credit from this pass's own clean logits (mmrlvr.train.deferred_credit)
-                w, adv, ent = dc.apply(rows, logits, rollouts.response_ids[rows], mask, rollouts.old_logprobs[rows])
-                b.token_weights[rows] = w
-                b.advantages[rows] = adv
-            else:
+                                        chunk_size=LOGPROB_CHUNK, observe=beside).to(ids.device)
+            if dc is None:
                 from mmrlvr.algos.logits import entropy_from_logits
 
                 with torch.no_grad():
                     ent = entropy_from_logits(logits.detach(), temperature=cfg.rollout.temperature,
                                               chunk_size=LOGPROB_CHUNK).to(ids.device)
         else:
-            logp, ent = token_logprobs(rt.model, inputs, rollouts.response_ids[rows], cfg.rollout.temperature,
-                                       with_entropy=True, **prefix_sharing(cfg, rollouts))
+            # deferred credit (mmrlvr.train.deferred_credit) reads the clean distribution chunk by chunk inside
+            # this pass: the fused head and prefix sharing as for plain GRPO, no [n, L, V] logits
+            beside = dc.beside(rows, ids, mask) if dc is not None else None
+            logp, ent = token_logprobs(rt.model, inputs, ids, cfg.rollout.temperature, with_entropy=beside is None,
+                                       observe=beside, **prefix_sharing(cfg, rollouts))
+        if dc is not None:
+            w, adv, ent = dc.apply_signals(rows, beside.signals(ids.device), rollouts.old_logprobs[rows])
+            b.token_weights[rows] = w
+            b.advantages[rows] = adv
         dense_tok = None
         if dense:
             from mmrlvr.algos.distill import logprobs_of_ids
