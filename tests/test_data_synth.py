@@ -98,7 +98,8 @@ def test_row_format(task):
 
 
 def test_zoom_answer_counts_the_asked_colour_inside_the_frame():
-    for row in make_rows("zoom", "train", 30, seed=3):
+    decoys_seeing = 0
+    for row in make_rows("zoom", "train", 60, seed=3):
         img = np.asarray(row["images"][0])
         x1, y1, x2, y2 = row["meta"]["region"]
         assert (x2 - x1, y2 - y1) == (synth.ZOOM_FRAME, synth.ZOOM_FRAME) and x1 in synth.ZOOM_CELLS
@@ -108,11 +109,19 @@ def test_zoom_answer_counts_the_asked_colour_inside_the_frame():
         assert sum(s["colour"] == row["meta"]["target"] for s in inside) == int(row["answer"])
         outside = [s for s in row["meta"]["shapes"] if s not in inside]
         assert any(s["colour"] == row["meta"]["target"] for s in outside)  # the colour alone does not give it away
-        # the decoy trajectory looks into another of the nine cells, then gives the same final turn
+        # inside the frame the background is the dark fill, so the view shows where to look
+        assert tuple(img[y1 + synth.ZOOM_LINE + 1, x1 + synth.ZOOM_LINE + 1]) == synth.ZOOM_FILL
+        # the decoy trajectory looks into another of the nine cells and answers with what that crop shows:
+        # the asked colour's shapes whose centre is in it (counted here from the pixel boxes)
         call, final = row["meta"]["decoy_turns"]
         box = json.loads(call.split("<tool_call>")[1].split("</tool_call>")[0])["arguments"]["box"]
         assert box != row["meta"]["region"] and box[0] in synth.ZOOM_CELLS and box[1] in synth.ZOOM_CELLS
-        assert box[2] - box[0] == synth.ZOOM_FRAME and final == row["meta"]["reference_turns"][1]
+        assert box[2] - box[0] == synth.ZOOM_FRAME
+        seen = sum(s["colour"] == row["meta"]["target"] and box[0] <= (s["box"][0] + s["box"][2]) / 2 < box[2]
+                   and box[1] <= (s["box"][1] + s["box"][3]) / 2 < box[3] for s in row["meta"]["shapes"])
+        assert final == f"<think>I see {seen} {row['meta']['target']}.</think><answer>{seen}</answer>"
+        decoys_seeing += seen > 0
+    assert decoys_seeing > 0  # some decoy crops hold the asked colour: the premise of the count above
 
 
 def test_count_answer_matches_the_pixels():

@@ -193,11 +193,12 @@ def test_multi_turn_sft_labels_the_model_turns_and_encodes_the_tool_turn_as_a_ro
     assert batch["image_grid_thw"].shape == (4, 3)  # each example: the scene and the zoom's crop
     # stored in bfloat16 (two 224-px images per example), handed to the model in float32
     assert examples[0]["pixel_values"].dtype == torch.bfloat16 and batch["pixel_values"].dtype == torch.float32
-    # decoys: the look into the wrong cell is context, only the final turn is trained
+    # decoys: the look into the wrong cell and the answer from its crop are trained like a reference
     decoys = collate_sft(encode_sft_turns(processor, samples, ["zoom"], decoy_share=1.0), tok.pad_token_id)
     for i, s in enumerate(samples):
         labelled = decoys["labels"][i][decoys["labels"][i] != -100]
-        assert tok.decode(labelled) == s.meta["reference_turns"][1] + "<|im_end|>"
+        first, final = s.meta["decoy_turns"]
+        assert tok.decode(labelled) == first + "<|im_end|>" + final + "<|im_end|>"
         context = tok.decode(decoys["input_ids"][i])
         assert s.meta["decoy_turns"][0] in context and s.meta["reference_turns"][0] not in context
     # the same trajectory through a rollout: identical real tokens

@@ -246,6 +246,9 @@ ZOOM_SCALE = 8  # the zoom task's image is drawn at ZOOM_SCALE x image_size
 ZOOM_CANVAS = BASE * ZOOM_SCALE  # its layout canvas (896)
 ZOOM_FRAME = 112  # frame side on the canvas (an eighth of it): the zoom tool returns it twice as large
 ZOOM_LINE = 8  # the frame's line width on the canvas
+#: the frame is filled with this dark grey: in the 224-px view it is a dark square of one or two patches a tiny vision
+#: tower can locate (an outline of 2 px was not found in 500 SFT steps), and the shapes inside stand out on it
+ZOOM_FILL = (64, 64, 64)
 ZOOM_SHAPE = (16, 20)  # small shapes' sides on the canvas
 #: the frame sits in one of 3 x 3 cells (top-left corners on the canvas): where to look is a choice of nine regions
 #: the tiny VLM can learn to name, not a regression on pixel coordinates
@@ -289,7 +292,7 @@ def _zoom(rng: random.Random) -> tuple[Scene, str, str, str, dict]:
     where = _region(Shape("", "square", fx // ZOOM_SCALE, fy // ZOOM_SCALE, ZOOM_FRAME // ZOOM_SCALE))
     thinking = f"I see {answer} {target}."
     return ({"shapes": shapes, "frame": frame, "canvas": ZOOM_CANVAS},
-            f"How many {target} shapes are inside the black frame?", str(answer), thinking,
+            f"How many {target} shapes are inside the dark square?", str(answer), thinking,
             {"target": target, "_frame": list(frame), "_where": where, "_cell": [fx, fy]})
 
 
@@ -310,8 +313,9 @@ _TASK_FNS: dict[str, Callable[[random.Random], tuple[Scene, str, str, str, dict]
     "zoom": _zoom,
 }
 #: tasks whose drawing changed since their warm starts were first cached: part of those warm starts' cache key
-#: (zoom 2: a frame an eighth of the image wide, returned twice as large by one zoom)
-DATA_VERSIONS: dict[str, int] = {"zoom": 2}
+#: (zoom 2: a frame an eighth of the image wide, returned twice as large by one zoom; zoom 3: the frame filled dark
+#: grey, and a decoy look answers with what its crop shows)
+DATA_VERSIONS: dict[str, int] = {"zoom": 3}
 ANSWER_TYPES: dict[str, str] = {
     "count": "number", "count_chatter": "number", "largest_colour": "text", "left_right": "text", "grounding": "box", "geometry": "number",
     "grounding_single": "box", "zoom": "number",
@@ -341,7 +345,7 @@ def _draw(scene: Scene, image_size: int) -> Image.Image:
     img = Image.new("RGB", (image_size, image_size), BACKGROUND)
     draw = ImageDraw.Draw(img)
     if "frame" in scene:
-        draw.rectangle(_scaled_box(list(scene["frame"]), scale), outline=(0, 0, 0),
+        draw.rectangle(_scaled_box(list(scene["frame"]), scale), fill=ZOOM_FILL, outline=(0, 0, 0),
                        width=max(2, round(ZOOM_LINE * scale)))
     for s in scene.get("shapes", []):
         x1, y1, x2, y2 = _scaled_box(s.box, scale)
@@ -405,14 +409,19 @@ def make_row(task: str, split: str, index: int, seed: int = 0, image_size: int =
         where = meta.pop("_where")
         reference_turns = [f"<think>The frame is at the {where}.</think>\n<tool_call>\n{call}\n</tool_call>",
                            f"<think>{thinking}</think><answer>{answer}</answer>"]
-        # a look into another cell (drawn from the scene's hash, so the scene itself is untouched): what a warm
-        # start shows the model so that it answers after any zoom, not only after the right one
+        # a look into another cell (drawn from the scene's hash, so the scene itself is untouched), answered with
+        # what that crop shows (the asked colour's shapes whose centre falls in it): a warm start that sometimes
+        # looks in the wrong place, and whose answer always reads the crop, so the right look is what makes it right
         cells = [(x, y) for x in ZOOM_CELLS for y in ZOOM_CELLS if [x, y] != meta["_cell"]]
         dx, dy = random.Random(key).choice(cells)
+        seen = sum(s.colour == meta["target"] and dx <= s.x + s.size / 2 < dx + ZOOM_FRAME
+                   and dy <= s.y + s.size / 2 < dy + ZOOM_FRAME for s in scene["shapes"])
         decoy = json.dumps({"name": "zoom", "arguments": {"image": 0, "box": _scaled_box(
             [dx, dy, dx + ZOOM_FRAME, dy + ZOOM_FRAME], scale)}})
-        meta["decoy_turns"] = [f"<think>The frame is at the {where}.</think>\n<tool_call>\n{decoy}\n</tool_call>",
-                               reference_turns[1]]
+        decoy_where = _region(Shape("", "square", dx // ZOOM_SCALE, dy // ZOOM_SCALE, ZOOM_FRAME // ZOOM_SCALE))
+        meta["decoy_turns"] = [
+            f"<think>The frame is at the {decoy_where}.</think>\n<tool_call>\n{decoy}\n</tool_call>",
+            f"<think>I see {seen} {meta['target']}.</think><answer>{seen}</answer>"]
         meta.pop("_cell")
     meta = {
         "task": task, "split": split, "seed": seed, "index": index, "image_size": [drawn, drawn],

@@ -89,7 +89,7 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     # two images of 256 patches per example (the 896-px scene seen at 224 px, the zoom at 224 px), ~1.2 MB in
     # bfloat16: 4096 rows keep the encoded set near 5 GB (1024 rows were seen 25 times each in 800 steps);
     # greedy validation runs both turns, so it is sparser and smaller
-    "zoom": {"steps": 500, "stop_at": 0.4, "eval_every": 100, "n_train": 4096, "n_val": 64, "n_test": 200},
+    "zoom": {"steps": 500, "stop_at": 0.6, "eval_every": 100, "n_train": 4096, "n_val": 64, "n_test": 200},
 }
 UNSET: Any = type("Unset", (), {"__repr__": lambda self: "UNSET"})()  # "not given": the task's default applies
 _SIGNATURE_DEFAULTS: dict[str, Any] = {"steps": 600, "stop_at": 0.45, "eval_every": 50, "n_train": 4096,
@@ -193,11 +193,12 @@ TOOL_TASKS: dict[str, list[str]] = {"zoom": ["zoom"]}
 #: response tokens per model turn when sampling a tool task (the zoom task's first turn, thinking and call, is ~100
 #: tokens of the tiny BPE)
 TOOL_TURN_TOKENS = 128
-#: the share of a tool task's SFT examples that look in the wrong place first (``meta["decoy_turns"]``): their call is
-#: context (no loss), their final answer is trained — so the warm start answers after any zoom instead of calling
-#: again on a view it never saw in training (without them greedy validation swung between 0.03 and 0.31 from one
-#: check to the next), and RL starts from trajectories where the right look is what makes the answer right
-DECOY_SHARE = 0.25
+#: the share of a tool task's SFT examples that look in the wrong place first (``meta["decoy_turns"]``), every turn
+#: trained, their answer what the wrong crop shows: the warm start is a policy that looks in the right place about
+#: two times in three and always answers from what it saw, so RL has a choice to learn (where to look) whose reward
+#: follows from the image. Unlabelled decoy calls with the gold answer after them (the previous recipe) taught the
+#: model to answer without reading the crop: greedy gave one count for every scene
+DECOY_SHARE = 0.35
 #: model turns when sampling a tool task (validation, the held-out metrics): the reference's two, as
 #: ``configs/zoom-tiny.yaml`` allows
 TOOL_MAX_TURNS = 2
@@ -212,7 +213,7 @@ def encode_sft_turns(processor: Any, samples: list[Sample], tools: list[str],
     spends ~600 tokens on the schema block); runs from such a warm start set ``rollout.tool_params.describe: false``.
     ``label_mask`` marks the model's tokens (each turn and its end-of-turn token); tool turns are context only.
     ``decoy_share``: the share of samples (chosen by a hash of their id) encoded from ``meta["decoy_turns"]`` where
-    they have them, every turn but the last unlabelled.
+    they have them (labelled like any reference).
     Pixel values are stored in bfloat16 (an 8-bit image loses nothing that matters; half the memory)."""
     from mmrlvr.rollout.multiturn import ToolUse, tool_turn
     from mmrlvr.tools import TOOLS, parse_tool_calls
@@ -237,7 +238,7 @@ def encode_sft_turns(processor: Any, samples: list[Sample], tools: list[str],
         for j, text in enumerate(turns):
             turn_ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [eos_id]
             ids += turn_ids
-            labels += [not decoy or j == len(turns) - 1] * len(turn_ids)
+            labels += [True] * len(turn_ids)
             for key in per_token:
                 per_token[key] += [0] * len(turn_ids)
             if j == len(turns) - 1:
