@@ -51,7 +51,7 @@ class ModelConfig:
     freeze_vision: bool = _f(True, "freeze the vision tower (and reuse its features across passes)")
     lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA settings"})
     gradient_checkpointing: bool = _f(False, "recompute layer activations in the backward (transformers' own; less memory, ~1 extra forward)")
-    prefix_sharing: bool = _f(True, "run each group's prompt (image tokens included) once in the reference, old-policy and policy passes, the G responses on its repeated KV cache (equal up to float rounding; single process, Qwen-VL models; docs/performance.md)")
+    prefix_sharing: bool = _f(True, "run each group's prompt (image tokens included) once in the reference, old-policy and policy passes, the G responses on its repeated KV cache (equal up to float rounding; Qwen-VL models; also under DDP / FSDP2; not in a pass with gradient under gradient checkpointing; docs/performance.md)")
     heap_mmap_threshold_mib: int = _f(4, "CPU (glibc): in the policy pass, buffers of this many MiB or more are mmap'd, so freed activations go back to the OS instead of leaving holes in the heap (lower peak memory, same results; mmrlvr/train/host_memory.py); 0 = glibc's default")
 
 

@@ -235,6 +235,9 @@ class Topology:
     prompts_per_rank: list[int]
     hosts: list[str] = field(default_factory=list)  # per rank
     launcher: str = ""
+    #: the log-prob passes of the run's first step on rank 0, by path (``mmrlvr.train.forward.PASS_COUNTS``:
+    #: prefix_shared / fused / logits), filled in after that step: whether several processes kept prefix sharing
+    passes: dict[str, int] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
         return {"dist/world_size": float(self.world_size), "dist/nodes": float(self.num_nodes),
@@ -296,6 +299,19 @@ def announce(topo: Topology, run_dir: str | Path | None, is_main: bool) -> dict[
             Path(run_dir).mkdir(parents=True, exist_ok=True)
             atomic_write_text(Path(run_dir) / TOPOLOGY_FILE, json.dumps(asdict(topo), indent=2) + "\n")
     return topo.metrics()
+
+
+def record_passes(topo: Topology, passes: dict[str, int], run_dir: str | Path | None, is_main: bool) -> None:
+    """After the first step: which path its log-prob passes took, in ``topology.json`` and as a log line."""
+    topo.passes = {k: int(v) for k, v in sorted(passes.items())}
+    if is_main:
+        words = {"prefix_shared": "prefix-shared", "fused": "whole rows (fused head)", "logits": "whole rows (full logits)"}
+        said = ", ".join(f"{n} {words.get(k, k)}" for k, n in topo.passes.items()) or "none"
+        print(f"first step's log-prob passes on {topo.world_size} process(es): {said}", file=sys.stderr, flush=True)
+        if run_dir is not None and Path(run_dir).is_dir():
+            from mmrlvr.store.atomic import atomic_write_text
+
+            atomic_write_text(Path(run_dir) / TOPOLOGY_FILE, json.dumps(asdict(topo), indent=2) + "\n")
 
 
 def read_topology(run_dir: str | Path) -> dict[str, Any] | None:

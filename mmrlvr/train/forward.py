@@ -18,6 +18,7 @@ full-logits path for callers that need the distribution itself (deferred token c
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import torch
@@ -141,9 +142,11 @@ def _token_logprobs(model, inputs, response_ids, temperature, with_entropy, chun
     captured = response_hidden_states(model, inputs, response_ids.shape[1])
     if captured is not None:
         states, head = captured
+        PASS_COUNTS["fused"] += 1
         return logprobs_from_hidden(states, head.weight, response_ids, temperature=temperature,
                                     chunk_size=chunk_size, with_entropy=with_entropy, observe=observe)
     logits = response_logits(model, inputs, response_ids.shape[1])
+    PASS_COUNTS["logits"] += 1
     logp = logprobs_from_logits(logits, response_ids, temperature=temperature, chunk_size=chunk_size,
                                 observe=observe)
     ent = None
@@ -179,10 +182,14 @@ def prefix_shared_logprobs(model: torch.nn.Module, inputs: dict[str, Any], respo
     LoRA). ``rows_per_prompt`` larger than the rows given (a micro-batch smaller than a group) shares within
     the micro-batch (gcd of the two).
 
+    Under DDP / FSDP2 the pass runs through the wrapper's ``__call__`` (``through_wrappers``), so gradients are
+    synchronised and sharded parameters gathered as for a whole-row pass (tested: 2 processes equal one within
+    1e-5, prefix sharing on in both).
+
     None, and the caller runs the whole rows, when: the rows are not groups with equal prompts, the model cannot
-    split its positions, the head is not fusable, several processes train (DDP / FSDP2 hook the wrapped model's
-    own forward; this calls its language model directly), gradient checkpointing is on (transformers then
-    refuses the KV cache), or a trainable vision tower would need gradient through ``pixel_values``."""
+    split its positions, the head is not fusable, the model is compiled (``torch.compile``), gradient
+    checkpointing is on in a pass with gradient (see below), or a trainable vision tower would need gradient
+    through ``pixel_values``."""
     import math
 
     from mmrlvr.credit.signals import shared_prefix_states
@@ -192,21 +199,68 @@ def prefix_shared_logprobs(model: torch.nn.Module, inputs: dict[str, Any], respo
     head = fusable_head(model)
     if head is None or G < 2 or L < 2:
         return None
-    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-        return None
-    core = _unwrap(model)
-    core = core.get_base_model() if hasattr(core, "get_base_model") else core
+    outer = _unwrap(model)
+    if getattr(model, "_orig_mod", None) is not None:
+        return None  # torch.compile: its graph is of the model's own forward
+    core = outer.get_base_model() if hasattr(outer, "get_base_model") else outer
     grad = torch.is_grad_enabled()
     if grad and any(getattr(m, "gradient_checkpointing", False) is True for m in core.modules()):
-        return None  # transformers' checkpointed layers turn the KV cache off in training
+        # transformers' checkpointed decoder layers re-run their forward in the backward, and the KV-cache write
+        # inside attention would run again there: the responses' pass reads and extends the prompt's cache, so
+        # its recomputation would see a cache already extended (transformers turns the cache off in training
+        # under checkpointing for this reason). Whole rows instead.
+        return None
     backbone = getattr(core, "model", None)
     if not isinstance(backbone, torch.nn.Module):
         return None
-    states = shared_prefix_states(backbone, inputs, prompt_length, L, G, grad=grad, cached_features=True)
+
+    def shared() -> torch.Tensor | None:
+        return shared_prefix_states(backbone, inputs, prompt_length, L, G, grad=grad, cached_features=True)
+
+    states = through_wrappers(model, shared) if _wrapped(model) else shared()
     if states is None:
         return None
+    PASS_COUNTS["prefix_shared"] += 1
     return logprobs_from_hidden(states, head.weight, response_ids, temperature=temperature,
                                 chunk_size=chunk_size, with_entropy=with_entropy, observe=observe)
+
+
+#: the passes ``token_logprobs`` ran in this process by path ("prefix_shared", "fused": whole rows through the
+#: fused head, "logits": whole rows with [n, L, V] logits); the trainer logs and resets them each step
+#: (``passes/...``), so a run shows which path its passes took
+PASS_COUNTS: collections.Counter[str] = collections.Counter()
+
+
+def _wrapped(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is DDP's wrapper or an FSDP2 module: its gradient synchronisation (DDP's reducer, prepared
+    in its forward) or its parameter gathering (FSDP2's root hooks) live in ``model.__call__``."""
+    if _unwrap(model) is not model:
+        return True
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def through_wrappers(model: torch.nn.Module, fn: Any) -> Any:
+    """``fn()`` run as the forward of the module under DDP / FSDP2, called through ``model.__call__``.
+
+    Why: a pass that calls the language model directly (prefix sharing: the prompt once with a KV cache, then the
+    responses on top) would skip what the wrappers do around the model's forward: DDP prepares its reducer there
+    (without it the backward's gradients are not averaged over processes) and FSDP2's root hooks gather the root's
+    parameters (embeddings, final norm) and arm its backward. With ``fn`` installed as the inner module's forward
+    for the one call, the wrappers run exactly as for a whole-row pass; ``fn``'s output (a tensor) is the
+    forward's output, so DDP and FSDP2 see the graph the backward runs through. The tensor lives on after the
+    call (FSDP2 does not reshard the root after its forward: ``shard_model``)."""
+    inner = _unwrap(model)
+    own = inner.__dict__.get("forward")  # accelerate may have set one (its autocast wrapper): put it back after
+    inner.forward = lambda *args, **kwargs: fn()  # an instance attribute: the class's forward is untouched
+    try:
+        return model()
+    finally:
+        if own is not None:
+            inner.forward = own
+        else:
+            del inner.forward
 
 
 class VisionFeatureCache:

@@ -95,12 +95,18 @@ class Trainer:
             summary["before"] = self.evaluate(step=0)
         from tqdm.auto import tqdm
 
+        from mmrlvr.train.distributed import record_passes
+        from mmrlvr.train.forward import PASS_COUNTS
+
         bar = tqdm(range(self.start_step, cfg.max_steps), desc="train", disable=not (cfg.progress and self.is_main),
                    initial=self.start_step, total=cfg.max_steps, dynamic_ncols=True)
         last: dict[str, Any] = {}
         try:
             for step in bar:
+                PASS_COUNTS.clear()
                 last = self.run_step(step)
+                if step == self.start_step and self.rt.topology is not None:  # which path the passes took
+                    record_passes(self.rt.topology, PASS_COUNTS, self.run_dir, self.is_main)
                 bar.set_postfix({k: f"{last[k]:.3f}" for k in PROGRESS_KEYS if k in last})
                 done = step + 1
                 if cfg.eval.every and done % cfg.eval.every == 0 and done < cfg.max_steps and self.eval_samples:
