@@ -1,6 +1,6 @@
 """What vision-sensitive token credit costs per training step: `vepo` and `vppo` against `none`.
 
-    python benchmarks/credit_overhead.py [--steps 6] [--settings tiny,large_vocab]
+    python benchmarks/credit_overhead.py [--steps 6] [--settings tiny,large_vocab,shape_true]
 
 A step here is the trainer's real step (``Trainer.run_step``): generation, rewards, advantages, the credit
 scheme's passes, the reference pass (k3 KL), the policy update and the optimizer step, with the rollout
@@ -28,6 +28,10 @@ Settings:
                (real Qwen2_5_VLForConditionalGeneration), 16 prompts x G 8, responses up to 32 tokens
   large_vocab  the same body with a 32,000-token vocabulary (untrained, so every response runs to the
                limit), 1 prompt x G 4, 512-token responses
+  shape_true   Qwen2.5-VL-3B's widths (hidden 2,048, MLP 11,008, 16 heads) and 151,936-token vocabulary, one
+               decoder layer (``mmrlvr.models.standin``, random weights: every response runs to 512 tokens),
+               256 image tokens, 1 prompt x G 4, 2 timed steps; the step increment is the memory a step takes
+               above the model and optimizer state
 """
 
 from __future__ import annotations
@@ -56,6 +60,11 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "large_vocab": {"model": None, "vocab": 32000,
                     "overrides": ["rollout.prompts_per_step=1", "rollout.group_size=4",
                                   "rollout.max_new_tokens=512"]},
+    # Qwen2.5-VL-3B's widths and 151,936-token vocabulary (mmrlvr.models.standin, one decoder layer, random
+    # weights: every response runs to the limit), 256 image tokens (448-px images), 512 new tokens, 1 prompt x G 4
+    "shape_true": {"model": None, "standin": "qwen2_5_vl_3b", "image_tokens": 256, "steps": 2,
+                   "overrides": ["rollout.prompts_per_step=1", "rollout.group_size=4", "rollout.max_new_tokens=512",
+                                 "data.image_size=448", "algo.micro_batch_size=4"]},
 }
 
 
@@ -82,7 +91,15 @@ def make_trainer(setting: str, arm: str, work: Path):
     from mmrlvr.train.trainer import Trainer
 
     spec = SETTINGS[setting]
-    model = spec["model"] or large_vocab_model(work / f"model-{setting}", spec["vocab"])
+    if spec.get("standin"):
+        from mmrlvr.models.standin import build_standin
+
+        folder = work / f"model-{setting}"
+        if not (folder / "config.json").is_file():
+            build_standin(spec["standin"], folder, image_tokens=spec["image_tokens"])
+        model = str(folder)
+    else:
+        model = spec["model"] or large_vocab_model(work / f"model-{setting}", spec["vocab"])
     cfg = load_config(ROOT / "configs" / "credit-vepo-tiny.yaml",
                       [f"output_dir={work / f'{setting}-{arm}'}", f"model.path={model}", f"credit.scheme={arm}",
                        *QUIET, *spec["overrides"]])
@@ -155,7 +172,7 @@ def _run_child(args: list[str]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=6, help="timed steps per arm (median reported)")
-    ap.add_argument("--settings", default="tiny,large_vocab", help="comma list of: " + ", ".join(SETTINGS))
+    ap.add_argument("--settings", default="tiny,large_vocab,shape_true", help="comma list of: " + ", ".join(SETTINGS))
     ap.add_argument("--work", default=None, help="folder for run directories and the large-vocab model")
     ap.add_argument("--worker", choices=["time", "memory"], help=argparse.SUPPRESS)
     ap.add_argument("--setting", help=argparse.SUPPRESS)
@@ -176,10 +193,14 @@ def main(argv: list[str] | None = None) -> int:
           f"torch {torch.__version__}, {a.steps} timed steps per arm, work dir {work}")
     ratios: dict[str, dict[str, dict[str, float]]] = {}
     for s in settings:
-        t = _run_child(["--worker", "time", "--setting", s, "--steps", str(a.steps), "--work", str(work)])
+        steps = min(a.steps, SETTINGS[s].get("steps", a.steps))  # the shape-true setting: 2 timed steps
+        t = _run_child(["--worker", "time", "--setting", s, "--steps", str(steps), "--work", str(work)])
         m = {arm: _run_child(["--worker", "memory", "--setting", s, "--arm", arm, "--work", str(work)])
              for arm in ARMS}
-        print(f"\n[{s}] {SETTINGS[s]['model'] or 'tiny body, vocab ' + str(SETTINGS[s]['vocab'])} "
+        spec = SETTINGS[s]
+        label = (f"{spec['standin']} stand-in (1 layer), {spec['image_tokens']} image tokens" if spec.get("standin")
+                 else spec["model"] or f"tiny body, vocab {spec['vocab']}")
+        print(f"\n[{s}] {label} "
               f"{' '.join(SETTINGS[s]['overrides'])}; mean response length {t['none']['tokens']:.1f} tokens")
         print(f"  {'arm':6s} {'step CPU s':>10s} {'train part CPU s':>17s} {'step wall s':>12s} "
               f"{'peak RSS MiB':>13s} {'step increment MiB':>19s}")

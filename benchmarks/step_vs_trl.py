@@ -30,6 +30,12 @@ step times are taken after ``torch.cuda.synchronize``; generation is the HF engi
 Ends with, per run (one shape):
     step time ratio (ours/TRL): X
     peak memory ratio (ours/TRL): Y
+
+``--credit SCHEME`` (vepo, vppo, entropy_topk, ...) runs our arm with that token-credit scheme beside our plain
+GRPO instead of TRL (which has no vision credit) and ends with ``step time ratio (SCHEME/none)`` and
+``peak memory ratio (SCHEME/none)``:
+
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/step_vs_trl.py --credit vepo [--shape qwen2_5_vl_3b ...]
 """
 
 from __future__ import annotations
@@ -111,7 +117,8 @@ def run_ours(model_dir: str, a, out: str, rollout_log: bool) -> dict:
         model["prefix_sharing"] = a.prefix_sharing
     if a.heap_mmap_threshold_mib is not None:  # None: the config's default (4 MiB)
         model["heap_mmap_threshold_mib"] = a.heap_mmap_threshold_mib
-    cfg = load_config(data={
+    credit = {"credit": {"scheme": a.credit}} if getattr(a, "credit", None) else {}
+    cfg = load_config(data={**credit,
         "output_dir": out, "max_steps": a.steps, "save_every": 0, "log_rollouts": rollout_log,
         "tensorboard": False, "progress": False, "model": model,
         "data": {"train": "synth:count", "train_size": a.prompts * a.steps, "image_size": side,
@@ -279,14 +286,19 @@ def bench_shape(shape: str, args, env: dict[str, str]) -> None:
 
 def _alternate(a, args, env: dict[str, str], model_dir: str) -> None:
     shape = a.shape
-    results: dict[str, list[dict]] = {"ours": [], "trl": []}
+    # --credit: our arm with that token-credit scheme beside our plain GRPO (TRL has no vision credit)
+    arms = {"ours": ("ours", None), "trl": ("trl", None)}
+    if args.credit:
+        arms = {"ours": ("ours", None), f"ours+{args.credit}": ("ours", args.credit)}
+    results: dict[str, list[dict]] = {k: [] for k in arms}
     for r in range(args.rounds):
-        for arm in ("ours", "trl"):
-            cmd = [sys.executable, __file__, "--child", arm, "--model", model_dir, "--shape", shape,
+        for arm, (kind, credit) in arms.items():
+            cmd = [sys.executable, __file__, "--child", kind, "--model", model_dir, "--shape", shape,
                    "--steps", str(a.steps), "--prompts", str(a.prompts), "--group", str(a.group),
                    "--image-tokens", str(a.image_tokens), "--new-tokens", str(a.new_tokens),
                    "--device", a.device, "--dtype", a.dtype]
             cmd += ["--no-rollout-log"] if args.no_rollout_log else []
+            cmd += ["--credit", credit] if credit else []
             if args.prefix_sharing is not None:
                 cmd += ["--prefix-sharing" if args.prefix_sharing else "--no-prefix-sharing"]
             if args.heap_mmap_threshold_mib is not None:
@@ -316,6 +328,13 @@ def _alternate(a, args, env: dict[str, str], model_dir: str) -> None:
         phases = {ph: _median([st[ph] for res in rs for st in (res["phases"][1:] or res["phases"])]) for ph in PHASES}
         print(f"{arm:>4} phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
     what = "GPU memory" if a.device == "cuda" else "RSS"
+    if args.credit:
+        other = f"ours+{args.credit}"
+        print(f"ours: {med['ours']:.3f} s/step, {mem['ours']:.0f} MiB;  {other}: {med[other]:.3f} s/step, "
+              f"{mem[other]:.0f} MiB (peak {what})")
+        print(f"step time ratio ({args.credit}/none): {med[other] / med['ours']:.2f}")
+        print(f"peak memory ratio ({args.credit}/none): {mem[other] / mem['ours']:.2f}", flush=True)
+        return
     print(f"ours: {med['ours']:.3f} s/step, {mem['ours']:.0f} MiB;  TRL: {med['trl']:.3f} s/step, {mem['trl']:.0f} MiB "
           f"(peak {what})")
     print(f"step time ratio (ours/TRL): {med['ours'] / med['trl']:.2f}")
@@ -346,6 +365,9 @@ def main() -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: a CUDA GPU when torch sees one, else the CPU (both arms)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="weights dtype (both arms)")
+    p.add_argument("--credit", default=None,
+                   help="a token-credit scheme (vepo, vppo, entropy_topk, ...): our arm with it beside our plain GRPO, "
+                        "no TRL arm (TRL has no vision credit); prints the scheme/none ratios")
     p.add_argument("--child", choices=["ours", "trl"], help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.device == "auto":
