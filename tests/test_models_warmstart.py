@@ -68,23 +68,58 @@ def test_warm_start_refuses_to_overwrite_another_model(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_warm_start_beats_chance_and_second_call_is_cached(tmp_path):
-    """The real recipe (~1.5-3 min on 2 cores): held-out greedy accuracy above chance (25% for count)."""
-    # built where `model.path: tiny:qwen2_5_vl:warm` looks, so the learning tests reuse it
-    from mmrlvr.train.model_path import cache_dir
+def test_cli_warm_start_beats_chance_reproduces_the_shipped_build_and_second_call_is_cached(tmp_path):
+    """The real recipe (~5-6 min on 2 cores), built by the CLI with --force (never the shipped copy): held-out greedy
+    accuracy above chance (25% for count), and every file the package ships for it is reproduced byte for byte."""
+    from mmrlvr.models.warmstart import RESULT_FILE, SHIPPED, SHIPPED_FILES
 
-    out = cache_dir() / "tiny" / "qwen2_5_vl-warm"
+    out = tmp_path / "built"
     cmd = [sys.executable, "-m", "mmrlvr.cli", "tiny", "build", "--family", "qwen2_5_vl", "--out", str(out),
            "--warm-start", "--quiet"]
-    first = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    first = subprocess.run(cmd + ["--force"], capture_output=True, text=True, check=True)
     metrics = json.loads(re.search(r"^metrics: (.*)$", first.stdout, re.M).group(1))
-    # (the first call may find a build made earlier in this checkout; a fresh clone builds it here)
+    assert metrics["cached"] is False and metrics["steps_run"] > 0  # really built
     assert 0.30 <= metrics["greedy_accuracy"] <= 0.65, first.stdout
     assert metrics["format_rate"] > 0.9
+    shipped = SHIPPED / "qwen2_5_vl-warm-count"
+    for name in SHIPPED_FILES:
+        assert (out / name).read_bytes() == (shipped / name).read_bytes(), name
+    built, ships = (json.loads((d / RESULT_FILE).read_text()) for d in (out, shipped))
+    timing = {"train_s", "total_s", "eval_s", "cached", "shipped"}
+    assert {k: v for k, v in built.items() if k not in timing} == {k: v for k, v in ships.items() if k not in timing}
     second = subprocess.run(cmd, capture_output=True, text=True, check=True)
     second_metrics = json.loads(re.search(r"^metrics: (.*)$", second.stdout, re.M).group(1))
     assert second_metrics["cached"] is True
     assert {k: v for k, v in second_metrics.items() if k != "cached"} == {k: v for k, v in metrics.items() if k != "cached"}
+
+
+def test_the_shipped_warm_start_is_installed_instead_of_built(tmp_path, monkeypatch):
+    """The demo's warm start ships with the package: a request with its options copies it (no SFT), the copy is a
+    finished warm start that loads, an interrupted copy is not taken for one, and other options find no copy."""
+    from mmrlvr.models.loading import load_policy
+    from mmrlvr.models.warmstart import RESULT_FILE, SHIPPED, SHIPPED_FILES, cached_result, shipped_copy
+
+    shipped = SHIPPED / "qwen2_5_vl-warm-count"
+    digest = json.loads((shipped / RESULT_FILE).read_text())["options_hash"]
+    assert shipped_copy(digest) == shipped and shipped_copy("0" * 16) is None
+    out = tmp_path / "warm"
+    result = warm_start(out, family="qwen2_5_vl", task="count", progress=False)  # the demo's options
+    assert result["cached"] is True and result["shipped"] is True and result["options_hash"] == digest
+    for name in SHIPPED_FILES:
+        assert (out / name).read_bytes() == (shipped / name).read_bytes(), name
+    model, processor = load_policy(out)
+    assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
+    (out / RESULT_FILE).unlink()  # a copy cut short before its last file: not a finished warm start
+    assert cached_result(out, digest) is None
+    import mmrlvr.models.warmstart as W
+
+    def would_build(*args, **kwargs):
+        raise AssertionError("would build")
+
+    monkeypatch.setattr(W, "_build_in_pinned_child", would_build)
+    monkeypatch.setattr(W, "_build", would_build)
+    with pytest.raises(AssertionError, match="would build"):  # another recipe (a seed) is built, not copied
+        warm_start(tmp_path / "other", family="qwen2_5_vl", task="count", seed=1, progress=False)
 
 
 def test_warm_start_is_bit_identical_under_1_and_2_threads(tmp_path):

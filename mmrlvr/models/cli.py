@@ -32,7 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--steps", type=int, default=None,
                        help="most SFT steps for --warm-start (default: the task's recipe, 600; 1200 for video_count)")
     build.add_argument("--seed", type=int, default=0, help="random seed (weights, data, sampling)")
-    build.add_argument("--force", action="store_true", help="rebuild even if the folder holds a model / cache")
+    build.add_argument("--force", action="store_true",
+                       help="rebuild even if the folder holds a model / cache (and never copy the shipped build)")
     build.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
 
@@ -67,7 +68,8 @@ def _build_warm(args: argparse.Namespace) -> int:
                             progress=not args.quiet)
     took = time.perf_counter() - t0
     k = result["k"]
-    source = "cached" if result["cached"] else f"{result['steps_run']} SFT steps"
+    source = ("shipped with the package" if result.get("shipped") else "cached") if result["cached"] \
+        else f"{result['steps_run']} SFT steps"
     chance = result.get("chance")
     print(f"warm-started {args.family} on {args.task} ({source}) in {args.out}")
     print(f"held-out (n={result['n']}): greedy accuracy {result['greedy_accuracy']:.3f}"
