@@ -21,6 +21,11 @@ smaller than the real 151,936 so that two full-fine-tuning ranks fit in a shared
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/scaling.py --shape qwen2_5_vl_3b --layers 1 --vocab 8192 --steps 3
     OMP_WAIT_POLICY=PASSIVE python benchmarks/scaling.py --shape toy --steps 3
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/scaling.py --prefix-sharing --steps 8 [--strategy fsdp2]
+
+``--prefix-sharing``: the trainer's whole step (``mmrlvr train``, the demo's VEPO config; a stand-in with
+``--shape``) on 2 processes with ``model.prefix_sharing`` on and off, alternated; ends with
+``2-process step time ratio (prefix sharing on / off)``.
 
 Ends with:
     step time ratio (ddp 2 ranks / 1 process): A
@@ -235,6 +240,49 @@ def run_arm(arm: str, model_dir: str, a: argparse.Namespace, env: dict[str, str]
     return json.loads(line[len("RESULT "):])
 
 
+def prefix_sharing_on_two_processes(a: argparse.Namespace) -> None:
+    """``mmrlvr train`` under ``torchrun --nproc_per_node 2`` with prefix sharing on and off (alternated, each its
+    own run folder); the median of ``time/step_s`` and ``time/train_s`` (the passes and the update, without
+    generation) over the steps after the first, and the paths the first step's passes took (``topology.json``)."""
+    root = Path(__file__).resolve().parents[1]
+    work = Path(tempfile.mkdtemp(prefix="scaling-prefix-"))
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "OMP_WAIT_POLICY": "PASSIVE",
+           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    args = ["configs/demo-tiny.yaml", f"max_steps={a.steps}", "eval.at_start=false", "eval.at_end=false",
+            "eval.every=0", "save_every=0", "progress=false", "log_rollouts=false", "tensorboard=false",
+            f"distributed.strategy={a.strategy}"]
+    if a.shape != "toy":
+        model_dir = a.model or str(build_model(a.shape, work / a.shape, a.layers, a.vocab))
+        args += [f"model.path={model_dir}", "data.image_size=448", "rollout.prompts_per_step=2",
+                 "rollout.group_size=4", f"rollout.max_new_tokens={a.new_tokens}"]
+    print(f"== 2 processes ({a.strategy}), {a.shape}, the demo's config (VEPO), {a.steps} steps per run x {a.rounds} "
+          f"rounds; OMP_NUM_THREADS={env['OMP_NUM_THREADS']} per process", flush=True)
+    times: dict[str, dict[str, list[float]]] = {arm: {"step": [], "train": []} for arm in ("on", "off")}
+    for r in range(a.rounds):
+        for arm in ("on", "off"):
+            out = work / f"{arm}-{r}"
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                   str(_port()), "-m", "mmrlvr.cli", "train", *args, f"output_dir={out}",
+                   f"model.prefix_sharing={'true' if arm == 'on' else 'false'}"]
+            proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise SystemExit(f"prefix sharing {arm}: the 2-process run failed\n{proc.stderr[-3000:]}")
+            lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+            rows = lines[1:] or lines
+            times[arm]["step"] += [m["time/step_s"] for m in rows]
+            times[arm]["train"] += [m["time/train_s"] for m in rows]
+            topo = json.loads((out / "topology.json").read_text())
+            print(f"round {r + 1} prefix sharing {arm:>3}: world size {topo['world_size']}, first step's passes "
+                  f"{topo.get('passes')}, median step {statistics.median([m['time/step_s'] for m in rows]):.3f} s",
+                  flush=True)
+    med = {arm: {k: statistics.median(v) for k, v in t.items()} for arm, t in times.items()}
+    for arm in ("on", "off"):
+        print(f"prefix sharing {arm:>3}: step {med[arm]['step']:.3f} s, update part {med[arm]['train']:.3f} s (median)")
+    print(f"2-process step time ratio (prefix sharing on / off): {med['on']['step'] / med['off']['step']:.2f}")
+    print(f"2-process update time ratio (prefix sharing on / off): {med['on']['train'] / med['off']['train']:.2f}",
+          flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="toy", choices=["toy", "qwen2_5_vl_3b", "qwen2_5_vl_7b"])
@@ -247,10 +295,18 @@ def main() -> None:
     p.add_argument("--model", default=None, help="model folder (default: build the --shape model)")
     p.add_argument("--paper", action="store_true",
                    help="print the computed per-GPU memory table of docs/scaling.md (Qwen2.5-VL 3B/7B/32B) and exit")
+    p.add_argument("--prefix-sharing", action="store_true",
+                   help="instead: the trainer's whole step (the demo's VEPO config) on 2 processes with model.prefix_sharing "
+                        "on and off, alternated; prints both step times and their ratio")
+    p.add_argument("--strategy", default="ddp", choices=["ddp", "fsdp2"], help="with --prefix-sharing")
+    p.add_argument("--rounds", type=int, default=2, help="with --prefix-sharing: alternations of (on, off)")
     p.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.paper:
         print_paper()
+        return
+    if a.prefix_sharing:
+        prefix_sharing_on_two_processes(a)
         return
     if a.child:
         child(a.child, a.model, a)
