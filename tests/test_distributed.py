@@ -417,15 +417,26 @@ def test_an_accelerate_fsdp1_config_exits_2_naming_the_key(tiny_dir, tmp_path):
 
 
 @pytest.mark.matrix  # two 2-process runs and their 1-process twins (~4 min on 2 cores)
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
-def test_two_ranks_keep_prefix_sharing_and_equal_one_process(tmp_path, strategy):
+@pytest.mark.parametrize("strategy, lora", [("ddp", False), ("fsdp2", False), ("ddp", True), ("fsdp2", True)],
+                         ids=["ddp", "fsdp2", "ddp-lora", "fsdp2-lora"])
+def test_two_ranks_keep_prefix_sharing_and_equal_one_process(tmp_path, strategy, lora):
     """Prefix sharing on under DDP and FSDP2: the shared passes run through the wrappers' forward, so gradients are
     averaged (DDP's reducer) and root parameters gathered (FSDP2) — the demo's VEPO run on 2 ranks equals one
     process within 1e-5, and both say in their topology that every log-prob pass of the first step was shared."""
     from multiproc import assert_two_ranks_train_what_one_process_trains
 
+    extra = ["model.lora.enabled=true", "model.lora.r=4", "model.lora.alpha=8", "optim.lr=1e-3"] if lora else []
     two = assert_two_ranks_train_what_one_process_trains(
-        tmp_path, "max_steps=6", "model.prefix_sharing=true", f"distributed.strategy={strategy}")
+        tmp_path, "max_steps=6", "model.prefix_sharing=true", f"distributed.strategy={strategy}", *extra)
+    from mmrlvr.train.model_path import resolve_model_path
+
+    model = str(resolve_model_path("tiny:qwen2_5_vl:warm"))
+    start, end = final_params(tmp_path / "one", model), final_params(two, model)
+    base = dict(__import__("mmrlvr.models", fromlist=["load_policy"]).load_policy(model)[0].named_parameters())
+    moved = [n for n in end if (n in base and float((end[n] - base[n].detach()).abs().max()) > 1e-4)
+             or ("lora_B" in n and float(end[n].abs().max()) > 1e-4)]  # LoRA's B starts at zero
+    assert moved, "nothing trained: the equality above would hold for any run"
+    assert start.keys() == end.keys()
     one = topology(tmp_path / "one")
     passes = topology(two)["passes"]
     assert topology(two)["world_size"] == 2 and topology(two)["strategy"] == strategy
