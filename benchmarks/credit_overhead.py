@@ -62,7 +62,9 @@ SETTINGS: dict[str, dict[str, Any]] = {
                                   "rollout.max_new_tokens=512"]},
     # Qwen2.5-VL-3B's widths and 151,936-token vocabulary (mmrlvr.models.standin, one decoder layer, random
     # weights: every response runs to the limit), 256 image tokens (448-px images), 512 new tokens, 1 prompt x G 4
-    "shape_true": {"model": None, "standin": "qwen2_5_vl_3b", "image_tokens": 256, "steps": 2,
+    # (each arm in its own process: three full-fine-tuning copies with their AdamW state and reference would need
+    # ~21 GB; timed and measured over the same 2 steps after a warm-up step)
+    "shape_true": {"model": None, "standin": "qwen2_5_vl_3b", "image_tokens": 256, "steps": 2, "separate": True,
                    "overrides": ["rollout.prompts_per_step=1", "rollout.group_size=4", "rollout.max_new_tokens=512",
                                  "data.image_size=448", "algo.micro_batch_size=4"]},
 }
@@ -161,6 +163,23 @@ def memory_worker(setting: str, arm: str, work: Path) -> dict[str, float]:
     return {"peak_mib": peak / 1024, "increment_mib": (peak - before) / 1024}
 
 
+def arm_worker(setting: str, arm: str, steps: int, work: Path) -> dict[str, Any]:
+    """One arm alone in its process: a warm-up step, then ``steps`` timed steps with the RSS high-water mark reset
+    before them (the settings whose three trainers would not fit one process: ``separate``)."""
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    trainer = make_trainer(setting, arm, work)
+    timed_step(trainer, 0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = _kib("VmRSS")
+    runs = [timed_step(trainer, step) for step in range(1, steps + 1)]
+    peak = _kib("VmHWM")
+    out = {k: statistics.median(r[k] for r in runs) for k in ("cpu", "train_cpu", "wall", "tokens")}
+    return {**out, "peak_mib": peak / 1024, "increment_mib": (peak - before) / 1024}
+
+
 def _run_child(args: list[str]) -> dict[str, Any]:
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     out = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True, text=True)
@@ -174,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=6, help="timed steps per arm (median reported)")
     ap.add_argument("--settings", default="tiny,large_vocab,shape_true", help="comma list of: " + ", ".join(SETTINGS))
     ap.add_argument("--work", default=None, help="folder for run directories and the large-vocab model")
-    ap.add_argument("--worker", choices=["time", "memory"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["time", "memory", "arm"], help=argparse.SUPPRESS)
     ap.add_argument("--setting", help=argparse.SUPPRESS)
     ap.add_argument("--arm", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -185,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.worker == "memory":
         print(json.dumps(memory_worker(a.setting, a.arm, work)))
         return 0
+    if a.worker == "arm":
+        print(json.dumps(arm_worker(a.setting, a.arm, a.steps, work)))
+        return 0
 
     import torch
 
@@ -194,9 +216,14 @@ def main(argv: list[str] | None = None) -> int:
     ratios: dict[str, dict[str, dict[str, float]]] = {}
     for s in settings:
         steps = min(a.steps, SETTINGS[s].get("steps", a.steps))  # the shape-true setting: 2 timed steps
-        t = _run_child(["--worker", "time", "--setting", s, "--steps", str(steps), "--work", str(work)])
-        m = {arm: _run_child(["--worker", "memory", "--setting", s, "--arm", arm, "--work", str(work)])
-             for arm in ARMS}
+        if SETTINGS[s].get("separate"):  # one process per arm, timed and measured in the same steps
+            t = {arm: _run_child(["--worker", "arm", "--setting", s, "--arm", arm, "--steps", str(steps),
+                                  "--work", str(work)]) for arm in ARMS}
+            m = t
+        else:
+            t = _run_child(["--worker", "time", "--setting", s, "--steps", str(steps), "--work", str(work)])
+            m = {arm: _run_child(["--worker", "memory", "--setting", s, "--arm", arm, "--work", str(work)])
+                 for arm in ARMS}
         spec = SETTINGS[s]
         label = (f"{spec['standin']} stand-in (1 layer), {spec['image_tokens']} image tokens" if spec.get("standin")
                  else spec["model"] or f"tiny body, vocab {spec['vocab']}")
