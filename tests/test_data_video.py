@@ -228,6 +228,7 @@ def test_video_warm_start_recipe_is_its_own_and_leaves_the_image_tasks_alone(tmp
     monkeypatch.setattr(ws, "_build", lambda out, marker, options, digest, **kw: seen.append(options) or {})
     monkeypatch.setattr(ws, "env_pinned", lambda: True)  # build "here" (the stub), not in a pinned child
     monkeypatch.setattr(ws, "check_pinned", lambda state: None)
+    monkeypatch.setattr(ws, "shipped_copy", lambda digest: None)  # the count recipe is shipped: build it here too
     ws.warm_start(tmp_path / "v", task="video_count", progress=False)
     ws.warm_start(tmp_path / "c", task="count", progress=False)
     ws.warm_start(tmp_path / "v2", task="video_count", steps=5, stop_at=None, progress=False)

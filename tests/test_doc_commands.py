@@ -83,7 +83,7 @@ T_SCREENS = "tests/test_inspector_screens.py::test_browse_view_fits_and_reads_at
 T_EXPOSED = ("tests/test_inspector_app.py::test_cli_refuses_an_exposed_host_without_auth",
              "tests/test_inspector_app.py::test_cli_exposed_host_warns_and_passes_the_login",
              "tests/test_inspector_app.py::test_launch_with_auth_requires_the_login")
-T_WARM_CLI = "tests/test_models_warmstart.py::test_cli_warm_start_beats_chance_and_second_call_is_cached"
+T_WARM_CLI = "tests/test_models_warmstart.py::test_cli_warm_start_beats_chance_reproduces_the_shipped_build_and_second_call_is_cached"
 T_VERL = "tests/test_integrations_verl.py::"
 T_TRL = "tests/test_integrations_trl.py::test_doc_example_trains_two_steps_with_our_rewards"
 T_VLLM = "tests/test_rollout_vllm.py::"
