@@ -23,7 +23,7 @@ smaller than the real 151,936 so that two full-fine-tuning ranks fit in a shared
     OMP_WAIT_POLICY=PASSIVE python benchmarks/scaling.py --shape toy --steps 3
     OMP_WAIT_POLICY=PASSIVE python benchmarks/scaling.py --prefix-sharing --steps 8 [--strategy fsdp2]
 
-``--prefix-sharing``: the trainer's whole step (``mmrlvr train``, the demo's VEPO config; a stand-in with
+``--prefix-sharing``: the trainer's whole step (``mmrlvr train``, configs/demo-tiny.yaml with VEPO credit; a stand-in with
 ``--shape``) on 2 processes with ``model.prefix_sharing`` on and off, alternated; ends with
 ``2-process step time ratio (prefix sharing on / off)``.
 
@@ -250,12 +250,12 @@ def prefix_sharing_on_two_processes(a: argparse.Namespace) -> None:
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     args = ["configs/demo-tiny.yaml", f"max_steps={a.steps}", "eval.at_start=false", "eval.at_end=false",
             "eval.every=0", "save_every=0", "progress=false", "log_rollouts=false", "tensorboard=false",
-            f"distributed.strategy={a.strategy}"]
+            f"distributed.strategy={a.strategy}", "credit.scheme=vepo"]
     if a.shape != "toy":
         model_dir = a.model or str(build_model(a.shape, work / a.shape, a.layers, a.vocab))
         args += [f"model.path={model_dir}", "data.image_size=448", "rollout.prompts_per_step=2",
                  "rollout.group_size=4", f"rollout.max_new_tokens={a.new_tokens}"]
-    print(f"== 2 processes ({a.strategy}), {a.shape}, the demo's config (VEPO), {a.steps} steps per run x {a.rounds} "
+    print(f"== 2 processes ({a.strategy}), {a.shape}, demo-tiny + VEPO credit, {a.steps} steps per run x {a.rounds} "
           f"rounds; OMP_NUM_THREADS={env['OMP_NUM_THREADS']} per process", flush=True)
     times: dict[str, dict[str, list[float]]] = {arm: {"step": [], "train": []} for arm in ("on", "off")}
     for r in range(a.rounds):
@@ -296,7 +296,7 @@ def main() -> None:
     p.add_argument("--paper", action="store_true",
                    help="print the computed per-GPU memory table of docs/scaling.md (Qwen2.5-VL 3B/7B/32B) and exit")
     p.add_argument("--prefix-sharing", action="store_true",
-                   help="instead: the trainer's whole step (the demo's VEPO config) on 2 processes with model.prefix_sharing "
+                   help="instead: the trainer's whole step (configs/demo-tiny.yaml with VEPO credit) on 2 processes with model.prefix_sharing "
                         "on and off, alternated; prints both step times and their ratio")
     p.add_argument("--strategy", default="ddp", choices=["ddp", "fsdp2"], help="with --prefix-sharing")
     p.add_argument("--rounds", type=int, default=2, help="with --prefix-sharing: alternations of (on, off)")

@@ -421,13 +421,15 @@ def test_an_accelerate_fsdp1_config_exits_2_naming_the_key(tiny_dir, tmp_path):
                          ids=["ddp", "fsdp2", "ddp-lora", "fsdp2-lora"])
 def test_two_ranks_keep_prefix_sharing_and_equal_one_process(tmp_path, strategy, lora):
     """Prefix sharing on under DDP and FSDP2: the shared passes run through the wrappers' forward, so gradients are
-    averaged (DDP's reducer) and root parameters gathered (FSDP2) — the demo's VEPO run on 2 ranks equals one
-    process within 1e-5, and both say in their topology that every log-prob pass of the first step was shared."""
+    averaged (DDP's reducer) and root parameters gathered (FSDP2) — a VEPO run (its credit read inside the shared
+    policy pass) on 2 ranks equals one process within 1e-5, and both say in their topology that every log-prob pass
+    of the first step was shared."""
     from multiproc import assert_two_ranks_train_what_one_process_trains
 
     extra = ["model.lora.enabled=true", "model.lora.r=4", "model.lora.alpha=8", "optim.lr=1e-3"] if lora else []
     two = assert_two_ranks_train_what_one_process_trains(
-        tmp_path, "max_steps=6", "model.prefix_sharing=true", f"distributed.strategy={strategy}", *extra)
+        tmp_path, "max_steps=6", "model.prefix_sharing=true", "credit.scheme=vepo", f"distributed.strategy={strategy}",
+        *extra)
     from mmrlvr.train.model_path import resolve_model_path
 
     model = str(resolve_model_path("tiny:qwen2_5_vl:warm"))
