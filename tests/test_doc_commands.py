@@ -395,6 +395,9 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         ("run by hand; options checked, FSDP2 sharding and state bytes tested",
          (T_OPTS, T_DIST + "test_fsdp2_two_ranks_hold_half_of_each_tensor_and_train_like_one_process")),
     "python benchmarks/scaling.py --paper": (RUN, (T_OPTS, T_DIST + "test_paper_memory_table")),
+    "python benchmarks/scaling.py --prefix-sharing --steps 8 --rounds 2":  # run by hand: ~2 min, figures in the doc
+        ("run by hand; what it times (2 ranks keep prefix sharing and equal one process) is tested",
+         (T_DIST + "test_two_ranks_keep_prefix_sharing_and_equal_one_process",)),
     # what not to run: a lone process of these launches stops with exit 2 instead of training a copy
     "accelerate launch --num_processes 2 --cpu":
         (RUN + " (refused: exit 2, one message)",
@@ -420,6 +423,7 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         (VERL, (T_VERL + "TestBatchManager::test_groups_follow_the_prompt_not_the_position",)),
     "pip install trl": (INSTALL + "; TRL is installed here and its GRPOTrainer runs our rewards", (T_TRL,)),
     "mmrlvr tiny build --family qwen2_5_vl --out runs/tiny-vlm --warm-start": (RUN, (T_WARM_CLI,)),
+    "mmrlvr tiny build --family qwen2_5_vl --out DIR --warm-start --force": (RUN, (T_WARM_CLI,)),
     # ---- docs/real-checkpoint.md (and the Qwen configs' headers)
     "pip install torch": (INSTALL + " + GPU (a CUDA build)", (T_PYPROJECT,)),
     QWEN_3B + " " + GEO_DATA: (GPU, (T_DRY, T_CFG_LOAD, *T_GPU_CPU)),
