@@ -58,23 +58,23 @@ class DeferredCredit:
     done: bool = False
     parts: dict[str, torch.Tensor] = field(default_factory=dict)
 
+    def _perturbed(self, rows: slice) -> Hidden | None:
+        """The perturbed pass's hidden states of rows ``rows`` (None without a perturbed pass)."""
+        if self.perturbed is None:
+            return None
+        return Hidden(states=self.perturbed.states[rows], head=self.perturbed.head)
+
     def beside(self, rows: slice, response_ids: torch.Tensor, mask: torch.Tensor) -> SignalsBeside:
         """The observer that computes rows ``rows``' signals inside the update's log-prob pass (``token_logprobs(...,
         observe=)``): the clean side from that pass's own chunks of logits, the perturbed side from this step's
         perturbed hidden states at the same positions. Hand it to ``apply_signals`` once the pass has run."""
-        q = None
-        if self.perturbed is not None:
-            q = Hidden(states=self.perturbed.states[rows], head=self.perturbed.head)
-        return SignalsBeside(q, response_ids, mask, temperature=self.temperature)
+        return SignalsBeside(self._perturbed(rows), response_ids, mask, temperature=self.temperature)
 
     def apply(self, rows: slice, logits: torch.Tensor, response_ids: torch.Tensor, mask: torch.Tensor,
               old_logprobs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Credit for rows ``rows`` from their clean logits [n, L, V] (detached here): ``apply_signals`` of
         ``token_signals`` over them. The update runs ``beside`` instead (no [n, L, V] tensor)."""
-        q = None
-        if self.perturbed is not None:
-            q = Hidden(states=self.perturbed.states[rows], head=self.perturbed.head)
-        sig = token_signals(logits.detach(), q, response_ids, mask, chunk_size=self.chunk_size,
+        sig = token_signals(logits.detach(), self._perturbed(rows), response_ids, mask, chunk_size=self.chunk_size,
                             temperature=self.temperature)
         return self.apply_signals(rows, sig, old_logprobs)
 
