@@ -212,6 +212,30 @@ def test_every_failed_call_is_a_counted_message_the_model_reads(monkeypatch):
         """
         return Image.new("RGB", (2000, 2000))
 
+    def sliver(image: int) -> Image.Image:
+        """Past the processor's 200:1 aspect limit.
+
+        Args:
+            image: an image index
+        """
+        return Image.new("RGB", (300, 1))
+
+    def empty(image: int) -> Image.Image:
+        """No pixels at all.
+
+        Args:
+            image: an image index
+        """
+        return Image.new("RGB", (0, 0))
+
+    def array(image: int) -> list:
+        """An array where an image belongs.
+
+        Args:
+            image: an image index
+        """
+        return ["here", __import__("numpy").zeros((8, 8, 3), dtype="uint8")]
+
     scripts = [
         "<tool_call>\n{not json}\n</tool_call>",  # malformed_call
         call("crop", image=0),  # unknown_tool
@@ -220,21 +244,38 @@ def test_every_failed_call_is_a_counted_message_the_model_reads(monkeypatch):
         call("slow", image=0),  # timeout
         call("huge", image=0),  # image_too_large
         call("zoom", image=7, box=BOX),  # tool_error: no such image
+        call("sliver", image=0),  # bad_image: the processor refuses it
+        call("empty", image=0),  # bad_image
+        call("array", image=0),  # bad_image: not a PIL image
         ANSWER,
     ]
-    batch, use = run(monkeypatch, eng, scripts, max_turns=8, max_tokens=4000, time_budget_s=0.5,
-                     tools={"boom": boom, "slow": slow, "huge": huge})
+    batch, use = run(monkeypatch, eng, scripts, max_turns=11, max_tokens=6000, time_budget_s=0.5,
+                     tools={"boom": boom, "slow": slow, "huge": huge, "sliver": sliver, "empty": empty, "array": array})
     tool_turns = [t for t in batch.turns[0] if t["kind"] == "tool"]
     kinds = ["malformed_call", "unknown_tool", "bad_arguments", "tool_error", "timeout", "image_too_large",
-             "tool_error"]
+             "tool_error", "bad_image", "bad_image", "bad_image"]
     assert [t["calls"][0]["error"].split(":")[0] for t in tool_turns] == kinds
     for t, kind in zip(tool_turns, kinds):
         assert f"Error ({kind})" in t["text"] and t["images"] == []
-    assert "the tools are: boom, huge, rotate, slow, zoom" in tool_turns[1]["text"]
-    assert dict(use.counters) == {"calls": 7, "malformed_call": 1, "unknown_tool": 1, "bad_arguments": 1,
-                                  "tool_error": 2, "timeout": 1, "image_too_large": 1}
+    assert "the tools are: array, boom, empty, huge, rotate, sliver, slow, zoom" in tool_turns[1]["text"]
+    assert "aspect ratio" in tool_turns[7]["text"] and "ndarray, not a PIL image" in tool_turns[9]["text"]
+    assert dict(use.counters) == {"calls": 10, "malformed_call": 1, "unknown_tool": 1, "bad_arguments": 1,
+                                  "tool_error": 2, "timeout": 1, "image_too_large": 1, "bad_image": 3}
     assert batch.completions[0].finish_reason == "stop" and "3" in batch.completions[0].text
     assert batch.vision["image_grid_thw"].shape[0] == 1  # no failed call added an image
+
+
+def test_a_zoom_into_a_one_pixel_strip_of_a_large_scene_is_a_message_not_a_crash(monkeypatch):
+    """Seen in a zoom study: a box 1 px tall across an 896-px scene came back 224x1, which Qwen's image processor
+    refuses (aspect over 200) while encoding the tool turn — the whole run died. Now the call is a bad_image error."""
+    eng = engine()
+    scene = Image.new("RGB", (896, 672), "white")
+    batch, use = run(monkeypatch, eng, [call("zoom", image=0, box=[0, 300, 896, 301]), ANSWER],
+                     samples=[sample(scene)])
+    tool = [t for t in batch.turns[0] if t["kind"] == "tool"][0]
+    assert tool["calls"][0]["error"].startswith("bad_image") and "Error (bad_image)" in tool["text"]
+    assert dict(use.counters) == {"calls": 1, "bad_image": 1}
+    assert batch.completions[0].finish_reason == "stop" and batch.vision["image_grid_thw"].shape[0] == 1
 
 
 def test_turn_and_token_limits(monkeypatch):

@@ -451,8 +451,9 @@ def tool_turn(processor: Any, images: list[Any], sample: Sample, calls: list[Any
     a tool task encodes its references with this same function, so it trains on the tokens rollouts produce."""
     context = ToolContext(images=list(images), tools_kwargs=dict(sample.meta.get("tools_kwargs") or {}),
                           sample_id=sample.id)
+    check = _image_check(processor)
     results = [run_call(c, use.tools, context, time_budget_s=use.time_budget_s, max_image_pixels=use.max_image_pixels,
-                        counters=use.counters) for c in calls]
+                        counters=use.counters, check_image=check) for c in calls]
     returned = [im for r in results if r.ok for im in r.images]
     text = tool_turn_text(processor, results, eos_text)
     enc = processor(text=[text], images=[returned] if returned else None, return_tensors="pt")
@@ -470,6 +471,15 @@ def tool_turn(processor: Any, images: list[Any], sample: Sample, calls: list[Any
             "types": types[0].tolist() if types is not None else [0] * int(enc["input_ids"].shape[1]),
             "calls": [{"name": c.name, "arguments": c.arguments, "error": r.error} for c, r in zip(calls, results)],
             "kind": "tool"}
+
+
+def _image_check(processor: Any) -> Callable[[Any], Any] | None:
+    """Encodes one returned image with the model's own image processor, so an image it refuses (an empty crop, a
+    sliver past Qwen's 200:1 aspect limit, a mode it cannot convert) fails as that call's error, not the rollout."""
+    ip = getattr(processor, "image_processor", None)
+    if ip is None:
+        return None
+    return lambda image: ip(images=[image], return_tensors="pt")
 
 
 def _assemble(engine: Any, samples: list[Sample], group_size: int, rows: list[_Row], inputs: dict[str, Any]

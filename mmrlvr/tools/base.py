@@ -7,7 +7,7 @@ keywords, plus ``context`` (a ``ToolContext``: the conversation's images and the
 signature takes one, and returns text, an image, or a ``ToolResult`` with both.
 
 Calls run through ``run_call`` (``mmrlvr.tools.runner``): an unknown tool, bad arguments, a tool that raises or
-overruns its time budget, or an oversized image becomes an error message the model reads in the tool turn,
+overruns its time budget, or an oversized or unreadable image becomes an error message the model reads in the tool turn,
 counted by kind — never an exception out of the rollout.
 """
 
@@ -37,7 +37,7 @@ class ToolContext:
 @dataclass
 class ToolResult:
     """A tool's answer: text and images for the tool turn, or the error the model reads instead (``error`` names
-    the kind: unknown_tool, bad_arguments, tool_error, timeout, image_too_large, malformed_call)."""
+    the kind: unknown_tool, bad_arguments, tool_error, timeout, image_too_large, bad_image, malformed_call)."""
 
     text: str = ""
     images: list[Any] = field(default_factory=list)

@@ -4,7 +4,9 @@ The kinds (``ToolResult.error``, ``ToolCounters``): ``malformed_call`` (the bloc
 (not offered by this run), ``bad_arguments`` (the function does not take them), ``tool_error`` (it raised),
 ``timeout`` (it ran past ``time_budget_s``: the rollout moves on; a Python thread cannot be killed, so a tool that
 never returns keeps its thread — tools should be quick), ``image_too_large`` (a returned image above
-``max_image_pixels``). The message names the problem in one line and, for an unknown tool, the tools offered.
+``max_image_pixels``), ``bad_image`` (a returned "image" that is not a PIL image, or one the model's image
+processor refuses: an empty crop, a sliver whose sides differ more than the processor allows). The message names
+the problem in one line and, for an unknown tool, the tools offered.
 """
 
 from __future__ import annotations
@@ -14,13 +16,16 @@ import inspect
 from collections import Counter
 from typing import Any, Callable
 
+from PIL import Image
+
 from mmrlvr.tools.base import ToolContext, ToolResult, takes_context
 from mmrlvr.tools.calls import ToolCall
 
 #: the largest image a tool may return (pixels), above it the call is an error message
 MAX_IMAGE_PIXELS = 1024 * 1024
 #: every way a call can fail, as counted (``tools/<kind>``) and shown to the model (``Error (<kind>): ...``)
-ERROR_KINDS = ("malformed_call", "unknown_tool", "bad_arguments", "tool_error", "timeout", "image_too_large")
+ERROR_KINDS = ("malformed_call", "unknown_tool", "bad_arguments", "tool_error", "timeout", "image_too_large",
+               "bad_image")
 
 
 class ToolCounters(Counter):
@@ -34,11 +39,14 @@ class ToolCounters(Counter):
 
 def run_call(call: ToolCall, tools: dict[str, Callable[..., Any]], context: ToolContext, *,
              time_budget_s: float = 10.0, max_image_pixels: int = MAX_IMAGE_PIXELS,
-             counters: ToolCounters | None = None) -> ToolResult:
-    """The tool's result for ``call``, or an error result the model reads (never raises)."""
+             counters: ToolCounters | None = None, check_image: Callable[[Any], Any] | None = None) -> ToolResult:
+    """The tool's result for ``call``, or an error result the model reads (never raises).
+
+    ``check_image``: raises for an image the model cannot take in (the rollout passes its image processor), so
+    such an image is this call's ``bad_image`` error rather than an exception when the tool turn is encoded."""
     counters = counters if counters is not None else ToolCounters()
     counters["calls"] += 1
-    result = _run(call, tools, context, time_budget_s, max_image_pixels)
+    result = _run(call, tools, context, time_budget_s, max_image_pixels, check_image)
     if result.error is not None:
         counters[result.error.split(":", 1)[0]] += 1
     return result
@@ -47,11 +55,12 @@ def run_call(call: ToolCall, tools: dict[str, Callable[..., Any]], context: Tool
 def error_text(result: ToolResult) -> str:
     """What the model reads in the tool turn for an error result."""
     kind, _, why = (result.error or "").partition(": ")
+    why = " ".join(why.split())  # one line, whatever the exception's message held
     return f"Error ({kind}): {why}" if why else f"Error ({kind})"
 
 
 def _run(call: ToolCall, tools: dict[str, Callable[..., Any]], context: ToolContext, budget: float,
-         max_pixels: int) -> ToolResult:
+         max_pixels: int, check_image: Callable[[Any], Any] | None) -> ToolResult:
     if call.error is not None:
         return ToolResult(error=f"malformed_call: {call.error}")
     fn = tools.get(call.name)
@@ -77,12 +86,18 @@ def _run(call: ToolCall, tools: dict[str, Callable[..., Any]], context: ToolCont
         pool.shutdown(wait=False)
     result = _as_result(out)
     for im in result.images:
-        size = getattr(im, "size", None)
-        if size is None:
-            return ToolResult(error=f"tool_error: {call.name} returned {type(im).__name__}, not an image")
-        if size[0] * size[1] > max_pixels:
-            return ToolResult(error=f"image_too_large: {call.name} returned a {size[0]}x{size[1]} image, over the "
+        if not isinstance(im, Image.Image):
+            return ToolResult(error=f"bad_image: {call.name} returned {type(im).__name__}, not a PIL image")
+        w, h = im.size
+        if w * h > max_pixels:
+            return ToolResult(error=f"image_too_large: {call.name} returned a {w}x{h} image, over the "
                                     f"{max_pixels} pixel limit")
+        if check_image is not None:
+            try:
+                check_image(im)
+            except Exception as exc:  # noqa: BLE001 - the processor's reason, as the model's message
+                return ToolResult(error=f"bad_image: {call.name} returned a {w}x{h} image the model cannot read: "
+                                        f"{type(exc).__name__}: {exc}")
     return result
 
 
@@ -91,7 +106,7 @@ def _as_result(out: Any) -> ToolResult:
         return out
     if isinstance(out, str):
         return ToolResult(text=out)
-    if hasattr(out, "size") and hasattr(out, "mode"):  # a PIL image
+    if isinstance(out, Image.Image):
         return ToolResult(images=[out])
     if isinstance(out, (list, tuple)):
         texts = [o for o in out if isinstance(o, str)]

@@ -69,7 +69,7 @@ RULES: list[tuple[re.Pattern[str], Reduction]] = [(re.compile(p), r) for p, r in
      r"|judge/(requests|calls|timeouts|retries|errors|unparseable|cache_hits)"
      r"|popo/groups(_without_positive)?|poise/lone_rows|dynamic_sampling/(kept|fill)_groups"
      r"|distill/teacher_tokens|sampler/samples|rollout/decoded_tokens|rollout/samples"
-     r"|tools/(calls|malformed_call|unknown_tool|bad_arguments|tool_error|timeout|image_too_large)", SUM),
+     r"|tools/(calls|malformed_call|unknown_tool|bad_arguments|tool_error|timeout|image_too_large|bad_image)", SUM),
     # the slowest rank's time; maxima; decisions every rank shares (also maxima: one rank's skip is the step's)
     (r"time/.*|.*(/|_)max|skipped|update/zero_signal|dynamic_sampling/rounds", MAX),
     (r".*(/|_)min", MIN),
