@@ -133,6 +133,9 @@ def test_eval_run_dir_reproduces_the_runs_final_eval_exactly(evaluated_run, tmp_
     one = _eval_cli([str(run), "--k", "1"], tmp_path)
     assert one["k"] == 1 and "avg@1" in one and one["n"] == 10
     assert one["greedy_accuracy"] == after["greedy_accuracy"]
+    # past the run's synthetic held-out set (eval_size 12): more rows of the same split, the run's own first
+    more = _eval_cli([str(run), "--k", "1", "--limit", "16"], tmp_path)
+    assert more["n"] == 16
 
 
 def test_eval_accepts_an_export_folder(evaluated_run, tmp_path):

@@ -131,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, default=None, help="samples per prompt for avg@k / pass@k (default: run's, else 8)")
     p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: run's, else 1.0)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="(default: the run's rollout.max_new_tokens, else 64)")
-    p.add_argument("--limit", type=int, default=None, help="first N samples only (default: the run's eval.limit)")
+    p.add_argument("--limit", type=int, default=None,
+                   help="first N samples only (default: the run's eval.limit); a synth: set is drawn up to N")
     p.add_argument("--seed", type=int, default=None, help="(default: the run's seed, else 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--out", default=None, help="write the result JSON here")
@@ -204,6 +205,9 @@ def main(argv: list[str]) -> int:
     model.eval()
     data_over = {k: v for k, v in (("preset", args.preset), ("template", args.template)) if v is not None}
     eval_over = {"limit": args.limit} if args.limit is not None else {}
+    if args.limit is not None and str(args.data or cfg.data.eval or "").startswith("synth:"):
+        # synthetic rows are drawn by index: a larger set starts with the run's own, so --limit can go past it
+        data_over["eval_size"] = max(cfg.data.eval_size, args.limit)
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **data_over),
                               eval=dataclasses.replace(cfg.eval, **eval_over))
     if args.data is None and run_dir is None:
