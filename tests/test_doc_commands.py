@@ -133,6 +133,9 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
                     "tests/test_export.py::test_full_finetuning_export_and_bf16",
                     "tests/test_export.py::test_push_to_hub_with_hub_access_off_is_one_clear_message")),
     "mmrlvr eval RUN_DIR": (RUN, ("tests/test_evaluation.py::test_eval_run_dir_reproduces_the_runs_final_eval_exactly",)),
+    "mmrlvr eval RUN --limit 200 --k 4 --seed S":  # docs/multiturn.md; --limit past a synth set's eval_size is tested
+        (RUN + " (--limit 16 past eval_size 12)",
+         ("tests/test_evaluation.py::test_eval_run_dir_reproduces_the_runs_final_eval_exactly",)),
     "mmrlvr export RUN_DIR --out DIR --merge": (RUN, ("tests/test_export.py::test_lora_merged_export_is_a_plain_model",)),
     "mmrlvr eval --model DIR --data DIR [--k K] [--out FILE.json]":
         (SYNOPSIS, (T_OPTS, T_HELP, T_CLI + "test_eval_writes_json_and_applies_a_lora_checkpoint")),
