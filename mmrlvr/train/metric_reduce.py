@@ -36,6 +36,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from mmrlvr.tools.runner import ERROR_KINDS
+
 KINDS = ("sum", "mean", "std", "max", "min", "first")
 
 
@@ -69,7 +71,7 @@ RULES: list[tuple[re.Pattern[str], Reduction]] = [(re.compile(p), r) for p, r in
      r"|judge/(requests|calls|timeouts|retries|errors|unparseable|cache_hits)"
      r"|popo/groups(_without_positive)?|poise/lone_rows|dynamic_sampling/(kept|fill)_groups"
      r"|distill/teacher_tokens|sampler/samples|rollout/decoded_tokens|rollout/samples"
-     r"|tools/(calls|malformed_call|unknown_tool|bad_arguments|tool_error|timeout|image_too_large|bad_image)", SUM),
+     r"|tools/(calls|" + "|".join(ERROR_KINDS) + ")", SUM),  # a tool call's failures, by kind
     # the slowest rank's time; maxima; decisions every rank shares (also maxima: one rank's skip is the step's)
     (r"time/.*|.*(/|_)max|skipped|update/zero_signal|dynamic_sampling/rounds", MAX),
     (r".*(/|_)min", MIN),
