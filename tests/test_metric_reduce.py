@@ -132,6 +132,19 @@ def test_declared_denominators_and_rules():
         Reduction("median")
 
 
+def test_tool_counts_sum_and_tool_rates_average_without_importing_the_tools_package():
+    from mmrlvr.tools.runner import ERROR_KINDS
+
+    for kind in ("calls", *ERROR_KINDS):  # every failure kind a rollout counts, a new one included
+        assert reduction_for(f"tools/{kind}")[0] == Reduction("sum"), kind
+    for rate in ("turns_mean", "calls_per_row"):
+        assert reduction_for(f"tools/{rate}")[0] == Reduction("mean", weight="rows"), rate
+    # config checks import the stages (and so this module) with torch and transformers refused
+    code = "import sys, mmrlvr.train.metric_reduce; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.stdout.strip() == "[]", res.stdout + res.stderr
+
+
 def test_one_process_is_left_alone():
     m = {"a": 1.0}
     assert reduce_over_processes(m, {}, 1) is m

@@ -36,8 +36,6 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from mmrlvr.tools.runner import ERROR_KINDS
-
 KINDS = ("sum", "mean", "std", "max", "min", "first")
 
 
@@ -64,6 +62,10 @@ def _mean(weight: str | None = None) -> Reduction:
 
 #: (pattern, reduction), first full match wins. Counts are named by what they count.
 RULES: list[tuple[re.Pattern[str], Reduction]] = [(re.compile(p), r) for p, r in [
+    # a multi-turn rollout's per-row means; every other tools/* metric counts calls (all of them, or one error kind:
+    # ``mmrlvr.tools.runner.ERROR_KINDS``, not imported here: the tools package pulls in transformers on import, and
+    # config checks import this module without torch)
+    (r"tools/(turns_mean|calls_per_row)", _mean("rows")),
     # identical on every rank
     (r"lr|optim/lr|dist/.*|data/.*|grad_norm", FIRST),  # data/*: every rank loads the whole data set
     # counts
@@ -71,7 +73,7 @@ RULES: list[tuple[re.Pattern[str], Reduction]] = [(re.compile(p), r) for p, r in
      r"|judge/(requests|calls|timeouts|retries|errors|unparseable|cache_hits)"
      r"|popo/groups(_without_positive)?|poise/lone_rows|dynamic_sampling/(kept|fill)_groups"
      r"|distill/teacher_tokens|sampler/samples|rollout/decoded_tokens|rollout/samples"
-     r"|tools/(calls|" + "|".join(ERROR_KINDS) + ")", SUM),  # a tool call's failures, by kind
+     r"|tools/.*", SUM),
     # the slowest rank's time; maxima; decisions every rank shares (also maxima: one rank's skip is the step's)
     (r"time/.*|.*(/|_)max|skipped|update/zero_signal|dynamic_sampling/rounds", MAX),
     (r".*(/|_)min", MIN),
@@ -84,7 +86,6 @@ RULES: list[tuple[re.Pattern[str], Reduction]] = [(re.compile(p), r) for p, r in
     (r"kl|entropy/mean|clip_fraction|ratio/mean", _mean("update_tokens")),
     (r"credit/.*|rollout/.*", _mean("tokens")),
     (r"judge/unknown_rate", _mean("judge/requests")),
-    (r"tools/(turns_mean|calls_per_row)", _mean("rows")),
     # per-row means of a reward component: the rows that have it (declared), else every row
     (r"reward/.*", _mean("rows")),
 ]]
