@@ -155,6 +155,25 @@ def test_eval_old_form_model_and_data_still_works(tmp_path):
     assert got["n"] == 2 and got["k"] == 1 and "avg@1" in got
 
 
+def test_eval_limit_past_a_files_rows_evaluates_them_all_and_says_so(tmp_path, capsys):
+    import json
+
+    from PIL import Image
+
+    tiny = build_tiny("qwen2_5_vl", tmp_path / "m", seed=0)
+    Image.new("RGB", (56, 56), (200, 30, 30)).save(tmp_path / "red.png")
+    (tmp_path / "three.jsonl").write_text("".join(
+        json.dumps({"question": "<image>How many red squares?", "answer": "1", "image": "red.png"}) + "\n"
+        for _ in range(3)))
+    got = _eval_cli(["--model", str(tiny), "--data", str(tmp_path / "three.jsonl"), "--limit", "5", "--k", "1",
+                     "--max-new-tokens", "4"], tmp_path)
+    assert got["n"] == 3
+    assert "warning: --limit 5, but" in capsys.readouterr().err
+    _eval_cli(["--model", str(tiny), "--data", str(tmp_path / "three.jsonl"), "--limit", "3", "--k", "1",
+               "--max-new-tokens", "4"], tmp_path)
+    assert "warning" not in capsys.readouterr().err  # exactly the file's rows: nothing to say
+
+
 def test_eval_errors_are_one_line(tmp_path, capsys):
     from mmrlvr.cli import main
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +214,9 @@ def main(argv: list[str]) -> int:
     if args.data is None and run_dir is None:
         raise UserError("--data DATASET is needed when evaluating a model folder that is not part of a run")
     samples = load_eval_samples(cfg, args.data)
+    if args.limit is not None and len(samples) < args.limit:  # a file holds what it holds: say so, do not pad
+        print(f"mmrlvr eval: warning: --limit {args.limit}, but {args.data or cfg.data.eval} has "
+              f"{len(samples)} held-out row(s); evaluating {len(samples)}", file=sys.stderr)
     k = args.k if args.k is not None else cfg.eval.k
     temperature = args.temperature if args.temperature is not None else cfg.eval.temperature
     max_new = args.max_new_tokens if args.max_new_tokens is not None else (cfg.rollout.max_new_tokens if run_dir else 64)
