@@ -264,6 +264,26 @@ def test_config_mistakes_are_reported_without_importing_torch(tmp_path):
     assert res.stdout.split() == ["6", "True", "True", "False"], res.stdout + res.stderr
 
 
+def test_every_shipped_config_reports_a_stage_mistake_beside_another_without_torch():
+    """A module on the plan's import path that pulls in torch makes the check drop the plan's problems once another
+    problem is known (the stages wait for torch-free checks): every shipped config, one misspelt stage beside one
+    misspelt sampler, both reported, torch never imported."""
+    code = ("import glob, sys; from mmrlvr.validation import check_run\n"
+            "from mmrlvr.errors import ConfigErrors\n"
+            "for path in sorted(glob.glob('configs/*.yaml')):\n"
+            "    try:\n"
+            "        check_run(path, ['rollout.sampler=shufle', 'stages.shape=[overlongg]'], environment=False)\n"
+            "        print(path, 'accepted')\n"
+            "    except ConfigErrors as e: print(path, 'shufle' in str(e), 'overlongg' in str(e))\n"
+            "print('torch', 'torch' in sys.modules)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=120)
+    lines = res.stdout.splitlines()
+    assert len(lines) == len(list((ROOT / "configs").glob("*.yaml"))) + 1 >= 3, res.stdout + res.stderr
+    for line in lines[:-1]:
+        assert line.endswith(" True True"), line
+    assert lines[-1] == "torch False", res.stdout + res.stderr
+
+
 def test_the_config_help_of_each_method_key_names_every_built_in_method():
     from mmrlvr.config import describe
     from mmrlvr.methods import METHOD_KINDS, _declared
