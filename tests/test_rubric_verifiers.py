@@ -43,6 +43,12 @@ CASES = [
     ('{type: math, expected: "{answer}"}', "<think>x</think><answer>\\frac{1}{2}</answer>", "0.5", True),
     ('{type: math, expected: "{answer}"}', "<think>x</think><answer>2\\sqrt{3}</answer>", "\\sqrt{12}", True),
     ('{type: math, expected: "{answer}"}', "the answer is \\boxed{7}", "7", True),                     # no tags
+    # judged as the accuracy reward judges (currency, percent, units, thousands), not by math-verify alone
+    ('{type: math, expected: "{answer}"}', "<answer>12</answer>", "\\$12.00", True),
+    ('{type: math, expected: "{answer}"}', "<answer>50\\,\\%</answer>", "0.5", True),
+    ('{type: math, expected: "{answer}"}', "<answer>1\\,000 \\text{ cm}</answer>", "1000", True),
+    ('{type: math, expected: "{answer}"}', "<answer>\\$13</answer>", "12", False),
+    ('{type: math, expected: "{answer}"}', "<answer>2 or 3</answer>", "3", False),                     # hedged
     ('{type: iou, expected: "{answer}", threshold: 0.5}', '<answer>{"bbox_2d": [0, 0, 10, 10], "label": "a"}</answer>',
      "[5, 0, 15, 10]", False),  # IoU 50 / 150 = 0.333 < 0.5
     ('{type: iou, expected: "{answer}", threshold: 0.3}', "<answer>[0, 0, 10, 10]</answer>", "[5, 0, 15, 10]", True),

@@ -34,7 +34,7 @@ import re
 from mmrlvr.rewards.base import REWARDS
 from mmrlvr.rewards.common import AnswerReward, require_answer
 from mmrlvr.rewards.mathverify import ISOLATIONS, MathOptions, math_equal
-from mmrlvr.rewards.parsing import box_key, extract_boxed, normalize_answer, parse_number, split_number_unit, strip_lead_in
+from mmrlvr.rewards.parsing import box_key, extract_boxed, normalize_answer, split_number_unit, strip_lead_in
 from mmrlvr.types import RewardResult, Sample
 
 MODES = ("hardened", "math_verify")
@@ -95,7 +95,7 @@ def candidate_problem(answer: str, max_words: int = 4) -> str | None:
     # Operators (\pm, \times, \cdot, \div, \frac, ...) stand between numbers; only spacing commands and
     # text wrappers count as space.
     spaced = _LATEX_CMD_RE.sub("#", _SPACING_CMD_RE.sub(" ", answer))
-    if _SIDE_BY_SIDE_NUMBERS_RE.search(spaced) and parse_number(answer) is None:
+    if _SIDE_BY_SIDE_NUMBERS_RE.search(spaced) and split_number_unit(answer)[0] is None:  # "1\\,000 cm" is one
         return "several_candidates"
     if len(_WORD_RE.findall(bare)) > max_words:
         return "prose"

@@ -491,10 +491,12 @@ def parse_number(s: str | None) -> float | None:
 
 # A unit is a few words/symbols with no digits except exponents: "cm", "cm^2", "square units", "°", "%".
 _UNIT_RE = re.compile(
-    r"^(?:\^\s*\{?\\circ\}?|\\circ|°|\\%|%|degrees?|"
+    r"^(?:\^\s*\{?\\circ\}?|\\circ|°|\\%|%|¢|degrees?|"
     r"(?:[a-zA-Zµμ]+\.?(?:\s*(?:\^\s*\{?[23]\}?|[²³]))?)(?:\s*/\s*[a-zA-Z]+(?:\s*(?:\^\s*\{?[23]\}?|[²³]))?)?"
     r"(?:\s+[a-zA-Z]+\.?(?:\^?[23])?){0,1})$"
 )
+#: what may stand between a number and its unit: spaces, and LaTeX's (``50\\,\\%``, ``3~\\text{cm}``, ``5\\;\\%``)
+_UNIT_GAP_RE = re.compile(r"(?:\s|~|\\[,;:! ])*")
 _NOT_UNITS = {"or", "and", "to", "either", "nor", "than", "ignore", "instructions", "answer", "is", "maybe", "not"}
 # Units that may follow a number with no space ("5cm", "3m", "2kg"). Any other letters right after a
 # number are a variable ("2x", "2A": math-verify compares those), not a unit to ignore.
@@ -508,7 +510,8 @@ _ATTACHED_UNITS = {
 def split_number_unit(s: str | None) -> tuple[float | None, str]:
     """Split "12 cm^2" into (12.0, "cm^2"); (None, "") unless the string is one number plus an optional unit.
 
-    Units are letters (at most three words), ``°``, ``^\\circ``, ``%``; words that join candidates ("or",
+    Units are letters (at most three words), ``°``, ``^\\circ``, ``%``, ``¢``, after a space or LaTeX's (``\\,``, ``~``);
+    words that join candidates ("or",
     "and", "to") are not units, so "2 or 3" is not a number.
 
     >>> split_number_unit("12 cm^2"), split_number_unit("40^\\\\circ"), split_number_unit("3 or 4")
@@ -522,7 +525,8 @@ def split_number_unit(s: str | None) -> tuple[float | None, str]:
         return value, ""
     # The number ends at some digit (maybe followed by "}" or ")"); try the latest such split first.
     for m in reversed(list(re.finditer(r"\d[})]*", t))):
-        head, unit = t[: m.end()].strip(), t[m.end() :].strip()
+        gap = _UNIT_GAP_RE.match(t, m.end()).group()  # type: ignore[union-attr]
+        head, unit = t[: m.end()].strip(), t[m.end() + len(gap) :].strip()
         if not unit or unit[0].isdigit():
             continue
         value = parse_number(head)
@@ -530,7 +534,7 @@ def split_number_unit(s: str | None) -> tuple[float | None, str]:
             continue
         if not _UNIT_RE.match(unit) or {w.lower().strip(".") for w in re.findall(r"[a-zA-Z]+\.?", unit)} & _NOT_UNITS:
             return None, ""
-        attached = not t[m.end() : m.end() + 1].isspace()
+        attached = not gap
         first_word = re.match(r"[a-zA-Zµμ]*", unit).group()  # type: ignore[union-attr]
         if first_word and (attached or len(first_word) == 1) and first_word.lower() not in _ATTACHED_UNITS:
             return None, ""  # "2x", "2 y", "2A": a product with a variable, not a number with a unit

@@ -28,9 +28,9 @@ from typing import Any
 import regex as _regex
 
 from mmrlvr.rewards import parsing
+from mmrlvr.rewards.accuracy import AccuracyReward
 from mmrlvr.rewards.choice import extract_choice
 from mmrlvr.rewards.grounding import iou, parse_boxes
-from mmrlvr.rewards.mathverify import math_equal as _mv_math_equal
 from mmrlvr.rubric.jsonscan import OPEN_RE, json_span
 from mmrlvr.rubric.schema import ANSWER_REF, Check
 from mmrlvr.types import Sample
@@ -255,9 +255,16 @@ def verify(check: Check, extracted: Extracted, expected: Any) -> tuple[bool, str
     raise ValueError(f"not a program check: {kind}")
 
 
+#: the accuracy reward's own judgement (its hardened default), shared by every math check
+_ACCURACY = AccuracyReward()
+
+
 def math_equal(expected: str, predicted: str) -> bool:
-    """Equivalence through ``mmrlvr.rewards.mathverify`` (safe on any thread), else normalised text."""
-    if _mv_math_equal(predicted, expected).equal:
+    """Equivalence as the accuracy reward judges a final answer (its hardened default: units, currency, percentages,
+    thousands separators and Unicode math read first, hedged answers refused, then math-verify; safe on any
+    thread), else normalised text — so a rubric's math check and the run's accuracy reward agree."""
+    gold = Sample(id="rubric-check", messages=[], images=[], answer=str(expected), answer_type="math")
+    if _ACCURACY.check(str(predicted), gold).score == 1.0:
         return True
     return _norm(expected) == _norm(predicted)
 
