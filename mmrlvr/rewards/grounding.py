@@ -3,8 +3,9 @@
 Boxes are read from the final answer (template "r1": the ``<answer>`` block; "raw": the text after the
 thinking) in any of these forms:
 - JSON / Python literals: ``[x1, y1, x2, y2]``, ``[[…], […]]``, ``{"bbox_2d": […], "label": "cat"}`` (also
-  ``bbox``, ``box_2d``, ``box`` keys, Visual-RFT's ``{'Position': […], 'Confidence': 0.9}``, or
-  ``x1/y1/x2/y2`` keys), lists of those, inside ```json fences or not;
+  ``bbox``, ``box`` keys, Visual-RFT's ``{'Position': […], 'Confidence': 0.9}``, Gemini's ``box_2d`` — read
+  as [y1, x1, y2, x2], its order —, corner keys ``x1/y1/x2/y2``, ``xmin/ymin/xmax/ymax``, ``left/top/right/bottom``,
+  or a corner and a size, ``x/y/w/h``, ``x/y/width/height``), lists of those, inside ```json fences or not;
 - Qwen text: ``<|box_start|>(x1,y1),(x2,y2)<|box_end|>`` — also bare ``(x1,y1),(x2,y2)``, since decoding
   with special tokens skipped drops the markers.
 
@@ -54,6 +55,13 @@ COORD_ALIASES = {"absolute": "abs", "normalized_1000": "norm1000", "normalized_1
                  "abs": "abs", "norm1000": "norm1000", "norm1": "norm1"}
 MATCHINGS = ("hungarian", "greedy")
 _BOX_KEYS = ("bbox_2d", "bbox", "box_2d", "box", "Position", "position", "bounding_box")
+#: keys whose four numbers are (y1, x1, y2, x2): Gemini's ``box_2d`` ([ymin, xmin, ymax, xmax]; its 0-1000 frame is
+#: ``coords: normalized_1000``)
+_YX_KEYS = ("box_2d",)
+#: corner keys (x1, y1, x2, y2 in that order) and corner-plus-size keys (x, y, width, height), as objects name them
+_CORNER_KEYS = (("x1", "y1", "x2", "y2"), ("xmin", "ymin", "xmax", "ymax"), ("x_min", "y_min", "x_max", "y_max"),
+                ("left", "top", "right", "bottom"))
+_SIZE_KEYS = (("x", "y", "w", "h"), ("x", "y", "width", "height"), ("left", "top", "width", "height"))
 _MAX_LITERAL_CHARS = 20_000
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
 _QWEN_BOX_RE = re.compile(rf"\(\s*({_NUM})\s*,\s*({_NUM})\s*\)\s*,?\s*\(\s*({_NUM})\s*,\s*({_NUM})\s*\)")
@@ -70,10 +78,19 @@ def _collect(obj: Any, out: list[Box], depth: int = 0) -> None:
     if isinstance(obj, dict):
         for key in _BOX_KEYS:
             if key in obj:
-                _collect(obj[key], out, depth + 1)
+                value = obj[key]
+                if key in _YX_KEYS and isinstance(value, (list, tuple)) and len(value) == 4:
+                    value = [value[1], value[0], value[3], value[2]]
+                _collect(value, out, depth + 1)
                 return
-        if all(k in obj for k in ("x1", "y1", "x2", "y2")):
-            _collect([obj["x1"], obj["y1"], obj["x2"], obj["y2"]], out, depth + 1)
+        for keys in _CORNER_KEYS:
+            if all(k in obj for k in keys):
+                _collect([obj[k] for k in keys], out, depth + 1)
+                return
+        for x, y, w, h in _SIZE_KEYS:
+            if all(k in obj for k in (x, y, w, h)) and all(_is_number(obj[k]) for k in (x, y, w, h)):
+                _collect([obj[x], obj[y], obj[x] + obj[w], obj[y] + obj[h]], out, depth + 1)
+                return
         return
     if isinstance(obj, (list, tuple)):
         if len(obj) == 4 and all(_is_number(v) for v in obj):
