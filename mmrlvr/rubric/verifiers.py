@@ -263,9 +263,10 @@ def math_equal(expected: str, predicted: str) -> bool:
     """Equivalence as the accuracy reward judges a final answer (its hardened default: units, currency, percentages,
     thousands separators and Unicode math read first, hedged answers refused, then math-verify; safe on any
     thread), else normalised text — so a rubric's math check and the run's accuracy reward agree."""
-    gold = Sample(id="rubric-check", messages=[], images=[], answer=str(expected), answer_type="math")
-    if _ACCURACY.check(str(predicted), gold).score == 1.0:
-        return True
+    if str(expected).strip():  # (an empty expected value is compared as text: the reward would call it a data error)
+        gold = Sample(id="rubric-check", messages=[], images=[], answer=str(expected), answer_type="math")
+        if _ACCURACY.check(str(predicted), gold).score == 1.0:
+            return True
     return _norm(expected) == _norm(predicted)
 
 
