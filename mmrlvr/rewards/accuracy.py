@@ -34,7 +34,8 @@ import re
 from mmrlvr.rewards.base import REWARDS
 from mmrlvr.rewards.common import AnswerReward, require_answer
 from mmrlvr.rewards.mathverify import ISOLATIONS, MathOptions, math_equal
-from mmrlvr.rewards.parsing import box_key, extract_boxed, normalize_answer, split_number_unit, strip_lead_in
+from mmrlvr.rewards.parsing import (LATEX_SPACE, box_key, extract_boxed, normalize_answer, split_number_unit,
+                                    strip_lead_in)
 from mmrlvr.types import RewardResult, Sample
 
 MODES = ("hardened", "math_verify")
@@ -44,7 +45,7 @@ _DISJUNCTION_RE = re.compile(r"\b(?:or|either|and/or)\b", re.IGNORECASE)
 _SIDE_BY_SIDE_NUMBERS_RE = re.compile(r"\d\s+[-+]?\d")
 _LATEX_CMD_RE = re.compile(r"\\[a-zA-Z]+")
 # LaTeX that only makes space or wraps text: two numbers separated by these alone are side by side.
-_SPACING_CMD_RE = re.compile(r"\\(?:quad|qquad|enspace|thinspace|medspace|thickspace|hspace\s*\{[^{}]*\}|[,;:! ])|~")
+_SPACING_CMD_RE = re.compile(LATEX_SPACE)
 _APPROX_RE = re.compile(r"\\approx(?![a-zA-Z])|≈|\\simeq(?![a-zA-Z])")
 _HEDGE_RE = re.compile(r"\\(?:pm|mp)(?![a-zA-Z])|±|∓")
 _WORD_RE = re.compile(r"[A-Za-z]{2,}")

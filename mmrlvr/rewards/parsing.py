@@ -495,8 +495,10 @@ _UNIT_RE = re.compile(
     r"(?:[a-zA-Zµμ]+\.?(?:\s*(?:\^\s*\{?[23]\}?|[²³]))?)(?:\s*/\s*[a-zA-Z]+(?:\s*(?:\^\s*\{?[23]\}?|[²³]))?)?"
     r"(?:\s+[a-zA-Z]+\.?(?:\^?[23])?){0,1})$"
 )
+#: one LaTeX spacing command (``\\,``, ``\\quad``, ``\\hspace{1em}``, ``~``, ...): space, not content
+LATEX_SPACE = r"\\(?:quad|qquad|enspace|thinspace|medspace|thickspace|hspace\s*\{[^{}]*\}|[,;:! ])|~"
 #: what may stand between a number and its unit: spaces, and LaTeX's (``50\\,\\%``, ``3~\\text{cm}``, ``5\\;\\%``)
-_UNIT_GAP_RE = re.compile(r"(?:\s|~|\\[,;:! ])*")
+_UNIT_GAP_RE = re.compile(rf"(?:\s|{LATEX_SPACE})*")
 _NOT_UNITS = {"or", "and", "to", "either", "nor", "than", "ignore", "instructions", "answer", "is", "maybe", "not"}
 # Units that may follow a number with no space ("5cm", "3m", "2kg"). Any other letters right after a
 # number are a variable ("2x", "2A": math-verify compares those), not a unit to ignore.

@@ -28,7 +28,7 @@ from typing import Any
 import regex as _regex
 
 from mmrlvr.rewards import parsing
-from mmrlvr.rewards.accuracy import AccuracyReward
+from mmrlvr.rewards.auto import same_answer
 from mmrlvr.rewards.choice import extract_choice
 from mmrlvr.rewards.grounding import iou, parse_boxes
 from mmrlvr.rubric.jsonscan import OPEN_RE, json_span
@@ -255,18 +255,17 @@ def verify(check: Check, extracted: Extracted, expected: Any) -> tuple[bool, str
     raise ValueError(f"not a program check: {kind}")
 
 
-#: the accuracy reward's own judgement (its hardened default), shared by every math check
-_ACCURACY = AccuracyReward()
+#: the sample a math check judges against (its answer is replaced by the expected value)
+_MATH_SAMPLE = Sample(id="rubric-check", messages=[], images=[], answer=None, answer_type="math")
 
 
 def math_equal(expected: str, predicted: str) -> bool:
-    """Equivalence as the accuracy reward judges a final answer (its hardened default: units, currency, percentages,
-    thousands separators and Unicode math read first, hedged answers refused, then math-verify; safe on any
-    thread), else normalised text — so a rubric's math check and the run's accuracy reward agree."""
-    if str(expected).strip():  # (an empty expected value is compared as text: the reward would call it a data error)
-        gold = Sample(id="rubric-check", messages=[], images=[], answer=str(expected), answer_type="math")
-        if _ACCURACY.check(str(predicted), gold).score == 1.0:
-            return True
+    """Equivalence as the accuracy reward judges a final answer (``mmrlvr.rewards.auto.same_answer`` on a math
+    sample: units, currency, percentages, thousands separators and Unicode math read first, hedged answers refused,
+    then math-verify; safe on any thread), else normalised text — so a rubric's math check and the run's accuracy
+    reward agree."""
+    if same_answer(str(predicted), str(expected), _MATH_SAMPLE):
+        return True
     return _norm(expected) == _norm(predicted)
 
 

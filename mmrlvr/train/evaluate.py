@@ -206,7 +206,9 @@ def main(argv: list[str]) -> int:
     model.eval()
     data_over = {k: v for k, v in (("preset", args.preset), ("template", args.template)) if v is not None}
     eval_over = {"limit": args.limit} if args.limit is not None else {}
-    if args.limit is not None and str(args.data or cfg.data.eval or "").startswith("synth:"):
+    from mmrlvr.train.data import SYNTH_PREFIX
+
+    if args.limit is not None and str(args.data or cfg.data.eval or "").startswith(SYNTH_PREFIX):
         # synthetic rows are drawn by index: a larger set starts with the run's own, so --limit can go past it
         data_over["eval_size"] = max(cfg.data.eval_size, args.limit)
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **data_over),
