@@ -11,6 +11,7 @@ from mmrlvr.rewards.parsing import (
     extract_boxed,
     extract_final_answer,
     find_numbers,
+    fold_unicode,
     locate_answer,
     normalize_answer,
     parse_number,
@@ -182,3 +183,26 @@ def test_repetitive_hostile_responses_parse_quickly(text):
         assert extract_final_answer(text, template=template) is None
     extract_final_answer(text, template="raw")  # raw takes whatever follows the last </think>
     assert time.perf_counter() - t0 < 1.0  # measured ~0.04 s; the quadratic versions took 2.6 s and 20 s
+
+
+@pytest.mark.parametrize("text, folded", [
+    ("（Ｂ）", "(B)"),                     # fullwidth letter and parentheses
+    ("答案：１２．５", "答案:12.5"),          # fullwidth colon, digits, full stop; CJK characters stay
+    ("ｙｅｓ\u3000", "yes "),                # ideographic space
+    ("1\u20442", "1/2"),                    # the fraction slash
+    ("-¾", "-3/4"), ("2⅝", "2 5/8"),        # vulgar fractions; after a digit, a mixed number
+    ("3 m²", "3 m²"), ("x³", "x³"),         # superscripts stay: they are exponents
+])
+def test_fold_unicode_gives_one_spelling(text, folded):
+    assert fold_unicode(text) == folded
+
+
+@pytest.mark.parametrize("text, value", [("½", 0.5), ("1½", 1.5), ("-¾", -0.75), ("１２", 12.0), ("~3", 3.0),
+                                         ("1\u20444", 0.25)])
+def test_numbers_in_unicode_forms(text, value):
+    assert parse_number(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["~", "~x", "½½", "1½½"])
+def test_unicode_forms_that_are_not_one_number(text):
+    assert parse_number(text) is None

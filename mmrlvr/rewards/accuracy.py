@@ -34,8 +34,8 @@ import re
 from mmrlvr.rewards.base import REWARDS
 from mmrlvr.rewards.common import AnswerReward, require_answer
 from mmrlvr.rewards.mathverify import ISOLATIONS, MathOptions, math_equal
-from mmrlvr.rewards.parsing import (LATEX_SPACE, box_key, extract_boxed, normalize_answer, split_number_unit,
-                                    strip_lead_in)
+from mmrlvr.rewards.parsing import (LATEX_SPACE, box_key, extract_boxed, fold_unicode, normalize_answer,
+                                    split_number_unit, strip_lead_in)
 from mmrlvr.types import RewardResult, Sample
 
 MODES = ("hardened", "math_verify")
@@ -69,6 +69,7 @@ def unicode_to_latex(s: str) -> str:
     >>> unicode_to_latex("2√3 × π")
     '2\\\\sqrt{3}  \\\\times  \\\\pi '
     """
+    s = fold_unicode(s)  # fullwidth forms and vulgar fractions first: "１½" is 1 1/2
     for pattern, repl in _UNICODE_LATEX:
         s = pattern.sub(repl, s)
     return s

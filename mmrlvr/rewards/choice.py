@@ -18,7 +18,7 @@ from typing import Any
 from mmrlvr.errors import DataError
 from mmrlvr.rewards.base import REWARDS
 from mmrlvr.rewards.common import AnswerReward, require_answer
-from mmrlvr.rewards.parsing import extract_boxed, normalize_answer, strip_lead_in
+from mmrlvr.rewards.parsing import extract_boxed, fold_unicode, normalize_answer, strip_lead_in
 from mmrlvr.types import RewardResult, Sample
 
 _LETTER_ONLY_RE = re.compile(r"^[(\[]?\s*([A-Za-z])\s*[)\]]?\s*[.:)]?$")
@@ -75,7 +75,7 @@ def extract_choice(answer: str, options: dict[str, str] | None = None) -> tuple[
     """
     options = options or {}
     valid = set(options) if options else set(string.ascii_uppercase)
-    a = answer.strip()
+    a = fold_unicode(answer).strip()  # "（Ｂ）" is (B)
     boxed = extract_boxed(a)
     if boxed:
         if len({b.strip() for b in boxed}) > 1:

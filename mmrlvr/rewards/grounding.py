@@ -46,6 +46,7 @@ from typing import Any, Sequence
 from mmrlvr.errors import DataError
 from mmrlvr.rewards.base import REWARDS
 from mmrlvr.rewards.common import AnswerReward, require_answer
+from mmrlvr.rewards.parsing import fold_unicode
 from mmrlvr.types import RewardResult, Sample
 
 Box = tuple[float, float, float, float]  # x1, y1, x2, y2
@@ -66,10 +67,30 @@ _MAX_LITERAL_CHARS = 20_000
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
 _QWEN_BOX_RE = re.compile(rf"\(\s*({_NUM})\s*,\s*({_NUM})\s*\)\s*,?\s*\(\s*({_NUM})\s*,\s*({_NUM})\s*\)")
 _FENCE_RE = re.compile(r"```(?:json|python)?\s*(.*?)```", re.DOTALL)
+#: four numbers with only spaces between them, in brackets or MiniCPM-V's ``<box>x1 y1 x2 y2</box>``
+_SPACED_BOX_RE = re.compile(rf"(?:\[|<box>)\s*({_NUM})\s+({_NUM})\s+({_NUM})\s+({_NUM})\s*(?:\]|</box>)")
+#: zeros that pad a number (CogVLM writes ``[[086,540,400,760]]`` on its 000-999 grid): not valid JSON or Python
+_PADDING_ZEROS_RE = re.compile(r"(?<![\w.])0+(?=\d)")
+
+
+def _tidy(text: str) -> str:
+    """One spelling of a box for the parsers: fullwidth forms as ASCII, zero padding dropped, spaced lists
+    comma-separated."""
+    text = _PADDING_ZEROS_RE.sub("", fold_unicode(text))
+    return _SPACED_BOX_RE.sub(lambda m: "[" + ", ".join(m.groups()) + "]", text)
 
 
 def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _coordinate(x: Any) -> float | None:
+    """A coordinate: a number, or a string holding one (``["10", "20", "30", "40"]``: a model that quotes them)."""
+    if _is_number(x):
+        return float(x)
+    if isinstance(x, str) and re.fullmatch(rf"\s*{_NUM}\s*", x):
+        return float(x)
+    return None
 
 
 def _collect(obj: Any, out: list[Box], depth: int = 0) -> None:
@@ -93,13 +114,13 @@ def _collect(obj: Any, out: list[Box], depth: int = 0) -> None:
                 return
         return
     if isinstance(obj, (list, tuple)):
-        if len(obj) == 4 and all(_is_number(v) for v in obj):
-            out.append(tuple(float(v) for v in obj))  # type: ignore[arg-type]
+        if len(obj) == 4 and all(_coordinate(v) is not None for v in obj):
+            out.append(tuple(_coordinate(v) for v in obj))  # type: ignore[arg-type]
             return
         if (len(obj) == 2 and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in obj)
-                and all(_is_number(v) for p in obj for v in p)):
+                and all(_coordinate(v) is not None for p in obj for v in p)):
             (x1, y1), (x2, y2) = obj
-            out.append((float(x1), float(y1), float(x2), float(y2)))
+            out.append(tuple(_coordinate(v) for v in (x1, y1, x2, y2)))  # type: ignore[arg-type]
             return
         for item in obj:
             _collect(item, out, depth + 1)
@@ -147,7 +168,7 @@ def parse_boxes(text: str) -> list[Box]:
     []
     """
     fenced = _FENCE_RE.findall(text)
-    body = "\n".join(fenced) if fenced else text
+    body = _tidy("\n".join(fenced) if fenced else text)
     boxes: list[Box] = []
     whole = _literal(body.strip())
     if whole is not None:

@@ -32,6 +32,32 @@ TEMPLATES = ("r1", "boxed", "raw")
 Span = tuple[int, int]  # [start, end) character offsets into the response text
 
 
+#: Unicode's vulgar fractions (``½``, ``⅔``, ``⅛``, ...) with their value as ``a/b``
+_VULGAR = {ch: unicodedata.normalize("NFKC", ch).replace("\u2044", "/")
+           for ch in "\u00bc\u00bd\u00be" + "".join(chr(c) for c in range(0x2150, 0x215f))}
+_VULGAR_RE = re.compile("[" + "".join(_VULGAR) + "]")
+#: fullwidth ASCII (U+FF01-FF5E, what CJK text uses for letters, digits and punctuation: "（Ｂ）", "１２", "，") and
+#: the ideographic space
+_WIDTH_TABLE = {c: c - 0xFEE0 for c in range(0xFF01, 0xFF5F)} | {0x3000: 0x20}
+
+
+def fold_unicode(s: str) -> str:
+    """Answer text with fullwidth forms as ASCII and vulgar fractions as ``a/b``, so readers see one spelling.
+
+    Models answering in Chinese or Japanese write fullwidth letters, digits and punctuation ("（Ｂ）",
+    "［１０，２０，３０，４０］"); ``½`` is 1/2, and ``1½`` the mixed number 1 1/2. Other compatibility
+    characters are left alone (``²`` is an exponent of a unit).
+
+    >>> fold_unicode("（Ｂ）"), fold_unicode("1½"), fold_unicode("⅔")
+    ('(B)', '1 1/2', '2/3')
+    """
+    s = s.translate(_WIDTH_TABLE).replace("\u2044", "/")
+    if _VULGAR_RE.search(s):
+        s = _VULGAR_RE.sub(lambda m: (" " if m.start() and m.string[m.start() - 1].isdigit() else "")
+                           + _VULGAR[m.group()], s)
+    return s
+
+
 def is_blank(s: str) -> bool:
     """No visible character: only whitespace, control characters (NUL), format marks or lone surrogates.
 
@@ -374,7 +400,7 @@ def normalize_answer(s: str | None, lower: bool = True) -> str:
     """
     if s is None:
         return ""
-    s = s.strip()
+    s = fold_unicode(s).strip()
     s = s.replace("**", "").replace("__", "")
     for _ in range(3):
         s = strip_lead_in(s)
@@ -424,12 +450,14 @@ def _frac_sub(replacement: str):
 
 
 def _canonical_number_text(s: str) -> str:
-    s = s.strip()
+    s = fold_unicode(s).strip()
     if len(s) >= 2 and s[0] == "$" and s[-1] == "$" and s[-2] != "\\":
         s = s[1:-1].strip()  # math delimiters (an escaped \\$ at the end is a currency sign)
     s = s.replace("−", "-").replace("\\left", "").replace("\\right", "").replace("{,}", ",")
     s = _CURRENCY_RE.sub(r"\1", s).strip()
     s = s.strip("$").strip()
+    if s.startswith("~") and s[1:2].isdigit():  # "~3": about 3 (or LaTeX's space before it); either way 3
+        s = s[1:]
     s = re.sub(r"(?<=\d)\\[,;: ](?=\d{3}(?!\d))", "", s)  # thin-space thousands separators: 1\\,000
     s = re.sub(r"\\!", "", s)
     s = re.sub(r"\\[,;: ]", " ", s)  # other LaTeX spaces are spaces: "3\\,\\,4" is two numbers, not 34
