@@ -181,7 +181,8 @@ class TestGroundingReward:
 
     @pytest.mark.parametrize("answer,problem", [
         ("nowhere", "no_box"), ("[0, 0, 1]", "box_unparsed"), ("[10, 10, 0, 0]", "degenerate_box"),
-        ("[NaN, 0, 10, 10]", "invalid_box"),
+        ("[NaN, 0, 10, 10]", "invalid_box"), ("［０，０，１］", "box_unparsed"), ("[0 0 1]", "box_unparsed"),
+        ('{"bbox_2d": ["zero", "0", "1", "1"]}', "box_unparsed"),
     ])
     def test_unusable_boxes_score_zero(self, answer, problem):
         r = GroundingReward()(r1(answer), box_sample("[0, 0, 10, 10]"))

@@ -196,6 +196,7 @@ def why_no_box(text: str) -> tuple[str, str]:
     >>> why_no_box("[10, 20, 30]")
     ('box_unparsed', 'a list of 3 numbers (a box is [x1, y1, x2, y2])')
     """
+    text = _tidy(text)  # as parse_boxes reads it: "［１０，２０，３０］" is three numbers too
     if not _BOXLIKE_RE.search(text):
         return "no_box", "no box-like text"
     for m in _NUMBER_LIST_RE.finditer(text):
