@@ -53,9 +53,33 @@ def final_params(run_dir: Path, model_dir: str) -> dict[str, torch.Tensor]:
 
 
 def assert_same_params(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 1e-5) -> None:
+    """Every element of every parameter within ``atol``: runs that should be the same computation (a resume)."""
     assert a.keys() == b.keys() and a
     for n in a:
         torch.testing.assert_close(b[n], a[n], rtol=0, atol=atol, msg=n)
+
+
+#: how far an element may end up when Adam stepped on a gradient that is rounding noise (the tests' lr is <= 1e-3)
+ADAM_NOISE_STEP = 1e-3
+
+
+def assert_trains_like(one: dict[str, torch.Tensor], many: dict[str, torch.Tensor], atol: float = 1e-5) -> None:
+    """A run on several processes (``many``) trained like one process (``one``), up to float rounding.
+
+    Several ranks sum a gradient in another order than one process, which moves it by rounding. For an element
+    whose gradient is itself rounding noise (terms that cancel to ~1e-9), Adam divides by that noise's own size and
+    steps up to the learning rate, so such an element can end further apart than ``atol`` (measured: 1 element of
+    32,768 at 3.8e-5 after 2 steps at lr 1e-3 on one CPU; 0 on another). Allowed: at most one element in 10,000 of a
+    tensor (at least one) beyond ``atol``, none beyond ``ADAM_NOISE_STEP``. A rank that trains its own copy, or
+    gradients that are not averaged, move most elements apart: still caught."""
+    assert one.keys() == many.keys() and one
+    for n in one:
+        diff = (many[n] - one[n]).abs()
+        over = int((diff > atol).sum())
+        allowed = max(1, diff.numel() // 10_000)
+        assert over <= allowed and float(diff.max()) <= ADAM_NOISE_STEP, (
+            f"{n}: {over} of {diff.numel()} elements differ by more than {atol} (at most {allowed} may), "
+            f"the largest by {float(diff.max()):.3g}")
 
 
 def topology(run_dir: Path) -> dict:
@@ -82,5 +106,5 @@ def assert_two_ranks_train_what_one_process_trains(out: Path, *overrides: str) -
     assert two.returncode == 0, two.stderr[-3000:]
     assert topology(out / "two")["world_size"] == 2
     model = str(resolve_model_path("tiny:qwen2_5_vl:warm"))
-    assert_same_params(final_params(out / "one", model), final_params(out / "two", model))
+    assert_trains_like(final_params(out / "one", model), final_params(out / "two", model))
     return out / "two"
