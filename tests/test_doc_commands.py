@@ -477,6 +477,10 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "--seeds 0 1 2 --lr 1e-4 --k 4 --eval-size 100 --arms lr0 grpo vepo --out runs/zoom_study":
         ("run by hand (docs/multiturn.md table, ~1 h on 2 cores); the script runs two arms, resumes and "
          "plots in a test; the config trains two steps", (T_SEED_STUDY, cfg_run("zoom-tiny.yaml"))),
+    "OMP_NUM_THREADS=1 python benchmarks/seed_study.py --config configs/zoom-tiny.yaml --task zoom --steps 100 "
+    "--seeds 3 4 5 --lr 1e-4 --k 4 --eval-size 200 --arms lr0 grpo vepo --out runs/zoom_study_345":
+        ("run by hand (docs/multiturn.md, the second study: ~1 h on 2 cores, two runs at a time); the script runs "
+         "two arms, resumes and plots in a test; the config trains two steps", (T_SEED_STUDY, cfg_run("zoom-tiny.yaml"))),
     "mmrlvr inspect runs/zoom-tiny": ("the inspector's turn view in a browser on a real tool run is tested",
                                       (*T_INSPECT, T_TURNS)),
     "mmrlvr inspect runs/zoom-tiny: the turn view": ("the inspector's turn view in a browser on a real tool run",
