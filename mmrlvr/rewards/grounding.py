@@ -114,14 +114,16 @@ def _collect(obj: Any, out: list[Box], depth: int = 0) -> None:
                 return
         return
     if isinstance(obj, (list, tuple)):
-        if len(obj) == 4 and all(_coordinate(v) is not None for v in obj):
-            out.append(tuple(_coordinate(v) for v in obj))  # type: ignore[arg-type]
-            return
-        if (len(obj) == 2 and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in obj)
-                and all(_coordinate(v) is not None for p in obj for v in p)):
-            (x1, y1), (x2, y2) = obj
-            out.append(tuple(_coordinate(v) for v in (x1, y1, x2, y2)))  # type: ignore[arg-type]
-            return
+        if len(obj) == 4:
+            coords = [_coordinate(v) for v in obj]
+            if None not in coords:
+                out.append(tuple(coords))  # type: ignore[arg-type]
+                return
+        if len(obj) == 2 and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in obj):
+            coords = [_coordinate(v) for p in obj for v in p]  # two (x, y) corners
+            if None not in coords:
+                out.append(tuple(coords))  # type: ignore[arg-type]
+                return
         for item in obj:
             _collect(item, out, depth + 1)
 
