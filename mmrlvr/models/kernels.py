@@ -1,4 +1,4 @@
-"""Pinned CPU kernels: the same float bits on every x86-64 CPU, for what must not depend on the machine.
+"""Pinned CPU kernels: the same float bits across x86-64 CPUs as far as they reach, for what must not depend on the machine.
 
 Bit-exact float results follow the kernels a CPU picks: ATen dispatches its vectorised kernels by instruction set
 (AVX2, AVX-512), MKL takes a code path per CPU, oneDNN generates its kernels for the CPU it finds, and a
@@ -12,8 +12,13 @@ documented to give the same results on every Intel and compatible x86-64 CPU), o
 every reduction. Checked here (2026-12-04): a pinned training run gives the same digest of every metric and record
 when MKL is restricted to SSE4.2 and when glibc is told the CPU has no AVX, AVX2, AVX-512 or FMA -- the values do
 not follow the instruction sets the machine reports. Pinned kernels are slower on large matrices; they are used
-for the offline tiny models' warm starts (so every machine trains from the same bytes) and the stage goldens,
-never for a user's run.
+for the offline tiny models' warm starts and the stage goldens, never for a user's run.
+
+They do not reach every bit. 2026-12-06, an "Intel(R) Xeon(R) Processor" with AVX-512, AVX512-FP16 and AMX
+against the AMD EPYC: most pinned runs agree bit for bit (10 of the 18 stage goldens, the RL step on the shipped
+warm start for 20 steps), but runs with rubric rewards or LoRA part in the last bits after a few steps, and a warm
+start built from scratch parts after ~100 SFT steps. Which kernel differs was not found. What depends on it keeps
+a reference per kind of machine (the tests' ``machine_variants``), and the demo's warm start ships as bytes.
 
 The environment variables are read when torch and MKL start, so a pinned computation runs in a child process
 started with ``PINNED_ENV`` that calls ``pin_in_process()`` first; ``kernel_state()`` lets it prove it.
