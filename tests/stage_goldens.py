@@ -252,13 +252,25 @@ def file_results(result: dict[str, Any], *, add_machine: bool = False) -> list[s
     return changed
 
 
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python tests/stage_goldens.py", description=__doc__.split("\n\n")[0])
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true",
+                      help="results are meant to change: the new results replace every machine's variant")
+    mode.add_argument("--add-machine", action="store_true",
+                      help="add this kind of machine's variant beside the others (refused where it behaves unlike them)")
+    mode.add_argument("--run", metavar="OUT_JSON", help=argparse.SUPPRESS)  # the pinned child (run_all)
+    parser.add_argument("cases", nargs="*", metavar="CASE", help=f"cases to run (default: all): {[c[0] for c in CASES]}")
+    args = parser.parse_args(argv)
+    if args.run:
+        _run_here(Path(args.run), args.cases)
+        return
+    written = write(args.cases or None, add_machine=args.add_machine)
+    print(f"wrote {GOLDEN} ({', '.join(written) or 'nothing new'})")
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
-    if len(sys.argv) >= 3 and sys.argv[1] == "--run":
-        _run_here(Path(sys.argv[2]), sys.argv[3:])
-    elif "--write" in sys.argv or "--add-machine" in sys.argv:
-        written = write([a for a in sys.argv[1:] if not a.startswith("--")] or None,
-                        add_machine="--add-machine" in sys.argv)
-        print(f"wrote {GOLDEN} ({', '.join(written)})")
-    else:
-        raise SystemExit("usage: python tests/stage_goldens.py --write|--add-machine [CASE ...]")
+    main()

@@ -163,6 +163,9 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 python benchmarks/consistency_study.py":
         (RUN + " (1 arm, 2 steps)", (T_DOC + "test_consistency_study_runs_one_arm",)),
     # ---- docs/architecture.md
+    "python tests/stage_goldens.py --add-machine": ("the CLI parsed and the filing rule run on a temporary golden file",
+        ("tests/test_stage_goldens.py::test_the_golden_script_takes_its_modes_from_the_command_line",
+         "tests/test_stage_goldens.py::test_add_machine_files_rounding_and_refuses_a_changed_result")),
     'mmrlvr train configs/demo-tiny.yaml "plugins=[docs/examples/median_advantage.py]" algo.advantage=group_median '
     'max_steps=2': (RUN + " (2 steps)", ("tests/test_stage_plugins.py::test_documented_plugin_example_trains",)),
     # ---- docs/extending.md (each example plug-in trains 2 steps on a smaller batch, then resumes exactly)

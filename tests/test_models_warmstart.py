@@ -184,6 +184,33 @@ def test_the_shipped_warm_start_is_installed_instead_of_built(tmp_path, monkeypa
         warm_start(tmp_path / "other", family="qwen2_5_vl", task="count", seed=1, progress=False)
 
 
+def test_every_tiny_config_and_the_demo_start_from_a_shipped_warm_start(tmp_path, monkeypatch):
+    """Each warm start a shipped config names is in the package for the recipe this code computes: resolved in an
+    empty cache it is copied, never built (a recipe change that leaves a shipped copy stale fails here)."""
+    import yaml
+
+    import mmrlvr.models.warmstart as W
+    from mmrlvr.train.demo import demo_config_dict
+    from mmrlvr.train.model_path import resolve_model_path
+
+    def would_build(*args, **kwargs):
+        raise AssertionError("would build")
+
+    monkeypatch.setattr(W, "_build_in_pinned_child", would_build)
+    monkeypatch.setattr(W, "_build", would_build)
+    monkeypatch.setenv("MMRLVR_CACHE", str(tmp_path / "cache"))
+    root = Path(__file__).parents[1]
+    specs = {yaml.safe_load(p.read_text())["model"]["path"] for p in (root / "configs").glob("*-tiny.yaml")}
+    specs.add(demo_config_dict()["model"]["path"])
+    warm = sorted(s for s in specs if s.startswith("tiny:") and ":warm" in s)
+    assert {"tiny:qwen2_5_vl:warm", "tiny:qwen2_5_vl:warm:noise0.9", "tiny:qwen2_5_vl:warm:grounding_single",
+            "tiny:qwen2_5_vl:warm:zoom"} <= set(warm)
+    for spec in warm:
+        out = Path(resolve_model_path(spec))
+        result = json.loads((out / W.RESULT_FILE).read_text())
+        assert W.shipped_copy(result["options_hash"]) is not None, spec
+
+
 def test_warm_start_is_bit_identical_under_1_and_2_threads(tmp_path):
     """The caller's thread count must not reach the weights (it did: 50 of 57 tensors differed)."""
     from safetensors.torch import load_file

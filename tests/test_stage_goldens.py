@@ -197,3 +197,17 @@ def test_the_machine_signature_tells_cpu_feature_sets_apart(monkeypatch):
         signatures.append(machine_variants.machine_signature())
     assert signatures[0] != signatures[1] and signatures[0] == signatures[2]  # a flag no kernel looks at: same
     assert all(s.startswith("Some CPU | ") for s in signatures)
+
+
+def test_the_golden_script_takes_its_modes_from_the_command_line(monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(stage_goldens, "write", lambda names, add_machine: calls.append((names, add_machine)) or [])
+    stage_goldens.main(["--add-machine", "demo", "zoom-tiny"])
+    stage_goldens.main(["--write"])
+    assert calls == [(["demo", "zoom-tiny"], True), (None, False)]
+    for wrong in ([], ["--write", "--add-machine"]):  # one mode, always
+        with pytest.raises(SystemExit):
+            stage_goldens.main(wrong)
+    with pytest.raises(SystemExit):
+        stage_goldens.main(["--help"])
+    assert "--add-machine" in capsys.readouterr().out

@@ -20,7 +20,8 @@ The build runs on pinned CPU kernels (``mmrlvr.models.kernels``), in a child pro
 started pinned: the same options give the same bytes on the same kind of CPU whatever its thread count or load,
 and on most other x86-64 CPUs -- but not all (an AMD EPYC and an Intel Xeon with AMX, both AVX-512, built the
 count warm start alike to step 100 of 550 and then apart, held-out greedy 0.53 vs 0.545). That is why the
-demo's warm start *ships* with the package (``SHIPPED``): every machine runs the demo from the same bytes.
+demo's and the tiny configs' warm starts *ship* with the package (``SHIPPED``): every machine starts from the same
+bytes.
 """
 
 from __future__ import annotations
@@ -341,12 +342,16 @@ def cached_result(out_dir: str | Path, options_hash: str) -> dict[str, Any] | No
     return data if data.get("options_hash") == options_hash else None
 
 
-#: warm starts shipped with the package (``mmrlvr/models/shipped/<folder>``: the files a build writes), so the demo's
-#: model is in place at once after an install instead of ~6 min of SFT on 2 cores. A shipped copy is used only when
-#: its ``options_hash`` is the one this code computes for the request — a changed recipe, task drawing or torch
-#: builds as before — and ``force`` always builds. The build reproduces the shipped bytes (test:
-#: ``mmrlvr tiny build --family qwen2_5_vl --out DIR --warm-start --force``, compared file by file). To refresh
-#: after a recipe change: build with ``--force`` and copy the folder's files here (``ship_warm_start``).
+#: warm starts shipped with the package (``mmrlvr/models/shipped/<folder>``: the files a build writes, 2.8 MB each):
+#: the demo's (count), and those of the tiny configs -- consistency-tiny's (count, answer noise 0.9),
+#: grounding-tiny's (grounding_single) and zoom-tiny's (zoom, on the count one) -- so each is in place at once after
+#: an install instead of 6-15 min of SFT on 2 cores (zoom: 40-80 min), and every machine trains from the same bytes
+#: (a build is CPU-kind dependent in its last bits: module docstring). A shipped copy is used only when its
+#: ``options_hash`` is the one this code computes for the request — a changed recipe, task drawing or torch
+#: builds as before — and ``force`` always builds. The count build reproduces the shipped bytes on the kind of CPU
+#: that built them (test: ``mmrlvr tiny build --family qwen2_5_vl --out DIR --warm-start --force``, compared file
+#: by file). To refresh after a recipe change: build with ``--force`` and copy the folder's files here
+#: (``ship_warm_start``).
 SHIPPED = Path(__file__).parent / "shipped"
 SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "chat_template.jinja",
                  "processor_config.json", "tokenizer.json", "tokenizer_config.json")
