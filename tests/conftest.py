@@ -17,8 +17,9 @@ import sys  # noqa: E402
 
 import pytest  # noqa: E402
 
-#: tiny models the suite trains from, built in the background at the start of a full parallel run so the
-#: workers run the unit tests meanwhile instead of waiting, one core idle, for a test that builds one
+#: tiny models the suite trains from, put in the cache in the background at the start of a full parallel run (the
+#: warm starts are copied from the package's shipped ones; a changed recipe builds) so the workers run the unit
+#: tests meanwhile instead of waiting, one core idle, for a test that needs one
 #: (a worker that needs one before it is ready waits on the cache folder's lock: mmrlvr.train.model_path)
 PREBUILD = ("tiny:qwen2_5_vl:warm", "tiny:qwen2_5_vl:warm:noise0.9", "tiny:qwen2_5_vl:warm:grounding_single",
             "tiny:qwen3_vl")
