@@ -177,6 +177,11 @@ def test_add_machine_files_rounding_and_refuses_a_changed_result(tmp_path, monke
     assert stage_goldens.file_results({"case": changed}) == ["case"]  # --write: a meant change replaces them all
     stored = json.loads((tmp_path / "goldens.json").read_text())["case"]["variants"]
     assert [v["written_on"] for v in stored] == ["this | AVX512 | 1"]
+    (tmp_path / "goldens.json").write_text(json.dumps({"case": {"variants": [amd, _variant("this | AVX512 | 1",
+                                                                                           reward=0.4)]}}))
+    assert stage_goldens.file_results({"case": same}, add_machine=True) == ["case"]  # now reproduces amd's bits:
+    stored = json.loads((tmp_path / "goldens.json").read_text())["case"]["variants"]  # this machine's stale one goes
+    assert [v["written_on"] for v in stored] == ["amd | AVX512"]
 
 
 def test_the_machine_signature_tells_cpu_feature_sets_apart(monkeypatch):
