@@ -51,7 +51,8 @@ def machine_signature() -> str:
         pass
     present = ",".join(f for f in _FEATURE_FLAGS if f in flags)
     digest = hashlib.sha256(present.encode()).hexdigest()[:8]
-    return f"{model or platform.processor() or platform.machine()} | {torch.backends.cpu.get_cpu_capability()} | {digest}"
+    name = model or platform.processor() or platform.machine()
+    return f"{name} | {torch.backends.cpu.get_cpu_capability()} | {digest}"
 
 
 @dataclass
@@ -70,12 +71,13 @@ def judge(got: Any, variants: list[dict[str, Any]], here: str, *,
     ``unlike(got, variant)`` lists the ways it does not behave like it up to rounding (empty: alike)."""
     if not variants:
         return Verdict(False, "differs", "no reference recorded")
-    for v in variants:
-        if not differences(got, v):
+    diffs = [differences(got, v) for v in variants]
+    for v, diff in zip(variants, diffs):
+        if not diff:
             return Verdict(True, "exact", f"equal, bit for bit, to the variant written on {v['written_on']!r}")
-    mine = [v for v in variants if v["written_on"] == here]
+    mine = [diff for v, diff in zip(variants, diffs) if v["written_on"] == here]
     if mine:
-        diff = differences(got, mine[0])
+        diff = mine[0]
         return Verdict(False, "differs", f"differs from the variant written on this kind of machine ({here!r}): "
                        + "; ".join(diff[:5]))
     problems = {v["written_on"]: unlike(got, v) for v in variants}

@@ -147,7 +147,8 @@ def unlike(got: dict[str, Any], variant: dict[str, Any]) -> list[str]:
         out.append(f"record shards {sorted(got['records'])} vs {sorted(variant['records'])}")
     keys_got, keys_exp = set().union(*got["metrics"]), set().union(*variant["metrics"])
     if keys_got != keys_exp:
-        out.append(f"metrics only here: {sorted(keys_got - keys_exp)}, only in the variant: {sorted(keys_exp - keys_got)}")
+        out.append(f"metrics only here: {sorted(keys_got - keys_exp)}, "
+                   f"only in the variant: {sorted(keys_exp - keys_got)}")
     for key in sorted(keys_got & keys_exp):
         g = [row[key] for row in got["metrics"] if key in row]
         e = [row[key] for row in variant["metrics"] if key in row]
@@ -264,9 +265,11 @@ def main(argv: list[str] | None = None) -> None:
     mode.add_argument("--write", action="store_true",
                       help="results are meant to change: the new results replace every machine's variant")
     mode.add_argument("--add-machine", action="store_true",
-                      help="add this kind of machine's variant beside the others (refused where it behaves unlike them)")
+                      help="add this kind of machine's variant beside the others "
+                           "(refused where it behaves unlike them)")
     mode.add_argument("--run", metavar="OUT_JSON", help=argparse.SUPPRESS)  # the pinned child (run_all)
-    parser.add_argument("cases", nargs="*", metavar="CASE", help=f"cases to run (default: all): {[c[0] for c in CASES]}")
+    parser.add_argument("cases", nargs="*", metavar="CASE",
+                        help=f"cases to run (default: all): {[c[0] for c in CASES]}")
     args = parser.parse_args(argv)
     if args.run:
         _run_here(Path(args.run), args.cases)

@@ -85,14 +85,16 @@ def build_record(folder: Path) -> dict:
 
 
 def build_differences(got: dict, variant: dict) -> list[str]:
+    keys = sorted(set(got["result"]) | set(variant["result"]))
     return ([f"{n} has other bytes" for n in got["files"] if got["files"][n] != variant["files"].get(n)]
             + [f"result {k}: {got['result'].get(k)!r} vs {variant['result'].get(k)!r}"
-               for k in sorted(set(got["result"]) | set(variant["result"])) if got["result"].get(k) != variant["result"].get(k)])
+               for k in keys if got["result"].get(k) != variant["result"].get(k)])
 
 
 def build_unlike(got: dict, variant: dict) -> list[str]:
     """A build alike up to rounding: same options, same non-weight files, held-out figures within 0.1."""
-    out = [f"{n} has other bytes" for n in got["files"] if n != "model.safetensors" and got["files"][n] != variant["files"][n]]
+    out = [f"{n} has other bytes" for n in got["files"]
+           if n != "model.safetensors" and got["files"][n] != variant["files"][n]]
     if got["result"]["options_hash"] != variant["result"]["options_hash"]:
         out.append("other options")
     for key in ("greedy_accuracy", "avg@8", "pass@8", "format_rate"):

@@ -1,4 +1,4 @@
-"""Pinned CPU kernels: the same float bits across x86-64 CPUs as far as they reach, for what must not depend on the machine.
+"""Pinned CPU kernels: the same float bits across x86-64 CPUs as far as they reach, for what must not vary.
 
 Bit-exact float results follow the kernels a CPU picks: ATen dispatches its vectorised kernels by instruction set
 (AVX2, AVX-512), MKL takes a code path per CPU, oneDNN generates its kernels for the CPU it finds, and a
