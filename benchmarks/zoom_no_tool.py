@@ -4,8 +4,8 @@ Builds (once, cached like every warm start) the tiny model fine-tuned on ``synth
 after the prompt — the same scenes, learning rate and starting model (the count warm start) as
 ``tiny:FAMILY:warm:zoom``, minus the call, for ``--steps``
 (300, all of them: one-turn examples are learnt in far fewer steps than two-turn ones; the validation accuracy has
-flattened by then) — and prints its held-out accuracy (200 test scenes, greedy and avg@8 at T = 1) beside chance (0.25) and the
-two-turn warm start's.
+flattened by then) — and prints its held-out accuracy (200 test scenes, greedy and avg@8 at T = 1) beside
+chance (1/3: the answer is 1-3) and the two-turn warm start's.
 
     python benchmarks/zoom_no_tool.py [--family qwen2_5_vl] [--steps 300]
 """
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in rows:
         print(f"| {name} | {r['greedy_accuracy']:.3f} | {r['avg@8']:.3f} | {r['pass@8']:.3f} | {r['format_rate']:.3f} | "
               f"{r['steps_run']} |")
-    print("chance: 0.250")
+    print(f"chance: {direct['chance']:.3f}")  # recorded by the build: uniform guessing over the task's answers
     return 0
 
 

@@ -99,7 +99,8 @@ def test_row_format(task):
 
 def test_zoom_answer_counts_the_asked_colour_inside_the_frame():
     decoys_seeing = 0
-    for row in make_rows("zoom", "train", 60, seed=3):
+    answers = set()
+    for row in make_rows("zoom", "train", 100, seed=3):
         img = np.asarray(row["images"][0])
         x1, y1, x2, y2 = row["meta"]["region"]
         assert (x2 - x1, y2 - y1) == (synth.ZOOM_FRAME, synth.ZOOM_FRAME) and x1 in synth.ZOOM_CELLS
@@ -107,6 +108,10 @@ def test_zoom_answer_counts_the_asked_colour_inside_the_frame():
         inside = [s for s in row["meta"]["shapes"] if x1 <= s["box"][0] and s["box"][2] <= x2
                   and y1 <= s["box"][1] and s["box"][3] <= y2]
         assert sum(s["colour"] == row["meta"]["target"] for s in inside) == int(row["answer"])
+        # at least one of the asked colour is inside (a look elsewhere cannot answer right by seeing nothing), and
+        # at most three shapes of any colour
+        assert 1 <= int(row["answer"]) <= 3 and len(inside) <= synth.ZOOM_INSIDE
+        answers.add(row["answer"])
         outside = [s for s in row["meta"]["shapes"] if s not in inside]
         assert any(s["colour"] == row["meta"]["target"] for s in outside)  # the colour alone does not give it away
         # inside the frame the background is the dark fill, so the view shows where to look
@@ -122,6 +127,7 @@ def test_zoom_answer_counts_the_asked_colour_inside_the_frame():
         assert final == f"<think>I see {seen} {row['meta']['target']}.</think><answer>{seen}</answer>"
         decoys_seeing += seen > 0
     assert decoys_seeing > 0  # some decoy crops hold the asked colour: the premise of the count above
+    assert answers == {"1", "2", "3"}
 
 
 def test_count_answer_matches_the_pixels():

@@ -22,11 +22,11 @@ Tasks (``TASKS``):
   signal to climb).
 - ``geometry``: read a drawn angle, 20-160 degrees in steps of 10 (chance 1/15); ``meta["tolerance"]``
   is the accepted absolute error in degrees.
-- ``zoom``: "How many {colour} shapes are inside the black frame?" (answer 0-3, chance 25%) on an image drawn at
-  eight times ``image_size`` (896 px by default): a black frame an eighth of the image wide, small shapes (16-20 px)
-  inside it and around it (the asked colour outside too); the frame is in one of nine cells (3 x 3). The tiny
-  processor shows a model at most 224x224 px, where those shapes are 4-5 px specks inside one patch; one ``zoom``
-  into the frame (``meta["region"]``) returns its 112 px at 224 px, where they are 32-40 px (2-3 patches, the size
+- ``zoom``: "How many {colour} shapes are inside the dark square?" (answer 1-3, chance 1/3) on an image drawn at
+  eight times ``image_size`` (896 px by default): a dark square an eighth of the image wide, small shapes (16-20 px)
+  inside it (at most three) and around it (the asked colour outside too); the square is in one of nine cells
+  (3 x 3). The tiny processor shows a model at most 224x224 px, where those shapes are 4-5 px specks inside one
+  patch; one ``zoom`` into the square (``meta["region"]``) returns its 112 px at 224 px, where they are 32-40 px (2-3 patches, the size
   the ``count`` task's shapes have). The reference is two turns: the call (``meta["reference_turns"]``), then the
   count — what ``tiny:FAMILY:warm:zoom`` is warm-started on.
 
@@ -250,6 +250,15 @@ ZOOM_LINE = 8  # the frame's line width on the canvas
 #: tower can locate (an outline of 2 px was not found in 500 SFT steps), and the shapes inside stand out on it
 ZOOM_FILL = (64, 64, 64)
 ZOOM_SHAPE = (16, 20)  # small shapes' sides on the canvas
+#: the answer's range: at least one shape of the asked colour is inside the square, so a look into another cell
+#: (whose crop holds the asked colour's outside shapes, usually none) rarely gives the right count; a right look is
+#: what a right answer needs, and learning where to look lifts accuracy too (with 0 allowed, a wrong look's "0" was
+#: right a quarter of the time)
+ZOOM_ANSWERS = (1, 3)
+#: at most this many shapes inside the square (the asked colour's and others): the crop is counted as the ``count``
+#: task's scenes are, and a tiny model counts few shapes far better than four (0.43 right after a right look with
+#: up to four)
+ZOOM_INSIDE = 3
 #: the frame sits in one of 3 x 3 cells (top-left corners on the canvas): where to look is a choice of nine regions
 #: the tiny VLM can learn to name, not a regression on pixel coordinates
 ZOOM_CELLS = (48, (ZOOM_CANVAS - ZOOM_FRAME) // 2, ZOOM_CANVAS - 48 - ZOOM_FRAME)
@@ -277,12 +286,12 @@ def _scatter(rng: random.Random, n: int, area: tuple[int, int, int, int], avoid:
 def _zoom(rng: random.Random) -> tuple[Scene, str, str, str, dict]:
     target = rng.choice(COLOURS)
     others = [c for c in COLOURS if c != target]
-    answer = rng.randint(0, 3)
+    answer = rng.randint(*ZOOM_ANSWERS)
     fx, fy = rng.choice(ZOOM_CELLS), rng.choice(ZOOM_CELLS)
     frame = (fx, fy, fx + ZOOM_FRAME, fy + ZOOM_FRAME)
     margin = ZOOM_LINE + 8
     inner = (fx + margin, fy + margin, fx + ZOOM_FRAME - margin, fy + ZOOM_FRAME - margin)
-    inside_colours = [target] * answer + [rng.choice(others) for _ in range(rng.randint(0, 4 - max(answer, 1)))]
+    inside_colours = [target] * answer + [rng.choice(others) for _ in range(rng.randint(0, ZOOM_INSIDE - answer))]
     outside_colours = [target] * rng.randint(1, 3) + [rng.choice(others) for _ in range(rng.randint(3, 5))]
     inside = _scatter(rng, len(inside_colours), inner, [])
     outside = _scatter(rng, len(outside_colours), (16, 16, ZOOM_CANVAS - 16, ZOOM_CANVAS - 16),
@@ -314,8 +323,8 @@ _TASK_FNS: dict[str, Callable[[random.Random], tuple[Scene, str, str, str, dict]
 }
 #: tasks whose drawing changed since their warm starts were first cached: part of those warm starts' cache key
 #: (zoom 2: a frame an eighth of the image wide, returned twice as large by one zoom; zoom 3: the frame filled dark
-#: grey, and a decoy look answers with what its crop shows)
-DATA_VERSIONS: dict[str, int] = {"zoom": 3}
+#: grey, and a decoy look answers with what its crop shows; zoom 4: answers 1-3 and at most three shapes inside)
+DATA_VERSIONS: dict[str, int] = {"zoom": 4}
 ANSWER_TYPES: dict[str, str] = {
     "count": "number", "count_chatter": "number", "largest_colour": "text", "left_right": "text", "grounding": "box", "geometry": "number",
     "grounding_single": "box", "zoom": "number",

@@ -577,5 +577,5 @@ def _build(out: Path, marker: Path, options: dict[str, Any], digest: str, *, fam
 
 def _chance(task: str) -> float | None:
     """Accuracy of uniform guessing over the task's answers (None where not meaningful)."""
-    return {"count": 1 / 4, "count_chatter": 1 / 4, "zoom": 1 / 4, "video_count": 1 / 4, "largest_colour": 1 / len(synth.COLOURS), "left_right": 1 / 2,
+    return {"count": 1 / 4, "count_chatter": 1 / 4, "zoom": 1 / (synth.ZOOM_ANSWERS[1] - synth.ZOOM_ANSWERS[0] + 1), "video_count": 1 / 4, "largest_colour": 1 / len(synth.COLOURS), "left_right": 1 / 2,
             "geometry": 1 / len(synth.ANGLES)}.get(task)
