@@ -3,17 +3,16 @@ itself is run by hand: ``python benchmarks/credit_overhead.py``)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
+
+from script_module import load_script
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "credit_overhead.py"
 
 
 def test_every_arm_runs_the_same_rollouts_with_its_credit(tmp_path):
-    spec = importlib.util.spec_from_file_location("credit_overhead", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script(BENCH)
     mod.SETTINGS["tiny"]["overrides"] = ["rollout.prompts_per_step=2"]  # 16 rollouts: a quick check
     trainers = {arm: mod.make_trainer("tiny", arm, tmp_path) for arm in mod.ARMS}
     assert trainers["vepo"].pipeline.names["credit"] == ["in_update"]

@@ -4,21 +4,19 @@ and plot; its token classifier and seed statistics are checked on hand-worked va
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+
+from script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def study():
-    spec = importlib.util.spec_from_file_location("credit_study", ROOT / "benchmarks" / "credit_study.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "benchmarks" / "credit_study.py")
 
 
 @pytest.mark.parametrize("token, in_answer, expected", [

@@ -108,12 +108,11 @@ def test_poise_trains_20_steps_with_group_size_two_and_logs_probe_quality(tiny_d
 def test_seed_study_runs_two_arms_resumes_and_plots(tmp_path, capsys):
     """benchmarks/seed_study.py end to end at a toy budget: one row per (arm, seed), the table and plot written,
     and a rerun keeps the finished rows instead of training them again."""
-    import importlib.util
     import json
 
-    spec = importlib.util.spec_from_file_location("seed_study", ROOT / "benchmarks" / "seed_study.py")
-    study = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(study)
+    from script_module import load_script
+
+    study = load_script(ROOT / "benchmarks" / "seed_study.py")
     out = tmp_path / "study"
     argv = ["--task", "count", "--steps", "1", "--seeds", "0", "--eval-size", "4", "--k", "2", "--arms", "lr0", "grpo",
             "--out", str(out)]
@@ -139,13 +138,12 @@ def test_seed_study_runs_two_arms_resumes_and_plots(tmp_path, capsys):
 
 def test_seed_study_paired_differences_by_hand():
     """The paired comparison: per prompt, the difference averaged over seeds; SE over prompts and over seeds."""
-    import importlib.util
     import math
     import statistics
 
-    spec = importlib.util.spec_from_file_location("seed_study", ROOT / "benchmarks" / "seed_study.py")
-    study = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(study)
+    from script_module import load_script
+
+    study = load_script(ROOT / "benchmarks" / "seed_study.py")
     k = 4
     runs = [  # per prompt [greedy, hits of k]: three prompts, two seeds
         {"arm": "lr0", "seed": 0, "per_prompt": [[0, 1], [1, 2], [0, 0]]},
