@@ -133,9 +133,6 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
                     "tests/test_export.py::test_full_finetuning_export_and_bf16",
                     "tests/test_export.py::test_push_to_hub_with_hub_access_off_is_one_clear_message")),
     "mmrlvr eval RUN_DIR": (RUN, ("tests/test_evaluation.py::test_eval_run_dir_reproduces_the_runs_final_eval_exactly",)),
-    "mmrlvr eval RUN --limit 200 --k 4 --seed S":  # docs/multiturn.md; --limit past a synth set's eval_size is tested
-        (RUN + " (--limit 16 past eval_size 12)",
-         ("tests/test_evaluation.py::test_eval_run_dir_reproduces_the_runs_final_eval_exactly",)),
     "mmrlvr export RUN_DIR --out DIR --merge": (RUN, ("tests/test_export.py::test_lora_merged_export_is_a_plain_model",)),
     "mmrlvr eval --model DIR --data DIR [--k K] [--out FILE.json]":
         (SYNOPSIS, (T_OPTS, T_HELP, T_CLI + "test_eval_writes_json_and_applies_a_lora_checkpoint")),
@@ -477,13 +474,13 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mmrlvr train configs/zoom-tiny.yaml": (RUN + " (2 steps, from the count warm start: tests/test_configs_run.py)",
                                             (cfg_run("zoom-tiny.yaml"), T_DRY)),
     "OMP_NUM_THREADS=1 python benchmarks/seed_study.py --config configs/zoom-tiny.yaml --task zoom --steps 100 "
-    "--seeds 0 1 2 --lr 1e-4 --k 4 --eval-size 100 --arms lr0 grpo vepo --out runs/zoom_study":
-        ("run by hand (docs/multiturn.md table, ~1 h on 2 cores); the script runs two arms, resumes and "
-         "plots in a test; the config trains two steps", (T_SEED_STUDY, cfg_run("zoom-tiny.yaml"))),
-    "OMP_NUM_THREADS=1 python benchmarks/seed_study.py --config configs/zoom-tiny.yaml --task zoom --steps 100 "
-    "--seeds 3 4 5 --lr 1e-4 --k 4 --eval-size 200 --arms lr0 grpo vepo --out runs/zoom_study_345":
-        ("run by hand (docs/multiturn.md, the second study: ~1 h on 2 cores, two runs at a time); the script runs "
-         "two arms, resumes and plots in a test; the config trains two steps", (T_SEED_STUDY, cfg_run("zoom-tiny.yaml"))),
+    "--seeds 0 1 2 --lr 1e-4 --k 4 --eval-size 400 --arms lr0 grpo vepo --out runs/zoom_study":
+        ("run by hand (docs/multiturn.md table, ~50 min on 2 cores, two runs at a time); the script runs two arms, "
+         "resumes and plots in a test; the config trains two steps", (T_SEED_STUDY, cfg_run("zoom-tiny.yaml"))),
+    "OMP_NUM_THREADS=1 python benchmarks/zoom_breakdown.py runs/zoom_study/grpo-seed0 runs/zoom_study/vepo-seed0 "
+    "--control runs/zoom_study/grpo-seed0":
+        (RUN + " (--limit 2 --k 2, on a one-step run of the config)",
+         ("tests/test_zoom_breakdown.py::test_breakdown_runs_on_a_real_run_and_its_control",)),
     "mmrlvr inspect runs/zoom-tiny": ("the inspector's turn view in a browser on a real tool run is tested",
                                       (*T_INSPECT, T_TURNS)),
     "mmrlvr inspect runs/zoom-tiny: the turn view": ("the inspector's turn view in a browser on a real tool run",
