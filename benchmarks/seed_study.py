@@ -203,7 +203,7 @@ def plot(results: list[dict[str, Any]], k: int, path: Path, title: str) -> None:
     for r in results:
         arms.setdefault(r["arm"], []).append(r)
     names = list(arms)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(names) + 2), 4.2))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(names) + 2) + 1.8, 4.2))
     keys = [(f"avg@{k}", "tab:blue"), ("greedy", "tab:orange"), (f"pass@{k}", "tab:green")]
     if any(r.get("zoom_hit_rate") is not None for r in results):  # multi-turn study: the zoom's hit rate too
         keys.append(("zoom_hit_rate", "tab:purple"))
@@ -224,9 +224,9 @@ def plot(results: list[dict[str, Any]], k: int, path: Path, title: str) -> None:
     ax.set_ylabel("held-out accuracy")
     ax.set_title(title, fontsize=9)
     ax.set_ylim(0, 1.08)
-    ax.legend(fontsize=8, loc="lower center", ncol=4, framealpha=0.9)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: never over a bar
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
