@@ -18,13 +18,16 @@ So a rise in accuracy splits into "more hits" x "right after a hit" and "countin
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
 
 def breakdown(completions: list, samples: list) -> dict[str, float]:
     """Per-response split of accuracy by zoom hit, from the responses and their samples."""
+    from mmrlvr.evaluation import normalise_answer
     from mmrlvr.rewards import answer_judge
+    from mmrlvr.rewards.parsing import extract_final_answer
     from mmrlvr.rewards.tool_use import ZoomIoUReward
 
     zoom = ZoomIoUReward()
@@ -32,8 +35,8 @@ def breakdown(completions: list, samples: list) -> dict[str, float]:
     for c, s in zip(completions, samples):
         hit = bool(zoom(c, s).parsed["zoom_hit"])
         correct, _ = answer_judge(c.text, s)
-        answer = c.text.rsplit("<answer>", 1)[-1].split("</answer>", 1)[0].strip() if "<answer>" in c.text else None
-        rows.append((hit, bool(correct), answer == "0"))
+        answer = extract_final_answer(c.text)  # the answer the accuracy reward reads ("0", " 0.0 " alike)
+        rows.append((hit, bool(correct), answer is not None and normalise_answer(answer) == "0"))
     hits = [r for r in rows if r[0]]
     misses = [r for r in rows if not r[0]]
 
@@ -52,7 +55,6 @@ def run_one(run: Path, limit: int, k: int, control: bool) -> dict[str, float]:
     from mmrlvr.train.export import find_checkpoint
     from mmrlvr.train.model_path import resolve_model_path
     from mmrlvr.train.tool_setup import with_tools
-    import dataclasses
 
     cfg = load_config(run / "config.yaml")
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, eval_size=max(cfg.data.eval_size, limit)),

@@ -7,9 +7,9 @@ from pathlib import Path
 from types import ModuleType
 
 
-def load_script(path: Path, name: str | None = None) -> ModuleType:
+def load_script(path: Path) -> ModuleType:
     """Execute the script at ``path`` as a fresh module (its ``main`` guard does not run) and return it."""
-    spec = importlib.util.spec_from_file_location(name or Path(path).stem, path)
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
