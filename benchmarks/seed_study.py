@@ -189,6 +189,10 @@ def table(results: list[dict[str, Any]], k: int) -> str:
     return "\n".join(lines)
 
 
+#: the settings every part of a merged study shares (``--merge`` reads them from the parts)
+STUDY_KEYS = ("task", "config", "steps", "lr", "k", "eval_size", "train_size", "full_control")
+
+
 def plot(results: list[dict[str, Any]], k: int, path: Path, title: str) -> None:
     """Held-out avg@k, greedy and pass@k per arm: a bar at the seeds' mean, a dot per seed (matplotlib, if present)."""
     try:
@@ -253,7 +257,16 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.merge:
-        merged = [r for d in args.merge for r in json.loads((Path(d) / "results.json").read_text())["results"]]
+        parts = [json.loads((Path(d) / "results.json").read_text()) for d in args.merge]
+        merged = [r for part in parts for r in part["results"]]
+        for key in STUDY_KEYS:  # the merged study's settings are its parts' (which must agree), not this call's
+            seen = {json.dumps(part["args"].get(key)): d for part, d in zip(parts, args.merge)}
+            if len(seen) > 1:
+                raise SystemExit(f"--merge: the folders ran different studies: {key} is "
+                                 + ", ".join(f"{v} in {d}" for v, d in seen.items()))
+            setattr(args, key, parts[0]["args"].get(key, getattr(args, key)))
+        args.seeds = sorted({r["seed"] for r in merged})
+        args.arms = list(dict.fromkeys(r["arm"] for r in merged))
         (out / "results.json").write_text(json.dumps({"args": vars(args), "results": merged}, indent=1))
         (out / "results.md").write_text(report(merged, args.k))
         plot(merged, args.k, out / "results.png", title=f"synth:{args.task}, {args.steps} steps, "

@@ -136,6 +136,38 @@ def test_seed_study_runs_two_arms_resumes_and_plots(tmp_path, capsys):
     assert joined == rows and "| grpo − lr0 | 1 × 4 |" in (tmp_path / "joined" / "results.md").read_text()
 
 
+def test_seed_study_merge_takes_the_parts_settings_and_refuses_different_studies(tmp_path):
+    """--merge records (and titles the plot with) the settings its folders ran, not the merging call's defaults,
+    and refuses folders from different studies, naming the setting."""
+    import json
+
+    import pytest
+
+    from script_module import load_script
+
+    study = load_script(ROOT / "benchmarks" / "seed_study.py")
+
+    def part(name: str, seed: int, **changed) -> str:
+        args = {"task": "zoom", "config": "configs/zoom-tiny.yaml", "steps": 100, "lr": 1e-4, "k": 4,
+                "eval_size": 3, "train_size": None, "full_control": False, **changed}
+        rows = [{"arm": arm, "seed": seed, "steps": 100, "wall_s": 1.0, "train_s": 1.0, "greedy": 0.5, "avg@4": 0.25, "pass@4": 0.5,
+                 "kl_mean": 0.0, "kl_max": 0.0, "grad_spikes": 0, "per_prompt": [[1, 1], [0, 0], [1, 2]]}
+                for arm in ("lr0", "grpo")]
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps({"args": args, "results": rows}))
+        return str(tmp_path / name)
+
+    a, b = part("a", 6), part("b", 7)
+    assert study.main(["--merge", a, b, "--out", str(tmp_path / "joined")]) == 0
+    args = json.loads((tmp_path / "joined" / "results.json").read_text())["args"]
+    assert (args["task"], args["steps"], args["k"], args["config"]) == ("zoom", 100, 4, "configs/zoom-tiny.yaml")
+    assert args["seeds"] == [6, 7] and args["arms"] == ["lr0", "grpo"]
+    assert "| grpo − lr0 | 2 × 3 |" in (tmp_path / "joined" / "results.md").read_text()
+    other = part("c", 8, config="elsewhere.yaml")
+    with pytest.raises(SystemExit, match="config is .*elsewhere.yaml"):
+        study.main(["--merge", a, other, "--out", str(tmp_path / "bad")])
+
+
 def test_seed_study_paired_differences_by_hand():
     """The paired comparison: per prompt, the difference averaged over seeds; SE over prompts and over seeds."""
     import math
