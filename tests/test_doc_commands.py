@@ -474,11 +474,11 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mmrlvr train configs/zoom-tiny.yaml": (RUN + " (2 steps, from the count warm start: tests/test_configs_run.py)",
                                             (cfg_run("zoom-tiny.yaml"), T_DRY)),
     "OMP_NUM_THREADS=1 python benchmarks/seed_study.py --config configs/zoom-tiny.yaml --task zoom --steps 100 "
-    "--seeds 0 1 2 --lr 1e-4 --k 4 --eval-size 400 --arms lr0 grpo vepo --out runs/zoom_study":
+    "--seeds 6 7 8 --lr 1e-4 --k 4 --eval-size 400 --arms lr0 grpo vepo --out runs/zoom_study":
         ("run by hand (docs/multiturn.md table, ~50 min on 2 cores, two runs at a time); the script runs two arms, "
          "resumes and plots in a test; the config trains two steps", (T_SEED_STUDY, cfg_run("zoom-tiny.yaml"))),
-    "OMP_NUM_THREADS=1 python benchmarks/zoom_breakdown.py runs/zoom_study/grpo-seed0 runs/zoom_study/vepo-seed0 "
-    "--control runs/zoom_study/grpo-seed0":
+    "OMP_NUM_THREADS=1 python benchmarks/zoom_breakdown.py runs/zoom_study/grpo-seed6 runs/zoom_study/vepo-seed6 "
+    "--control runs/zoom_study/grpo-seed6":
         (RUN + " (--limit 2 --k 2, on a one-step run of the config)",
          ("tests/test_zoom_breakdown.py::test_breakdown_runs_on_a_real_run_and_its_control",)),
     "mmrlvr inspect runs/zoom-tiny": ("the inspector's turn view in a browser on a real tool run is tested",
