@@ -51,7 +51,7 @@ def breakdown(completions: list, samples: list) -> dict[str, float]:
 def run_one(run: Path, limit: int, k: int, control: bool) -> dict[str, float]:
     from mmrlvr.config import load_config
     from mmrlvr.rollout.hf import HFEngine
-    from mmrlvr.train.evaluate import _load_model, evaluate_samples, load_eval_samples
+    from mmrlvr.train.evaluate import evaluate_samples, load_eval_samples, load_model_folder
     from mmrlvr.train.export import find_checkpoint
     from mmrlvr.train.model_path import resolve_model_path
     from mmrlvr.train.tool_setup import with_tools
@@ -60,7 +60,7 @@ def run_one(run: Path, limit: int, k: int, control: bool) -> dict[str, float]:
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, eval_size=max(cfg.data.eval_size, limit)),
                               eval=dataclasses.replace(cfg.eval, limit=limit))
     folder = resolve_model_path(cfg.model.path) if control else str(find_checkpoint(run, None))
-    model, processor, _ = _load_model(folder, cfg.model.dtype, cfg.model.attn_implementation)
+    model, processor, _ = load_model_folder(folder, cfg.model.dtype, cfg.model.attn_implementation)
     model.eval()
     seen: tuple[list, list] = ([], [])
 

@@ -154,8 +154,9 @@ def _run_dir_for(path: Path) -> Path | None:
     return None
 
 
-def _load_model(folder: str, dtype: str, attn: str | None):
-    """(model, processor, state) of a checkpoint folder, or (model, processor, {}) of a model/export folder."""
+def load_model_folder(folder: str, dtype: str, attn: str | None):
+    """(model, processor, state) of a checkpoint folder, or (model, processor, {}) of a model/export folder: what
+    ``mmrlvr eval`` loads, for scripts that evaluate the same way (``benchmarks/zoom_breakdown.py``)."""
     from mmrlvr.models import load_policy
     from mmrlvr.train.export import load_checkpoint_model
 
@@ -197,7 +198,7 @@ def main(argv: list[str]) -> int:
         folder = str(find_checkpoint(args.run, args.step))
     else:
         folder = args.run
-    model, processor, state = _load_model(folder, cfg.model.dtype if run_dir else "float32",
+    model, processor, state = load_model_folder(folder, cfg.model.dtype if run_dir else "float32",
                                           cfg.model.attn_implementation if run_dir else None)
     if args.adapter:
         from mmrlvr.train.checkpoint import load_trainable_into
