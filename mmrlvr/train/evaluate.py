@@ -199,7 +199,7 @@ def main(argv: list[str]) -> int:
     else:
         folder = args.run
     model, processor, state = load_model_folder(folder, cfg.model.dtype if run_dir else "float32",
-                                          cfg.model.attn_implementation if run_dir else None)
+                                                cfg.model.attn_implementation if run_dir else None)
     if args.adapter:
         from mmrlvr.train.checkpoint import load_trainable_into
 
