@@ -18,6 +18,8 @@ CASES = [
     # numbers
     ("2 + 2 = 4, so the answer is 4.", "number", "4", "4"),
     ("I count three.", "number", "3", "three"),
+    ("There are twenty-one cubes.", "number", "21", "twenty-one"),  # not "twenty": the compound is one number
+    ("So the total is Ninety nine.", "number", "99", "Ninety nine"),
     ("x = 3 + 4 = 7", "number", "7", "7"),  # the last rhs, not "3" (followed by an operator)
     ("So the ratio is 1/2.", "number", "1/2", "1/2"),
     (r"The answer is \frac{1}{2}.", "number", r"\frac{1}{2}", r"\frac{1}{2}"),

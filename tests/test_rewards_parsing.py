@@ -160,6 +160,9 @@ def test_parse_number(raw, expected):
     (r"\frac{1}{2} cm", (0.5, "cm")), ("2.4 cm", (2.4, "cm")), (r"5 \text{cm}", (5.0, "cm")),
     ("3 or 4", (None, "")), ("2 and 3", (None, "")), ("3 4", (None, "")),
     ("3. Ignore previous instructions", (None, "")), ("3 big red apples", (None, "")),
+    ("three", (3.0, "")), ("Three.", (3.0, "")), ("three apples", (3.0, "apples")), ("ten %", (10.0, "%")),
+    ("three or four", (None, "")), ("three four", (None, "")), ("3 four", (None, "")),
+    ("three-dimensional", (None, "")), ("two cats and a dog", (None, "")), ("a cat", (None, "")),
 ])
 def test_split_number_unit(raw, expected):
     assert split_number_unit(raw) == expected

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from mmrlvr.registry import Registry
+from mmrlvr.rewards.parsing import NUMBER_WORD_PATTERN, parse_number_words
 from mmrlvr.types import Sample
 
 __all__ = [
@@ -83,10 +84,13 @@ class Conclusion:
 # ----------------------------------------------------------------------------------------------
 # Building blocks
 
-_NUMBER_WORDS = {w: str(i) for i, w in enumerate(
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
-    "sixteen seventeen eighteen nineteen twenty".split())}
-_WORD = r"\b(?:" + "|".join(_NUMBER_WORDS) + r")\b"
+_WORD = r"\b" + NUMBER_WORD_PATTERN + r"\b"  # "seven", "twenty-one" (below one hundred)
+
+
+def _digits(word: str) -> str:
+    """A number in words as digits ("Twenty-one" -> "21"); anything else unchanged."""
+    value = parse_number_words(word)
+    return str(value) if value is not None else word
 _FRAC = r"\\[dt]?frac\s*\{[^{}]+\}\s*\{[^{}]+\}"
 _NUMERAL = r"[-+−]?\d+(?:,\d{3})*(?:\.\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?%?"
 NUM = rf"(?:{_FRAC}|{_NUMERAL}|{_WORD})"
@@ -226,7 +230,7 @@ def _clean_value(kind: str, raw: str, span: tuple[int, int]) -> tuple[str, tuple
     if not value:
         return None
     if kind == "number":
-        value = _NUMBER_WORDS.get(value.lower(), value).replace("−", "-")
+        value = _digits(value).replace("−", "-")
     if kind == "box":
         nums = re.findall(_BOX_NUM, value)
         value = "[" + ", ".join(nums) + "]"
@@ -393,7 +397,7 @@ def count_conclusion(thinking: str, target: str) -> Conclusion | None:
     for cue, rx in pats:
         for m in rx.finditer(thinking):
             raw = m.group("v")
-            value = "0" if cue == "count_none" else _NUMBER_WORDS.get(raw.lower(), raw)
+            value = "0" if cue == "count_none" else _digits(raw)
             sp = m.span("v")
             cands.append(Candidate(value, sp, cue, 1, _is_asserted(thinking, m.start(), *sp)))
     cands.sort(key=lambda c: c.span)

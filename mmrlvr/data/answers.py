@@ -1,6 +1,6 @@
 """Ground-truth checks at load time: every per-row value a reward will later read is parsed here first.
 
-Why: a ``number`` row whose answer is ``three`` used to load fine and stop the run at the step that first
+Why: a ``number`` row whose answer is ``a few`` used to load fine and stop the run at the step that first
 drew it (the numeric reward raised ``DataError`` mid-training, after minutes of work, and ``on_error=skip``
 never saw it). The rule now is that the loader parses each gold value *with the reward's own parser*
 (``mmrlvr.rewards.numeric.read_number``, ``mmrlvr.rewards.grounding.parse_boxes``, ...), so what passes
@@ -89,7 +89,7 @@ def validate_gold(answer: str | None, answer_type: str, meta: dict[str, Any] | N
     """Raise ``DataError`` (with ``field``) when a reward for ``answer_type`` could not read this row.
 
     Uses the rewards' own parsers, so the two never disagree (see the module docstring). Example: a
-    ``number`` row with answer ``three`` fails here, naming field ``answer``.
+    ``number`` row with answer ``a few`` fails here (``three`` loads: numbers in words are numbers to every reward), naming field ``answer``.
     """
     meta = meta or {}
     if answer is not None:
@@ -100,7 +100,7 @@ def validate_gold(answer: str | None, answer_type: str, meta: dict[str, Any] | N
 
             if read_number(answer)[0] is None:
                 raise DataError(f"answer {answer[:60]!r} is not a number (answer_type number); write it in "
-                                "digits or set answer_type to text/math for this row", field="answer")
+                                "digits (or as an English number in words) or set answer_type to text/math for this row", field="answer")
         elif answer_type == "box":
             parse_gold_boxes(answer)
         elif answer_type == "text":

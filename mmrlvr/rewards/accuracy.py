@@ -99,7 +99,7 @@ def candidate_problem(answer: str, max_words: int = 4) -> str | None:
     spaced = _LATEX_CMD_RE.sub("#", _SPACING_CMD_RE.sub(" ", answer))
     if _SIDE_BY_SIDE_NUMBERS_RE.search(spaced) and split_number_unit(answer)[0] is None:  # "1\\,000 cm" is one
         return "several_candidates"
-    if len(_WORD_RE.findall(bare)) > max_words:
+    if len(_WORD_RE.findall(bare)) > max_words and split_number_unit(answer)[0] is None:  # "one hundred and five"
         return "prose"
     return None
 

@@ -1,8 +1,9 @@
 """``numeric``: a number within tolerance of the ground truth (counts, lengths, angles, readings).
 
 The answer must be one number, optionally with a unit ("12 cm", "40°", "3/4", "\\frac{3}{4}", "1,000",
-"50%" — the unit is dropped, so "50%" matches a ground truth of 50, not 0.5). "2 or 3", "2, 3" and
-"3 4" are not one number and score 0.
+"50%" — the unit is dropped, so "50%" matches a ground truth of 50, not 0.5), in digits or in words
+("three", "twenty-one apples"; ``mmrlvr.rewards.parsing.parse_number_words``). "2 or 3", "2, 3", "3 4" and
+"three four" are not one number and score 0.
 
 Tolerance: correct when ``|pred − gold| <= abs_tol`` or ``|pred − gold| <= rel_tol·|gold|``. A sample's own
 ``meta["tolerance"]`` (a number = absolute, or ``{"abs": …, "rel": …}``) takes precedence over the reward's

@@ -271,7 +271,7 @@ def extract_boxed(text: str) -> list[str]:
 def box_key(content: str) -> object:
     """What two boxed answers are compared by to decide whether they are one answer: the number they
     state (``\\boxed{2}`` and ``\\boxed{2.0}`` are one answer), else their normalised text."""
-    value = parse_number(content)
+    value = read_bare_number(content)
     return value if value is not None else normalize_answer(content)
 
 
@@ -517,6 +517,121 @@ def parse_number(s: str | None) -> float | None:
     return None
 
 
+#: English cardinal words below twenty and the tens (``parse_number_words``; the consistency extractor's patterns)
+NUMBER_WORDS_BELOW_20 = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+                         "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
+                         "nineteen")
+TENS_WORDS = ("twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
+#: a number below one hundred in words, as a regex ("seven", "twenty-one", "ninety nine"); case is the caller's
+NUMBER_WORD_PATTERN = (r"(?:(?:" + "|".join(TENS_WORDS) + r")(?:[- ](?:" + "|".join(NUMBER_WORDS_BELOW_20[1:10])
+                       + r"))?|" + "|".join(sorted(NUMBER_WORDS_BELOW_20, key=len, reverse=True)) + ")")
+_BELOW_20 = {w: i for i, w in enumerate(NUMBER_WORDS_BELOW_20)}
+_TENS = {w: 20 + 10 * i for i, w in enumerate(TENS_WORDS)}
+_SCALES = {"thousand": 10 ** 3, "million": 10 ** 6, "billion": 10 ** 9, "trillion": 10 ** 12}
+_SIGN_WORDS = {"minus": -1, "negative": -1}
+_MAX_NUMBER_WORDS = 24
+
+
+def _below_100(toks: list[str], i: int) -> tuple[int | None, int]:
+    """"seven", "seventeen", "twenty", "twenty one" (hyphens are already spaces) at ``toks[i]``; zero is not one."""
+    t = toks[i] if i < len(toks) else None
+    if t in _TENS:
+        value, i = _TENS[t], i + 1
+        if i < len(toks) and 1 <= _BELOW_20.get(toks[i], 0) <= 9:
+            value, i = value + _BELOW_20[toks[i]], i + 1
+        return value, i
+    if t is not None and _BELOW_20.get(t, 0) >= 1:
+        return _BELOW_20[t], i + 1
+    return None, i
+
+
+def _below_1000(toks: list[str], i: int) -> tuple[int | None, int]:
+    """A group before a scale word: "five", "one hundred and five", "fifteen hundred", "a hundred"."""
+    if i + 1 < len(toks) and toks[i] == "a" and (toks[i + 1] == "hundred" or toks[i + 1] in _SCALES):
+        value, j = 1, i + 1
+    else:
+        value, j = _below_100(toks, i)
+        if value is None:
+            return None, i
+    if j < len(toks) and toks[j] == "hundred":
+        value, j = value * 100, j + 1
+        k = j + 1 if j < len(toks) and toks[j] == "and" else j
+        rest, k2 = _below_100(toks, k)
+        if rest is not None:
+            value, j = value + rest, k2
+        elif k != j:
+            return None, i  # "one hundred and" with nothing after it
+    return value, j
+
+
+def parse_number_words(s: str | None) -> int | None:
+    """The integer an English cardinal written in words states, or None unless the whole string is one.
+
+    Reads "zero" to "nineteen", the tens with their units ("twenty-one", "ninety nine"), "hundred" ("one hundred
+    and five", "fifteen hundred", "a hundred"), thousand / million / billion / trillion in falling order, and a
+    leading "minus" / "negative". Case and a trailing full stop do not matter. Not read: two numbers side by side
+    ("three four"), ordinals ("third"), fractions and decimals in words ("a half", "three point five"), "dozen",
+    and "no" / "none" (answers to yes/no and which-questions as often as counts).
+
+    >>> parse_number_words("Three"), parse_number_words("twenty-one"), parse_number_words("one hundred and five")
+    (3, 21, 105)
+    >>> parse_number_words("two thousand three hundred"), parse_number_words("minus seven")
+    (2300, -7)
+    >>> parse_number_words("three four") is None, parse_number_words("a") is None
+    (True, True)
+    """
+    if s is None:
+        return None
+    toks = s.strip().rstrip(".").lower().replace("-", " ").split()
+    if not toks or len(toks) > _MAX_NUMBER_WORDS:
+        return None
+    sign = _SIGN_WORDS.get(toks[0], 1)
+    if toks[0] in _SIGN_WORDS:
+        toks = toks[1:]
+    if toks == ["zero"]:
+        return 0
+    total, i, last_scale = 0, 0, None
+    while i < len(toks):
+        group, j = _below_1000(toks, i)
+        if group is None:
+            return None
+        if j < len(toks) and toks[j] in _SCALES:
+            scale = _SCALES[toks[j]]
+            if last_scale is not None and scale >= last_scale:
+                return None  # "two thousand three thousand"
+            total, last_scale, i = total + group * scale, scale, j + 1
+            if i < len(toks) and toks[i] == "and":
+                i += 1
+                if i == len(toks):
+                    return None
+            continue
+        if j != len(toks):
+            return None  # something after the last group: "three four", "twenty thirty"
+        total, i = total + group, j
+    return sign * total if toks else None
+
+
+def read_bare_number(s: str | None) -> float | None:
+    """The number a short string states in digits (``parse_number``) or in words (``parse_number_words``), with
+    no unit; None otherwise. ``read_bare_number("Three.") == read_bare_number("3") == 3.0``."""
+    value = parse_number(s)
+    if value is None:
+        words = parse_number_words(s)
+        value = float(words) if words is not None else None
+    return value
+
+
+def _number_word_unit(t: str) -> tuple[int, str] | None:
+    """(value, the rest) for text that opens with a number in words ("three apples" -> (3, "apples")), the
+    longest such opening first; None when it opens with none."""
+    words = t.split()
+    for k in range(min(len(words), _MAX_NUMBER_WORDS), 0, -1):
+        value = parse_number_words(" ".join(words[:k]))
+        if value is not None:
+            return value, " ".join(words[k:])
+    return None
+
+
 # A unit is a few words/symbols with no digits except exponents: "cm", "cm^2", "square units", "°", "%".
 _UNIT_RE = re.compile(
     r"^(?:\^\s*\{?\\circ\}?|\\circ|°|\\%|%|¢|degrees?|"
@@ -541,8 +656,8 @@ def split_number_unit(s: str | None) -> tuple[float | None, str]:
     """Split "12 cm^2" into (12.0, "cm^2"); (None, "") unless the string is one number plus an optional unit.
 
     Units are letters (at most three words), ``°``, ``^\\circ``, ``%``, ``¢``, after a space or LaTeX's (``\\,``, ``~``);
-    words that join candidates ("or",
-    "and", "to") are not units, so "2 or 3" is not a number.
+    words that join candidates ("or", "and", "to") and numbers in words are not units, so "2 or 3" and "3 four"
+    are not a number. A number may be written in words (``parse_number_words``): "three apples" is (3.0, "apples").
 
     >>> split_number_unit("12 cm^2"), split_number_unit("40^\\\\circ"), split_number_unit("3 or 4")
     ((12.0, 'cm^2'), (40.0, '^\\\\circ'), (None, ''))
@@ -553,6 +668,11 @@ def split_number_unit(s: str | None) -> tuple[float | None, str]:
     value = parse_number(t)
     if value is not None:
         return value, ""
+    worded = _number_word_unit(t)
+    if worded is not None:  # "three", "Twenty-one.", "three apples"
+        value, unit = worded
+        unit = unit.rstrip(".").strip()
+        return (float(value), unit) if not unit or _is_unit(unit, attached=False) else (None, "")
     # The number ends at some digit (maybe followed by "}" or ")"); try the latest such split first.
     for m in reversed(list(re.finditer(r"\d[})]*", t))):
         gap = _UNIT_GAP_RE.match(t, m.end()).group()  # type: ignore[union-attr]
@@ -562,14 +682,19 @@ def split_number_unit(s: str | None) -> tuple[float | None, str]:
         value = parse_number(head)
         if value is None:
             continue
-        if not _UNIT_RE.match(unit) or {w.lower().strip(".") for w in re.findall(r"[a-zA-Z]+\.?", unit)} & _NOT_UNITS:
-            return None, ""
-        attached = not gap
-        first_word = re.match(r"[a-zA-Zµμ]*", unit).group()  # type: ignore[union-attr]
-        if first_word and (attached or len(first_word) == 1) and first_word.lower() not in _ATTACHED_UNITS:
-            return None, ""  # "2x", "2 y", "2A": a product with a variable, not a number with a unit
-        return value, unit
+        return (value, unit) if _is_unit(unit, attached=not gap) else (None, "")
     return None, ""
+
+
+def _is_unit(unit: str, attached: bool) -> bool:
+    """Can ``unit`` follow a number as its unit? Not words that join candidates ("or", "to"), not a second
+    number in words ("3 four"), not a lone letter or an unknown attached word ("2x", "2 y", "2A": a product with
+    a variable)."""
+    words = {w.lower().strip(".") for w in re.findall(r"[a-zA-Z]+\.?", unit)}
+    if not _UNIT_RE.match(unit) or words & _NOT_UNITS or any(w in _BELOW_20 or w in _TENS for w in words):
+        return False
+    first_word = re.match(r"[a-zA-Zµμ]*", unit).group()  # type: ignore[union-attr]
+    return not (first_word and (attached or len(first_word) == 1) and first_word.lower() not in _ATTACHED_UNITS)
 
 
 _ANY_NUMBER_RE = re.compile(r"(?<![\w.])[-+]?(?:\d+(?:\.\d+)?|\.\d+)(?![\w.])")

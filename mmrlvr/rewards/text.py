@@ -2,14 +2,16 @@
 
 Both sides go through ``normalize_answer`` (case, lead-ins such as "The answer is", articles, trailing
 punctuation, ``\\text{}``). ``sample.meta["aliases"]`` may list other accepted spellings ("grey" for
-"gray"). No partial credit and no containment: "red or blue" and "not red" do not match "red".
+"gray"). A bare number equals itself however it is written: "two" = "2" = "2.0" (``read_bare_number``; counting
+questions in VQA-style data are answered both ways). No partial credit and no containment: "red or blue" and
+"not red" do not match "red".
 """
 
 from __future__ import annotations
 
 from mmrlvr.rewards.base import REWARDS
 from mmrlvr.rewards.common import AnswerReward, require_answer
-from mmrlvr.rewards.parsing import extract_boxed, normalize_answer
+from mmrlvr.rewards.parsing import extract_boxed, normalize_answer, read_bare_number
 from mmrlvr.types import RewardResult, Sample
 
 
@@ -41,4 +43,8 @@ class TextReward(AnswerReward):
         boxed = extract_boxed(answer)
         pred = normalize_answer(boxed[-1] if len(set(boxed)) == 1 else answer)
         parsed = {"answer": answer, "normalized": pred, "gold": accepted, "problems": [] if pred else ["empty_answer"]}
-        return RewardResult(float(bool(pred) and pred in accepted), {}, parsed)
+        right = bool(pred) and pred in accepted
+        if not right and pred:
+            value = read_bare_number(pred)
+            right = value is not None and any(read_bare_number(g) == value for g in accepted)
+        return RewardResult(float(right), {}, parsed)

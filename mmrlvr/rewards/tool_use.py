@@ -55,7 +55,9 @@ class ZoomIoUReward:
 
     >>> call = {"name": "zoom", "arguments": {"image": 0, "box": [0, 0, 50, 100]}, "error": None}
     >>> c = Completion(text="", meta={"turns": [{"kind": "tool", "calls": [call]}]})
-    >>> s = Sample(id="z", messages=[], images=[], meta={"region": [0, 0, 100, 100]})
+    >>> from PIL import Image
+    >>> s = Sample(id="z", messages=[], images=[Image.new("RGB", (100, 100))], answer=None,
+    ...            meta={"region": [0, 0, 100, 100]})
     >>> r = ZoomIoUReward()(c, s)
     >>> r.score, r.parsed["zoom_hit"]
     (0.5, True)
