@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from mmrlvr.errors import DataError
-from mmrlvr.rewards.grounding import GroundingReward, iou, match_boxes, parse_boxes, to_frame
+from mmrlvr.rewards.grounding import GroundingReward, iou, location_boxes, match_boxes, parse_boxes, to_frame
 from mmrlvr.types import Sample
 
 
@@ -201,3 +201,82 @@ class TestGroundingReward:
         for kwargs in ({"coord_format": "xyxy"}, {"matching": "best"}, {"threshold": 0}, {"max_area_fraction": 2}):
             with pytest.raises(ValueError):
                 GroundingReward(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------- location tokens
+# Each model's grid, worked by hand: PaliGemma n / 1024 in y1 x1 y2 x2 order; Florence-2 bin centres
+# (n + 0.5) / 1000 in x1 y1 x2 y2 order; Kosmos-2 cells of a 32 x 32 grid (index = row * 32 + column).
+
+@pytest.mark.parametrize("text,expected", [
+    ("<loc0256><loc0512><loc0768><loc1023> dog", [(0.5, 0.25, 1023 / 1024, 0.75)]),
+    ("<loc0000><loc0000><loc0512><loc0512> a ; <loc0512><loc0512><loc1000><loc1000> b",
+     [(0.0, 0.0, 0.5, 0.5), (0.5, 0.5, 1000 / 1024, 1000 / 1024)]),
+    ("car<loc_0><loc_10><loc_999><loc_500>", [(0.0005, 0.0105, 0.9995, 0.5005)]),
+    # Kosmos-2: cells 33 (row 1, col 1) and 66 (row 2, col 2): centre to centre, 1.5/32 .. 2.5/32
+    ("<object><patch_index_0033><patch_index_0066></object>", [(1.5 / 32, 1.5 / 32, 2.5 / 32, 2.5 / 32)]),
+    # same row (cells 32 and 35): edge to edge, columns 0..3 -> 0 .. 4/32, row 1 -> 1/32 .. 2/32
+    ("<patch_index_0032><patch_index_0035>", [(0.0, 1 / 32, 4 / 32, 2 / 32)]),
+    # one cell: that cell
+    ("<patch_index_0005><patch_index_0005>", [(5 / 32, 0.0, 6 / 32, 1 / 32)]),
+    # two objects of one phrase, Kosmos-2's delimiter between them
+    ("<object><patch_index_0000><patch_index_0033><delimiter_of_multi_objects/><patch_index_0990>"
+     "<patch_index_1023></object>", [(0.5 / 32, 0.5 / 32, 1.5 / 32, 1.5 / 32),
+                                     (30.5 / 32, 30.5 / 32, 31.5 / 32, 31.5 / 32)]),
+])
+def test_location_tokens_decode_on_their_grids(text, expected):
+    got = location_boxes(text)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert g == pytest.approx(e, abs=1e-12)
+
+
+@pytest.mark.parametrize("text", ["<loc1024><loc0000><loc0512><loc0512>", "<loc0001><loc0002><loc0003>",
+                                  "<loc_1000><loc_1><loc_2><loc_3>", "<patch_index_1024><patch_index_0001>",
+                                  "<patch_index_0001>", "[10, 20, 30, 40]", "location 0102"])
+def test_what_is_not_a_location_box(text):
+    assert location_boxes(text) == []
+
+
+def test_location_tokens_set_their_frame_whatever_coords_says():
+    s = box_sample("[20, 10, 60, 30]", size=(200, 100))  # x1 y1 x2 y2 in pixels of a 200 x 100 image
+    paligemma = "<loc0102><loc0102><loc0307><loc0307> cat"  # y 0.0996..0.2998, x 0.0996..0.2998
+    for coords in ("absolute", "normalized_1000", "normalized_1"):
+        r = GroundingReward(coords=coords)(r1(paligemma), s)
+        assert r.parsed["boxes"][0] == pytest.approx([102 / 1024 * 200, 102 / 1024 * 100, 307 / 1024 * 200,
+                                                      307 / 1024 * 100])
+        assert r.score > 0.98
+    # the order matters: read as x1 y1 x2 y2 the same tokens would be another box
+    swapped = GroundingReward()(r1("<loc0102><loc0102><loc0614><loc0307>"), s)  # y2 0.6, x2 0.3
+    assert swapped.parsed["boxes"][0] == pytest.approx([102 / 1024 * 200, 102 / 1024 * 100, 307 / 1024 * 200,
+                                                        614 / 1024 * 100])
+
+
+def test_a_gold_in_location_tokens_is_read_in_its_own_frame():
+    s = box_sample("<loc_99><loc_199><loc_499><loc_799>", size=(200, 100))
+    gold = GroundingReward().target_boxes(s)
+    assert gold == [pytest.approx((99.5 / 1000 * 200, 199.5 / 1000 * 100, 499.5 / 1000 * 200, 799.5 / 1000 * 100))]
+    assert GroundingReward()(r1("[19.9, 19.95, 99.9, 79.95]"), s).score == pytest.approx(1.0)
+
+
+def test_broken_location_tokens_are_counted_as_unparsed_not_as_no_box():
+    reward = GroundingReward()
+    for text in ("<loc1500><loc0102><loc0512><loc0512>", "<loc0102><loc0102><loc0512> cat", "<patch_index_0003>"):
+        r = reward(r1(text), box_sample("[10, 10, 50, 50]"))
+        assert r.score == 0.0 and r.parsed["problems"] == ["box_unparsed"]
+        assert "location tokens" in r.parsed["box_error"]
+    assert reward.metrics()["reward/grounding/box_unparsed"] == 3.0
+
+
+def test_the_loader_reads_location_token_answers_as_pixels_of_the_image():
+    from mmrlvr.data.loading import load_samples
+
+    im = Image.new("RGB", (224, 112))  # a multiple of 28 each way: the loader keeps its size
+    rows = [{"problem": "Where is the cat?", "answer": "<loc0256><loc0128><loc0768><loc0512> cat", "images": [im]},
+            {"problem": "Where?", "answer": "<phrase>it</phrase><object><patch_index_0033><patch_index_0066></object>",
+             "answer_type": "box", "images": [im]}]
+    samples, _ = load_samples(rows, preset="vlm_r1")  # a layout that guesses the answer type
+    assert [s.answer_type for s in samples] == ["box", "box"]
+    assert samples[0].meta["answer_original"] == pytest.approx([0.125 * 224, 0.25 * 112, 0.5 * 224, 0.75 * 112])
+    assert GroundingReward()(r1("[28, 28, 112, 84]"), samples[0]).score == pytest.approx(1.0)
+    assert samples[1].meta["answer_original"] == pytest.approx([1.5 / 32 * 224, 1.5 / 32 * 112, 2.5 / 32 * 224,
+                                                                2.5 / 32 * 112])

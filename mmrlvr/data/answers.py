@@ -35,15 +35,25 @@ def strip_answer_tags(text: str) -> str:
 
 
 def looks_like_boxes(value: Any) -> bool:
-    """A box or a list of boxes (numbers, JSON / Python literals, ``bbox_2d`` / ``Position`` dicts)."""
+    """A box or a list of boxes (numbers, JSON / Python literals, ``bbox_2d`` / ``Position`` dicts, or location
+    tokens: PaliGemma's ``<loc0256>…`` suffixes, Florence-2's ``<loc_256>…``, Kosmos-2's ``<patch_index_0044>…``)."""
     if isinstance(value, (list, tuple)):
         return bool(value) and _boxes(value) != []
     if not isinstance(value, str):
         return False
+    if location_boxes(value):
+        return True
     text = value.strip().strip("`").strip()
     if text.startswith("json"):
         text = text[4:].strip()
     return text[:1] in "[{(" and bool(_boxes(text))
+
+
+def location_boxes(text: str) -> list[tuple[float, ...]]:
+    """Boxes in location tokens, as 0-1 fractions of the image (``mmrlvr.rewards.grounding.location_boxes``)."""
+    from mmrlvr.rewards.grounding import location_boxes as read
+
+    return read(text)
 
 
 def _boxes(value: Any) -> list[tuple[float, ...]]:

@@ -60,7 +60,8 @@ from mmrlvr.data.images import (
     IMAGE_FACTOR,
     prepare_image,
 )
-from mmrlvr.data.answers import guess_answer_type, looks_like_boxes, parse_gold_boxes, strip_answer_tags, validate_gold
+from mmrlvr.data.answers import (guess_answer_type, location_boxes, looks_like_boxes, parse_gold_boxes, strip_answer_tags,
+                                 validate_gold)
 from mmrlvr.data.chat import is_chat, normalise_placeholders, parse_chat
 from mmrlvr.data.prompts import (
     IMAGE_PLACEHOLDER,
@@ -619,7 +620,12 @@ def _field(name: str, fn: Any, *args: Any) -> Any:
 
 
 def _scaled_boxes(raw: Any, original: list[int], seen: tuple[int, int]) -> tuple[str, Any]:
-    """Gold boxes rescaled from the original image's pixels to the resized image's; (answer text, original)."""
+    """Gold boxes rescaled from the original image's pixels to the resized image's; (answer text, original).
+    Location tokens (PaliGemma, Florence-2, Kosmos-2) name fractions of the image: read as pixels of the original."""
+    located = location_boxes(raw) if isinstance(raw, str) else []
+    if located:
+        raw = [[b[0] * original[0], b[1] * original[1], b[2] * original[0], b[3] * original[1]] for b in located]
+        raw = raw[0] if len(raw) == 1 else raw
     if isinstance(raw, (list, tuple)) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in raw):
         boxes = [parse_box(raw)]
     elif isinstance(raw, str) and not looks_like_boxes(raw) and len(_NUMBER.findall(raw)) == 4:

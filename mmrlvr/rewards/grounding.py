@@ -7,7 +7,11 @@ thinking) in any of these forms:
   as [y1, x1, y2, x2], its order —, corner keys ``x1/y1/x2/y2``, ``xmin/ymin/xmax/ymax``, ``left/top/right/bottom``,
   or a corner and a size, ``x/y/w/h``, ``x/y/width/height``), lists of those, inside ```json fences or not;
 - Qwen text: ``<|box_start|>(x1,y1),(x2,y2)<|box_end|>`` — also bare ``(x1,y1),(x2,y2)``, since decoding
-  with special tokens skipped drops the markers.
+  with special tokens skipped drops the markers;
+- location tokens, each on its model's own grid, so they set their frame whatever ``coords`` says
+  (``location_boxes``): PaliGemma's ``<loc0256><loc0128><loc0768><loc0512>`` (y1 x1 y2 x2, n / 1024),
+  Florence-2's ``<loc_128><loc_256><loc_512><loc_768>`` (x1 y1 x2 y2, bin centres (n + 0.5) / 1000) and
+  Kosmos-2's ``<patch_index_0044><patch_index_0300>`` (the upper-left and lower-right cells of a 32 × 32 grid).
 
 Coordinate frames (``coords``, or ``coord_format``, of the predictions; ``target_format`` of the ground truth):
 - "absolute" (= "abs"): pixels of the image the model saw — Qwen2.5-VL;
@@ -157,6 +161,69 @@ def _top_level_brackets(text: str) -> list[str]:
     return out
 
 
+#: PaliGemma: four ``<locNNNN>`` (0-1023) as y1, x1, y2, x2; a coordinate is n / 1024 of the image's height or width
+#: (Beyer et al. 2024, "PaliGemma: A versatile 3B VLM for transfer", and big_vision's decoding)
+_PALIGEMMA_RE = re.compile(r"<loc(\d{4})>\s*<loc(\d{4})>\s*<loc(\d{4})>\s*<loc(\d{4})>")
+PALIGEMMA_GRID = 1024
+#: Florence-2: four ``<loc_N>`` (0-999) as x1, y1, x2, y2, each the index of one of 1,000 equal bins; its processor
+#: reads a bin as its centre, (n + 0.5) / 1000 (transformers' ``Florence2PostProcessor`` quantizer)
+_FLORENCE_RE = re.compile(r"<loc_(\d{1,3})>\s*<loc_(\d{1,3})>\s*<loc_(\d{1,3})>\s*<loc_(\d{1,3})>")
+FLORENCE_BINS = 1000
+#: Kosmos-2: a pair of ``<patch_index_NNNN>`` (0-1023), the upper-left and lower-right cells of a 32 x 32 grid
+#: (Peng et al. 2023, "Kosmos-2: Grounding Multimodal Large Language Models to the World"; transformers'
+#: ``patch_index_to_coordinate``)
+_KOSMOS_RE = re.compile(r"<patch_index_(\d{4})>\s*<patch_index_(\d{4})>")
+KOSMOS_CELLS = 32
+_LOCATION_TOKEN_RE = re.compile(r"<loc_?\d|<patch_index_\d")
+
+
+def _kosmos_box(upper_left: int, lower_right: int, n: int = KOSMOS_CELLS) -> Box:
+    """The normalised box of two Kosmos-2 cells, as its processor decodes them: from cell edge to cell edge when
+    the cells share a row or a column (or are one cell), else from cell centre to cell centre."""
+    cell = 1.0 / n
+    ux, uy, lx, ly = upper_left % n, upper_left // n, lower_right % n, lower_right // n
+    if ux == lx or uy == ly:
+        return ux * cell, uy * cell, (lx + 1) * cell, (ly + 1) * cell
+    return (ux + 0.5) * cell, (uy + 0.5) * cell, (lx + 0.5) * cell, (ly + 0.5) * cell
+
+
+def location_boxes(text: str) -> list[Box]:
+    """The boxes ``text`` states in location tokens (PaliGemma, Florence-2, Kosmos-2), as 0-1 fractions of the
+    image's width and height, in order; [] when it holds none (tokens off their grid are skipped:
+    ``why_no_box`` names them).
+
+    >>> location_boxes("<loc0256><loc0128><loc0768><loc0512> cat")  # y1 x1 y2 x2 on PaliGemma's 1024 grid
+    [(0.125, 0.25, 0.5, 0.75)]
+    >>> location_boxes("<loc_99><loc_199><loc_499><loc_799>")  # Florence-2 bin centres
+    [(0.0995, 0.1995, 0.4995, 0.7995)]
+    >>> location_boxes("<object><patch_index_0000><patch_index_1023></object>")  # Kosmos-2 cells, centre to centre
+    [(0.015625, 0.015625, 0.984375, 0.984375)]
+    """
+    if "<loc" not in text and "<patch_index_" not in text:
+        return []
+    found: list[tuple[int, Box]] = []
+    for m in _PALIGEMMA_RE.finditer(text):
+        y1, x1, y2, x2 = (int(g) for g in m.groups())
+        if max(y1, x1, y2, x2) < PALIGEMMA_GRID:
+            found.append((m.start(), (x1 / PALIGEMMA_GRID, y1 / PALIGEMMA_GRID, x2 / PALIGEMMA_GRID, y2 / PALIGEMMA_GRID)))
+    for m in _FLORENCE_RE.finditer(text):
+        x1, y1, x2, y2 = (int(g) for g in m.groups())
+        if max(x1, y1, x2, y2) < FLORENCE_BINS:
+            found.append((m.start(), tuple((v + 0.5) / FLORENCE_BINS for v in (x1, y1, x2, y2))))  # type: ignore[arg-type]
+    for m in _KOSMOS_RE.finditer(text):
+        ul, lr = int(m.group(1)), int(m.group(2))
+        if max(ul, lr) < KOSMOS_CELLS ** 2:
+            found.append((m.start(), _kosmos_box(ul, lr)))
+    return [b for _, b in sorted(found, key=lambda f: f[0])]
+
+
+def read_boxes(text: str, coords: str) -> tuple[list[Box], str]:
+    """(boxes, their frame): location tokens in their own 0-1 frame ("norm1") when ``text`` has any, else
+    ``parse_boxes``' numbers in ``coords``."""
+    located = location_boxes(text)
+    return (located, "norm1") if located else (parse_boxes(text), coords)
+
+
 def parse_boxes(text: str) -> list[Box]:
     """Every box stated in ``text`` (see the module docstring for the forms), in order.
 
@@ -185,7 +252,8 @@ def parse_boxes(text: str) -> list[Box]:
     return boxes
 
 
-_BOXLIKE_RE = re.compile(r"<\|box_start\|>|bbox|box_2d|position|[\[(]\s*[-+]?(?:\d|\.\d|nan|inf)", re.IGNORECASE)
+_BOXLIKE_RE = re.compile(r"<\|box_start\|>|bbox|box_2d|position|<loc_?\d|<patch_index_\d|"
+                         r"[\[(]\s*[-+]?(?:\d|\.\d|nan|inf)", re.IGNORECASE)
 _NUMBER_LIST_RE = re.compile(r"\[([^\[\]]{0,400})\]")
 
 
@@ -207,6 +275,9 @@ def why_no_box(text: str) -> tuple[str, str]:
             return "box_unparsed", f"a list of {len(items)} numbers (a box is [x1, y1, x2, y2])"
     if "<|box_start|>" in text:
         return "box_unparsed", "box tokens without two (x, y) corners"
+    if _LOCATION_TOKEN_RE.search(text):
+        return "box_unparsed", ("location tokens that are not a box: four <locNNNN> under 1024 (PaliGemma), four "
+                                "<loc_N> under 1000 (Florence-2) or two <patch_index_NNNN> under 1024 (Kosmos-2)")
     if re.search(r"(?i)\bnan\b|\binf", text):
         return "box_unparsed", "a box with non-finite coordinates"
     return "box_unparsed", "box-like text that is not a box, a JSON/Python list of boxes or two (x, y) corners"
@@ -403,18 +474,21 @@ class GroundingReward(AnswerReward):
     def target_boxes(self, sample: Sample) -> list[Box]:
         """Ground-truth boxes of ``sample`` in its own frame (``orig_size``); a data error if there are none."""
         gold_text = require_answer(sample, self.name)
-        boxes = parse_boxes(gold_text)
+        boxes, fmt = read_boxes(gold_text, self.target_format)
         if not boxes:
             raise DataError(f"sample {sample.id!r}: no box in answer {gold_text[:80]!r}", field="answer")
         _, target = frame_sizes(sample)
-        if self.target_format != "abs":
-            boxes = to_frame(boxes, self.target_format, target, target)
+        if fmt != "abs":
+            try:
+                boxes = to_frame(boxes, fmt, target, target)
+            except ValueError as e:
+                raise DataError(f"sample {sample.id!r}: {e}", field="meta.orig_size") from None
         return boxes
 
     def check(self, answer: str, sample: Sample) -> RewardResult:
         gold = self.target_boxes(sample)
         seen, target = frame_sizes(sample)
-        raw = parse_boxes(answer)
+        raw, fmt = read_boxes(answer, self.coord_format)
         problems: list[str] = []
         parsed: dict[str, Any] = {"answer": answer, "boxes": [], "image_boxes": [], "target_boxes": [list(b) for b in gold],
                                   "target_image_boxes": [list(b) for b in to_frame(gold, "abs", target, seen)],
@@ -432,7 +506,7 @@ class GroundingReward(AnswerReward):
         if len(finite) < len(raw):
             problems.append("invalid_box")
         try:
-            pred = [_clip(b, target) for b in to_frame(finite, self.coord_format, seen, target)]
+            pred = [_clip(b, target) for b in to_frame(finite, fmt, seen, target)]
         except ValueError as e:
             raise DataError(f"sample {sample.id!r}: {e}", field="meta.orig_size") from None
         parsed["boxes"] = [list(b) for b in pred]
