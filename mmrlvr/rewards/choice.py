@@ -1,6 +1,6 @@
 """``choice``: multiple-choice answers — an option letter or the option's text.
 
-Understood: "C", "(C)", "C.", "c", "option C", "The answer is C", "\\boxed{C}", "C. red", and the option's
+Understood: "C", "(C)", "C.", "c", "'C'", "“C”", "option C", "The answer is C", "\\boxed{C}", "C. red", and the option's
 text itself ("red") when ``sample.meta["options"]`` lists the options. Options are a list
 (``["red", "blue", …]`` → A, B, …; a leading "A." / "(A)" in a text is ignored) or a mapping
 ``{"A": "red", …}``. The ground truth (``sample.answer``) is a letter or an option's text.
@@ -26,6 +26,8 @@ _LETTER_THEN_TEXT_RE = re.compile(r"^[(\[]?([A-Z])(?:[)\]]\s*[.:]?|[.:])\s*(.+)$
 _LETTER_MENTION_RE = re.compile(r"(?<![A-Za-z0-9'’_\\])([A-Z])(?![A-Za-z0-9'’_])")
 _OPTION_PREFIX_RE = re.compile(r"^\s*[(\[]?([A-Z])[)\].:]\s+")
 _TEXT_CMD_RE = re.compile(r"\\(?:text|textbf|mathrm)\s*\{([^{}]*)\}")
+#: quotes a whole answer may stand in ("'B'", "“B”", "「B」"): not part of the letter
+_QUOTES = {"'": "'", '"': '"', "`": "`", "“": "”", "‘": "’", "«": "»", "「": "」", "『": "』"}
 
 
 def options_from_meta(meta: dict[str, Any] | None) -> dict[str, str]:
@@ -83,6 +85,8 @@ def extract_choice(answer: str, options: dict[str, str] | None = None) -> tuple[
         a = boxed[-1]
     a = _TEXT_CMD_RE.sub(r"\1", a).strip().strip("$").strip()
     a = strip_lead_in(a).replace("**", "").strip()
+    while len(a) >= 2 and _QUOTES.get(a[0]) == a[-1]:
+        a = a[1:-1].strip()
     if not a:
         return None, "empty_answer"
     text_to_letter = {normalize_answer(v): k for k, v in options.items() if v.strip()}
