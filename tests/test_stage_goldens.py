@@ -49,6 +49,15 @@ def test_every_golden_was_written_on_the_pinned_kernels():
             assert " | " in value["written_on"], case
 
 
+def test_the_multi_turn_golden_covers_the_update_on_tool_turns():
+    """Premise of the zoom-tiny case: its steps hold tool calls that ran and returned images, and groups that differ,
+    so the update trains (a golden of zero-variance groups would pin the rollout and nothing of the update)."""
+    for variant in json.loads(GOLDEN.read_text())["zoom-tiny"]["variants"]:
+        steps = variant["metrics"]
+        assert all(m["tools/calls"] > m["tools/malformed_call"] for m in steps)
+        assert all(m["grad_norm"] > 0 and m["reward/std"] > 0 for m in steps)
+
+
 @pytest.mark.parametrize("case", [c[0] for c in CASES])
 def test_step_pipeline_matches_golden(case, tmp_path):
     ok, why = supports_pinned_goldens()
