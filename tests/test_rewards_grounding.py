@@ -212,6 +212,7 @@ class TestGroundingReward:
     ("<loc0000><loc0000><loc0512><loc0512> a ; <loc0512><loc0512><loc1000><loc1000> b",
      [(0.0, 0.0, 0.5, 0.5), (0.5, 0.5, 1000 / 1024, 1000 / 1024)]),
     ("car<loc_0><loc_10><loc_999><loc_500>", [(0.0005, 0.0105, 0.9995, 0.5005)]),
+    ("<p>the cat</p> {<21><34><55><100>}", [(0.21, 0.34, 0.55, 1.0)]),  # MiniGPT-v2, n / 100
     # Kosmos-2: cells 33 (row 1, col 1) and 66 (row 2, col 2): centre to centre, 1.5/32 .. 2.5/32
     ("<object><patch_index_0033><patch_index_0066></object>", [(1.5 / 32, 1.5 / 32, 2.5 / 32, 2.5 / 32)]),
     # same row (cells 32 and 35): edge to edge, columns 0..3 -> 0 .. 4/32, row 1 -> 1/32 .. 2/32
@@ -232,7 +233,8 @@ def test_location_tokens_decode_on_their_grids(text, expected):
 
 @pytest.mark.parametrize("text", ["<loc1024><loc0000><loc0512><loc0512>", "<loc0001><loc0002><loc0003>",
                                   "<loc_1000><loc_1><loc_2><loc_3>", "<patch_index_1024><patch_index_0001>",
-                                  "<patch_index_0001>", "[10, 20, 30, 40]", "location 0102"])
+                                  "<patch_index_0001>", "[10, 20, 30, 40]", "location 0102", "{<101><0><5><5>}",
+                                  "{<1><2><3>}", r"\frac{1}{2}"])
 def test_what_is_not_a_location_box(text):
     assert location_boxes(text) == []
 

@@ -11,7 +11,10 @@ thinking) in any of these forms:
 - location tokens, each on its model's own grid, so they set their frame whatever ``coords`` says
   (``location_boxes``): PaliGemma's ``<loc0256><loc0128><loc0768><loc0512>`` (y1 x1 y2 x2, n / 1024),
   Florence-2's ``<loc_128><loc_256><loc_512><loc_768>`` (x1 y1 x2 y2, bin centres (n + 0.5) / 1000) and
-  Kosmos-2's ``<patch_index_0044><patch_index_0300>`` (the upper-left and lower-right cells of a 32 × 32 grid).
+  Kosmos-2's ``<patch_index_0044><patch_index_0300>`` (the upper-left and lower-right cells of a 32 × 32 grid),
+  MiniGPT-v2's ``{<10><20><50><60>}`` (x1 y1 x2 y2 on 0-100);
+- four numbers between box tags (``<box>10 20 30 40</box>``, ``<bbox>10, 20, 30, 40</bbox>``) and corner keys in
+  prose (``x1=10, y1=20, x2=30, y2=40``, ``xmin: 10, ...``).
 
 Coordinate frames (``coords``, or ``coord_format``, of the predictions; ``target_format`` of the ground truth):
 - "absolute" (= "abs"): pixels of the image the model saw — Qwen2.5-VL;
@@ -59,7 +62,7 @@ COORD_FORMATS = ("abs", "norm1000", "norm1")
 COORD_ALIASES = {"absolute": "abs", "normalized_1000": "norm1000", "normalized_1": "norm1",
                  "abs": "abs", "norm1000": "norm1000", "norm1": "norm1"}
 MATCHINGS = ("hungarian", "greedy")
-_BOX_KEYS = ("bbox_2d", "bbox", "box_2d", "box", "Position", "position", "bounding_box")
+_BOX_KEYS = ("bbox_2d", "bbox", "box_2d", "box", "Position", "position", "bounding_box", "xyxy")
 #: keys whose four numbers are (y1, x1, y2, x2): Gemini's ``box_2d`` ([ymin, xmin, ymax, xmax]; its 0-1000 frame is
 #: ``coords: normalized_1000``)
 _YX_KEYS = ("box_2d",)
@@ -71,8 +74,16 @@ _MAX_LITERAL_CHARS = 20_000
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
 _QWEN_BOX_RE = re.compile(rf"\(\s*({_NUM})\s*,\s*({_NUM})\s*\)\s*,?\s*\(\s*({_NUM})\s*,\s*({_NUM})\s*\)")
 _FENCE_RE = re.compile(r"```(?:json|python)?\s*(.*?)```", re.DOTALL)
-#: four numbers with only spaces between them, in brackets or MiniCPM-V's ``<box>x1 y1 x2 y2</box>``
-_SPACED_BOX_RE = re.compile(rf"(?:\[|<box>)\s*({_NUM})\s+({_NUM})\s+({_NUM})\s+({_NUM})\s*(?:\]|</box>)")
+#: four numbers with only spaces between them in brackets (``[10 20 30 40]``)
+_SPACED_BOX_RE = re.compile(rf"\[\s*({_NUM})\s+({_NUM})\s+({_NUM})\s+({_NUM})\s*\]")
+#: four numbers between box tags, separated by spaces or commas: MiniCPM-V's ``<box>x1 y1 x2 y2</box>``, also
+#: ``<bbox>10, 20, 30, 40</bbox>``
+_TAGGED_BOX_RE = re.compile(rf"<(b?box)>\s*({_NUM})(?:\s*,\s*|\s+)({_NUM})(?:\s*,\s*|\s+)({_NUM})(?:\s*,\s*|\s+)"
+                            rf"({_NUM})\s*</\1>", re.IGNORECASE)
+#: corner keys written as text, not as an object: ``x1=10, y1=20, x2=30, y2=40``, ``xmin: 10, ymin: 20, ...``
+_TEXT_CORNER_RES = [tuple(re.compile(rf"(?<![\w.]){k}\s*[:=]\s*({_NUM})", re.IGNORECASE) for k in keys)
+                    for keys in (("x1", "y1", "x2", "y2"), ("xmin", "ymin", "xmax", "ymax"),
+                                 ("x_min", "y_min", "x_max", "y_max"))]
 #: zeros that pad a number (CogVLM writes ``[[086,540,400,760]]`` on its 000-999 grid): not valid JSON or Python
 _PADDING_ZEROS_RE = re.compile(r"(?<![\w.])0+(?=\d)")
 
@@ -81,7 +92,18 @@ def _tidy(text: str) -> str:
     """One spelling of a box for the parsers: fullwidth forms as ASCII, zero padding dropped, spaced lists
     comma-separated."""
     text = _PADDING_ZEROS_RE.sub("", fold_unicode(text))
+    text = _TAGGED_BOX_RE.sub(lambda m: "[" + ", ".join(m.groups()[1:]) + "]", text)
     return _SPACED_BOX_RE.sub(lambda m: "[" + ", ".join(m.groups()) + "]", text)
+
+
+def _text_corner_boxes(text: str) -> list[Box]:
+    """Boxes written as corner keys in prose (``x1=10, y1=20, x2=30, y2=40``): the i-th value of each key makes
+    the i-th box; none unless every key appears equally often."""
+    for pattern in _TEXT_CORNER_RES:
+        values = [[float(m.group(1)) for m in p.finditer(text)] for p in pattern]
+        if values[0] and all(len(v) == len(values[0]) for v in values):
+            return [tuple(b) for b in zip(*values)]  # type: ignore[misc]
+    return []
 
 
 def _is_number(x: Any) -> bool:
@@ -174,7 +196,11 @@ FLORENCE_BINS = 1000
 #: ``patch_index_to_coordinate``)
 _KOSMOS_RE = re.compile(r"<patch_index_(\d{4})>\s*<patch_index_(\d{4})>")
 KOSMOS_CELLS = 32
-_LOCATION_TOKEN_RE = re.compile(r"<loc_?\d|<patch_index_\d")
+#: MiniGPT-v2: ``{<x1><y1><x2><y2>}``, integers on 0-100 (Chen et al. 2023, "MiniGPT-v2: large language model as a
+#: unified interface for vision-language multi-task learning")
+_MINIGPT_RE = re.compile(r"\{\s*<(\d{1,3})>\s*<(\d{1,3})>\s*<(\d{1,3})>\s*<(\d{1,3})>\s*\}")
+MINIGPT_GRID = 100
+_LOCATION_TOKEN_RE = re.compile(r"<loc_?\d|<patch_index_\d|\{\s*<\d")
 
 
 def _kosmos_box(upper_left: int, lower_right: int, n: int = KOSMOS_CELLS) -> Box:
@@ -199,7 +225,7 @@ def location_boxes(text: str) -> list[Box]:
     >>> location_boxes("<object><patch_index_0000><patch_index_1023></object>")  # Kosmos-2 cells, centre to centre
     [(0.015625, 0.015625, 0.984375, 0.984375)]
     """
-    if "<loc" not in text and "<patch_index_" not in text:
+    if "<loc" not in text and "<patch_index_" not in text and "{" not in text:
         return []
     found: list[tuple[int, Box]] = []
     for m in _PALIGEMMA_RE.finditer(text):
@@ -210,6 +236,10 @@ def location_boxes(text: str) -> list[Box]:
         x1, y1, x2, y2 = (int(g) for g in m.groups())
         if max(x1, y1, x2, y2) < FLORENCE_BINS:
             found.append((m.start(), tuple((v + 0.5) / FLORENCE_BINS for v in (x1, y1, x2, y2))))  # type: ignore[arg-type]
+    for m in _MINIGPT_RE.finditer(text):
+        values = [int(g) for g in m.groups()]
+        if max(values) <= MINIGPT_GRID:
+            found.append((m.start(), tuple(v / MINIGPT_GRID for v in values)))  # type: ignore[arg-type]
     for m in _KOSMOS_RE.finditer(text):
         ul, lr = int(m.group(1)), int(m.group(2))
         if max(ul, lr) < KOSMOS_CELLS ** 2:
@@ -249,10 +279,13 @@ def parse_boxes(text: str) -> list[Box]:
                 _collect(obj, boxes)
     if not boxes:
         boxes = [tuple(float(g) for g in m.groups()) for m in _QWEN_BOX_RE.finditer(body)]  # type: ignore[misc]
+    if not boxes:
+        boxes = _text_corner_boxes(body)
     return boxes
 
 
-_BOXLIKE_RE = re.compile(r"<\|box_start\|>|bbox|box_2d|position|<loc_?\d|<patch_index_\d|"
+_BOXLIKE_RE = re.compile(r"<\|box_start\|>|bbox|box_2d|position|<loc_?\d|<patch_index_\d|\{\s*<\d|"
+                         r"(?<![\w.])(?:x1|xmin|x_min)\s*[:=]|"
                          r"[\[(]\s*[-+]?(?:\d|\.\d|nan|inf)", re.IGNORECASE)
 _NUMBER_LIST_RE = re.compile(r"\[([^\[\]]{0,400})\]")
 
@@ -277,7 +310,8 @@ def why_no_box(text: str) -> tuple[str, str]:
         return "box_unparsed", "box tokens without two (x, y) corners"
     if _LOCATION_TOKEN_RE.search(text):
         return "box_unparsed", ("location tokens that are not a box: four <locNNNN> under 1024 (PaliGemma), four "
-                                "<loc_N> under 1000 (Florence-2) or two <patch_index_NNNN> under 1024 (Kosmos-2)")
+                                "<loc_N> under 1000 (Florence-2), two <patch_index_NNNN> under 1024 (Kosmos-2) or "
+                                "{<x1><y1><x2><y2>} up to 100 (MiniGPT-v2)")
     if re.search(r"(?i)\bnan\b|\binf", text):
         return "box_unparsed", "a box with non-finite coordinates"
     return "box_unparsed", "box-like text that is not a box, a JSON/Python list of boxes or two (x, y) corners"
