@@ -85,12 +85,6 @@ class Conclusion:
 # Building blocks
 
 _WORD = r"\b" + NUMBER_WORD_PATTERN + r"\b"  # "seven", "twenty-one" (below one hundred)
-
-
-def _digits(word: str) -> str:
-    """A number in words as digits ("Twenty-one" -> "21"); anything else unchanged."""
-    value = parse_number_words(word)
-    return str(value) if value is not None else word
 _FRAC = r"\\[dt]?frac\s*\{[^{}]+\}\s*\{[^{}]+\}"
 _NUMERAL = r"[-+−]?\d+(?:,\d{3})*(?:\.\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?%?"
 NUM = rf"(?:{_FRAC}|{_NUMERAL}|{_WORD})"
@@ -215,6 +209,12 @@ def _is_asserted(text: str, cue_start: int, v_start: int, v_end: int) -> bool:
 
 # ----------------------------------------------------------------------------------------------
 # Value clean-up per kind
+
+def _digits(word: str) -> str:
+    """A number in words as digits ("Twenty-one" -> "21"); anything else unchanged."""
+    value = parse_number_words(word)
+    return str(value) if value is not None else word
+
 
 def _clean_value(kind: str, raw: str, span: tuple[int, int]) -> tuple[str, tuple[int, int]] | None:
     """Trim a matched value; return None to drop the candidate. Spans stay aligned with the text."""

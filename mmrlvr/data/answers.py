@@ -36,7 +36,8 @@ def strip_answer_tags(text: str) -> str:
 
 def looks_like_boxes(value: Any) -> bool:
     """A box or a list of boxes (numbers, JSON / Python literals, ``bbox_2d`` / ``Position`` dicts, or location
-    tokens: PaliGemma's ``<loc0256>…`` suffixes, Florence-2's ``<loc_256>…``, Kosmos-2's ``<patch_index_0044>…``)."""
+    tokens: PaliGemma's ``<loc0256>…`` suffixes, Florence-2's ``<loc_256>…``, Kosmos-2's ``<patch_index_0044>…``,
+    MiniGPT-v2's ``{<10><20><50><60>}``)."""
     if isinstance(value, (list, tuple)):
         return bool(value) and _boxes(value) != []
     if not isinstance(value, str):
@@ -99,7 +100,8 @@ def validate_gold(answer: str | None, answer_type: str, meta: dict[str, Any] | N
     """Raise ``DataError`` (with ``field``) when a reward for ``answer_type`` could not read this row.
 
     Uses the rewards' own parsers, so the two never disagree (see the module docstring). Example: a
-    ``number`` row with answer ``a few`` fails here (``three`` loads: numbers in words are numbers to every reward), naming field ``answer``.
+    ``number`` row with answer ``a few`` fails here, naming field ``answer`` (``three`` loads: numbers in words are
+    numbers to every reward).
     """
     meta = meta or {}
     if answer is not None:
@@ -110,7 +112,8 @@ def validate_gold(answer: str | None, answer_type: str, meta: dict[str, Any] | N
 
             if read_number(answer)[0] is None:
                 raise DataError(f"answer {answer[:60]!r} is not a number (answer_type number); write it in "
-                                "digits (or as an English number in words) or set answer_type to text/math for this row", field="answer")
+                                "digits (or as an English number in words) or set answer_type to text/math for this "
+                                "row", field="answer")
         elif answer_type == "box":
             parse_gold_boxes(answer)
         elif answer_type == "text":

@@ -621,7 +621,8 @@ def _field(name: str, fn: Any, *args: Any) -> Any:
 
 def _scaled_boxes(raw: Any, original: list[int], seen: tuple[int, int]) -> tuple[str, Any]:
     """Gold boxes rescaled from the original image's pixels to the resized image's; (answer text, original).
-    Location tokens (PaliGemma, Florence-2, Kosmos-2) name fractions of the image: read as pixels of the original."""
+    Location tokens (PaliGemma, Florence-2, Kosmos-2, MiniGPT-v2) name fractions of the image: read as pixels of the
+    original."""
     located = location_boxes(raw) if isinstance(raw, str) else []
     if located:
         raw = [[b[0] * original[0], b[1] * original[1], b[2] * original[0], b[3] * original[1]] for b in located]

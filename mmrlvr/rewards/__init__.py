@@ -38,7 +38,8 @@ from mmrlvr.rewards.tool_use import ToolCallReward, ZoomIoUReward
 __all__ = [
     "REWARDS", "RewardFn", "build_reward", "score_batch",
     "ParsedResponse", "split_think_answer", "extract_boxed", "extract_final_answer", "locate_answer",
-    "normalize_answer", "parse_number", "parse_number_words", "read_bare_number", "split_number_unit", "strip_lead_in",
+    "normalize_answer", "parse_number", "parse_number_words", "read_bare_number", "split_number_unit",
+    "strip_lead_in",
     "MathVerdict", "math_equal",
     "FormatReward", "AccuracyReward", "ChoiceReward", "NumericReward", "GroundingReward", "TextReward",
     "AutoAccuracyReward", "ANSWER_TYPES", "same_answer",

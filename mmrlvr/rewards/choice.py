@@ -1,7 +1,7 @@
 """``choice``: multiple-choice answers — an option letter or the option's text.
 
-Understood: "C", "(C)", "C.", "c", "'C'", "“C”", "option C", "The answer is C", "\\boxed{C}", "C. red", and the option's
-text itself ("red") when ``sample.meta["options"]`` lists the options. Options are a list
+Understood: "C", "(C)", "C.", "c", "'C'", "“C”", "option C", "The answer is C", "\\boxed{C}", "C. red", and the
+option's text itself ("red") when ``sample.meta["options"]`` lists the options. Options are a list
 (``["red", "blue", …]`` → A, B, …; a leading "A." / "(A)" in a text is ignored) or a mapping
 ``{"A": "red", …}``. The ground truth (``sample.answer``) is a letter or an option's text.
 

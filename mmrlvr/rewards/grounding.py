@@ -214,8 +214,8 @@ def _kosmos_box(upper_left: int, lower_right: int, n: int = KOSMOS_CELLS) -> Box
 
 
 def location_boxes(text: str) -> list[Box]:
-    """The boxes ``text`` states in location tokens (PaliGemma, Florence-2, Kosmos-2), as 0-1 fractions of the
-    image's width and height, in order; [] when it holds none (tokens off their grid are skipped:
+    """The boxes ``text`` states in location tokens (PaliGemma, Florence-2, Kosmos-2, MiniGPT-v2), as 0-1 fractions
+    of the image's width and height, in order; [] when it holds none (tokens off their grid are skipped:
     ``why_no_box`` names them).
 
     >>> location_boxes("<loc0256><loc0128><loc0768><loc0512> cat")  # y1 x1 y2 x2 on PaliGemma's 1024 grid
@@ -231,7 +231,7 @@ def location_boxes(text: str) -> list[Box]:
     for m in _PALIGEMMA_RE.finditer(text):
         y1, x1, y2, x2 = (int(g) for g in m.groups())
         if max(y1, x1, y2, x2) < PALIGEMMA_GRID:
-            found.append((m.start(), (x1 / PALIGEMMA_GRID, y1 / PALIGEMMA_GRID, x2 / PALIGEMMA_GRID, y2 / PALIGEMMA_GRID)))
+            found.append((m.start(), tuple(v / PALIGEMMA_GRID for v in (x1, y1, x2, y2))))  # type: ignore[arg-type]
     for m in _FLORENCE_RE.finditer(text):
         x1, y1, x2, y2 = (int(g) for g in m.groups())
         if max(x1, y1, x2, y2) < FLORENCE_BINS:
