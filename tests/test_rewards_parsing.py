@@ -16,6 +16,7 @@ from mmrlvr.rewards.parsing import (
     normalize_answer,
     parse_number,
     split_number_unit,
+    strip_lead_in,
     split_think_answer,
 )
 
@@ -166,6 +167,17 @@ def test_parse_number(raw, expected):
 ])
 def test_split_number_unit(raw, expected):
     assert split_number_unit(raw) == expected
+
+
+@pytest.mark.parametrize("raw,expected", [
+    ("The answer is C.", "C."), ("There are 5.", "5."), ("there is one", "one"), ("a total of 12", "12"),
+    ("In total: 3", "3"), ("about 5", "5"), ("Approximately 2.5", "2.5"), ("≈ 7", "7"),
+    ("exactly twenty-one", "twenty-one"),
+    ("The answer is about 5", "5"), ("nearly 5", "nearly 5"), ("at least 5", "at least 5"),
+    ("There is a cat", "There is a cat"), ("about the cat", "about the cat"), ("totally 5", "totally 5"),
+])
+def test_strip_lead_in(raw, expected):
+    assert strip_lead_in(raw) == expected
 
 
 def test_find_numbers_lists_every_candidate():

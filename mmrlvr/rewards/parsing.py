@@ -350,6 +350,14 @@ def extract_final_answer(text: str, template: str = "r1", think_prefilled: bool 
     return locate_answer(text, template, think_prefilled)[0]
 
 
+#: English cardinal words below twenty and the tens (``parse_number_words``; the consistency extractor's patterns)
+NUMBER_WORDS_BELOW_20 = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+                         "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
+                         "nineteen")
+TENS_WORDS = ("twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
+#: a number below one hundred in words, as a regex ("seven", "twenty-one", "ninety nine"); case is the caller's
+NUMBER_WORD_PATTERN = (r"(?:(?:" + "|".join(TENS_WORDS) + r")(?:[- ](?:" + "|".join(NUMBER_WORDS_BELOW_20[1:10])
+                       + r"))?|" + "|".join(sorted(NUMBER_WORDS_BELOW_20, key=len, reverse=True)) + ")")
 _LEAD_IN_RE = re.compile(
     r"^\s*(?:(?:so|thus|therefore|hence|then)\s*,?\s+)?(?:i\s+think\s+)?(?:the\s+)?(?:final\s+|correct\s+)?"
     r"(?:answer|option|choice)\s*(?:is|:|=)?\s*:?\s*|^\s*(?:it\s+is|it's)\s+",
@@ -365,8 +373,20 @@ _SPACE_THOUSANDS_RE = re.compile(r"^[-+]?[1-9]\d{0,2}(?: \d{3})+$")
 _MAX_LEAD_INS = 8
 
 
+#: words before a number that state it rather than hedge it: "There are 5", "a total of 5", "about 5", "exactly
+#: five", "≈ 5" (an answer block of one number; "about 5 or 6" is still two candidates once they are gone). Not
+#: "nearly", "almost", "over", "at least": those name another number.
+_NUMBER_LEAD_IN_RE = re.compile(
+    r"^\s*(?:there\s+(?:is|are|was|were)\s+(?:only\s+|exactly\s+)?|(?:in\s+)?(?:a\s+)?total(?:\s+of\s+|\s+is\s+|\s*:\s*)|"
+    r"about\s+|approximately\s+|approx\.?\s*|around\s+|roughly\s+|exactly\s+|precisely\s+|≈\s*)"
+    r"(?=[-+−$\\]?\d|\.\d|\\[dt]?frac|(?:" + NUMBER_WORD_PATTERN + r"|minus|negative)\b)",
+    re.IGNORECASE,
+)
+
+
 def strip_lead_in(s: str) -> str:
-    """Remove phrases such as "The answer is", "Answer:", "option", "So the final answer is".
+    """Remove phrases such as "The answer is", "Answer:", "option", "So the final answer is", and before a number
+    "There are", "a total of", "about", "exactly" (``_NUMBER_LEAD_IN_RE``).
 
     At most ``_MAX_LEAD_INS`` stacked lead-ins are removed: each removal copies the string, and a hostile
     answer repeating "answer:" 100,000 times would otherwise cost quadratic time.
@@ -376,6 +396,7 @@ def strip_lead_in(s: str) -> str:
     """
     for _ in range(_MAX_LEAD_INS):
         prev, s = s, _LEAD_IN_RE.sub("", s, count=1)
+        s = _NUMBER_LEAD_IN_RE.sub("", s, count=1)
         if s == prev:
             break
     return s.strip()
@@ -517,14 +538,6 @@ def parse_number(s: str | None) -> float | None:
     return None
 
 
-#: English cardinal words below twenty and the tens (``parse_number_words``; the consistency extractor's patterns)
-NUMBER_WORDS_BELOW_20 = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
-                         "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
-                         "nineteen")
-TENS_WORDS = ("twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
-#: a number below one hundred in words, as a regex ("seven", "twenty-one", "ninety nine"); case is the caller's
-NUMBER_WORD_PATTERN = (r"(?:(?:" + "|".join(TENS_WORDS) + r")(?:[- ](?:" + "|".join(NUMBER_WORDS_BELOW_20[1:10])
-                       + r"))?|" + "|".join(sorted(NUMBER_WORDS_BELOW_20, key=len, reverse=True)) + ")")
 _BELOW_20 = {w: i for i, w in enumerate(NUMBER_WORDS_BELOW_20)}
 _TENS = {w: 20 + 10 * i for i, w in enumerate(TENS_WORDS)}
 _SCALES = {"thousand": 10 ** 3, "million": 10 ** 6, "billion": 10 ** 9, "trillion": 10 ** 12}
