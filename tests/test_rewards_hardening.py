@@ -364,3 +364,19 @@ def test_a_group_aware_reward_is_retried_group_by_group_never_row_by_row():
     assert [r.score for r in out] == [1.0, 1.0, 0.0, 0.0]
     assert all(r.parsed["error"].startswith("group: RecursionError") for r in out[2:])
     assert guard_metrics(fn)["reward/errors"] == 2.0
+
+
+def test_reading_a_number_and_unit_does_bounded_work_on_long_text(monkeypatch):
+    """``split_number_unit`` tried every digit as the end of the number, each try parsing the text before it: on
+    48 KB of location tokens that was ~1.6e9 characters of work (minutes). Counted parses (a deterministic stand-in
+    for time) stay bounded however long the text is."""
+    from mmrlvr.rewards import parsing
+
+    calls = []
+    real = parsing.parse_number
+    monkeypatch.setattr(parsing, "parse_number", lambda s: calls.append(len(s or "")) or real(s))
+    for n in (100, 1_000, 10_000):
+        calls.clear()
+        assert parsing.split_number_unit("<loc0001>" * n) == (None, "")
+        assert sum(calls) <= 256 * 64, (n, len(calls), sum(calls))
+    assert parsing.split_number_unit("12 cm") == (12.0, "cm")  # short answers are read as before

@@ -665,6 +665,10 @@ _ATTACHED_UNITS = {
 }
 
 
+#: longer text is not one number with a unit ("1\\,000\\,000 \\text{ square centimetres}" is 40 characters)
+_MAX_NUMBER_UNIT_CHARS = 256
+
+
 def split_number_unit(s: str | None) -> tuple[float | None, str]:
     """Split "12 cm^2" into (12.0, "cm^2"); (None, "") unless the string is one number plus an optional unit.
 
@@ -675,7 +679,7 @@ def split_number_unit(s: str | None) -> tuple[float | None, str]:
     >>> split_number_unit("12 cm^2"), split_number_unit("40^\\\\circ"), split_number_unit("3 or 4")
     ((12.0, 'cm^2'), (40.0, '^\\\\circ'), (None, ''))
     """
-    if s is None:
+    if s is None or len(s) > _MAX_NUMBER_UNIT_CHARS:  # each digit is a place to split: long text is quadratic work
         return None, ""
     t = _TEXT_CMD_RE.sub(r" \1", s.strip().strip("$")).strip()
     value = parse_number(t)
