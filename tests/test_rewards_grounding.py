@@ -282,3 +282,18 @@ def test_the_loader_reads_location_token_answers_as_pixels_of_the_image():
     assert GroundingReward()(r1("[28, 28, 112, 84]"), samples[0]).score == pytest.approx(1.0)
     assert samples[1].meta["answer_original"] == pytest.approx([1.5 / 32 * 224, 1.5 / 32 * 112, 2.5 / 32 * 224,
                                                                 2.5 / 32 * 112])
+
+
+def test_answers_in_location_tokens_agree_by_iou_in_the_image_frame():
+    """The group vote and the consistency check compare two answers with ``same_answer``; location tokens are on
+    their own grid, so two PaliGemma answers (or one and a pixel box) are compared in the image's frame."""
+    from mmrlvr.rewards import MajorityVote, same_answer
+
+    s = box_sample("[0, 0, 1, 1]", size=(200, 100))  # the gold plays no part
+    near = "<loc0102><loc0102><loc0512><loc0512> cat"  # x 19.9..100, y 9.96..50 in pixels
+    assert same_answer(near, "<loc0100><loc0100><loc0510><loc0510>", s)
+    assert not same_answer(near, "<loc0600><loc0600><loc1000><loc1000>", s)
+    assert same_answer(near, "[20, 10, 100, 50]", s)  # the same box in pixels of the 200 x 100 image
+    texts = [r1(a) for a in (near, "<loc0100><loc0100><loc0510><loc0510>", "<loc0600><loc0600><loc1000><loc1000>")]
+    scores = [r.score for r in MajorityVote().score_batch(texts, [s] * 3, group_index=[0, 0, 0])]
+    assert scores == [1.0, 1.0, 0.0]

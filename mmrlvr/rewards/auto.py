@@ -20,7 +20,7 @@ from mmrlvr.rewards.accuracy import AccuracyReward
 from mmrlvr.rewards.base import REWARDS
 from mmrlvr.rewards.choice import ChoiceReward
 from mmrlvr.rewards.common import AnswerReward
-from mmrlvr.rewards.grounding import GroundingReward
+from mmrlvr.rewards.grounding import GroundingReward, location_boxes
 from mmrlvr.rewards.numeric import NumericReward
 from mmrlvr.rewards.text import TextReward
 from mmrlvr.types import Completion, RewardResult, Sample
@@ -117,8 +117,10 @@ def same_answer(a: str, b: str, sample: Sample, iou_threshold: float = 0.5) -> b
     probe = dataclasses.replace(sample, answer=b)
     try:
         if sample.answer_type == "box":
-            # both boxes come from the response, so they share a frame: no resizing, no clipping
-            probe = dataclasses.replace(sample, answer=b, meta={}, images=[])
+            # both boxes come from the response, so they share a frame: no resizing, no clipping -- unless one is
+            # in location tokens (their own 0-1 grid): then the image's size puts both in one frame
+            if not (location_boxes(a) or location_boxes(b)):
+                probe = dataclasses.replace(sample, answer=b, meta={}, images=[])
             result = GroundingReward(threshold=iou_threshold, max_area_fraction=None).check(a, probe)
         else:
             result = auto.check(a, probe)
