@@ -295,6 +295,8 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         (RUN + " (2 steps, my_credit.py from the doc)", (T_DOC + "test_credit_plugin_example_trains",)),
     "mmrlvr inspect": ("the inspector's CLI and server are tested", T_INSPECT),
     # ---- docs/performance.md (benchmarks run by hand: tens of minutes at real shapes; their parts are tested)
+    "mmrlvr demo --seed S": ("run by hand, seeds 0-3, old and new code side by side; the demo runs in a test and "
+                             "--seed is one of its options", (T_OPTS, T_DEMO)),
     "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/step_vs_trl.py":
         ("run by hand; options checked, the stand-ins and fused path tested",
          (T_OPTS, "tests/test_train_fused_logprobs.py::test_shape_true_standin_equals_todays_path")),
