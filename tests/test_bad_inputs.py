@@ -122,7 +122,7 @@ ARGV_CASES: list[tuple[str, list[str], list[str]]] = [
     ("a35_eval_path", ["data.eval=/no/such/eval"], ["data.eval: /no/such/eval: no such file"]),
     ("a36_data_empty_dir", ["data.train=@emptydir"], ["data.train:", "emptydir"]),
     ("a37_data_corrupt", ["data.train=@bad.parquet"], ["data.train:", "bad.parquet"]),
-    ("a38_answer_type", ["data.train=@three.jsonl"], ["data.train:", "three"]),
+    ("a38_answer_type", ["data.train=@few.jsonl"], ["data.train:", "a few"]),
     ("a39_tiny_family", ["model.path=tiny:qwen3"], ["model.path: tiny:qwen3", "unknown tiny family"]),
     ("a40_model_not_a_model", ["model.path=@emptydir"], ["model.path:", "not a model folder"]),
     ("a41_model_missing", ["model.path="], ["model.path: expected a string, got None"]),
@@ -203,8 +203,8 @@ def _fixtures(tmp: Path) -> None:
     (tmp / "afile.txt").write_text("not a folder\n")
     (tmp / "wrongcols.jsonl").write_text(json.dumps({"question": "How many?", "solution": "3"}) + "\n")
     (tmp / "good.jsonl").write_text(json.dumps({"problem": "How many?", "answer": "3"}) + "\n")
-    (tmp / "three.jsonl").write_text("".join(json.dumps({"problem": "How many?", "answer": w, "answer_type": "number"})
-                                             + "\n" for w in ("three", "two", "one", "four")))
+    (tmp / "few.jsonl").write_text("".join(json.dumps({"problem": "How many?", "answer": w, "answer_type": "number"})
+                                           + "\n" for w in ("a few", "several", "many", "lots")))
     (tmp / "bad.parquet").write_bytes(b"this is not parquet")
     (tmp / "bad_yaml.yaml").write_text("seed: [1, 2\nmax_steps: 3\n")
     (tmp / "list.yaml").write_text("- seed: 1\n")
