@@ -81,9 +81,9 @@ _SPACED_BOX_RE = re.compile(rf"\[\s*({_NUM})\s+({_NUM})\s+({_NUM})\s+({_NUM})\s*
 _TAGGED_BOX_RE = re.compile(rf"<(b?box)>\s*({_NUM})(?:\s*,\s*|\s+)({_NUM})(?:\s*,\s*|\s+)({_NUM})(?:\s*,\s*|\s+)"
                             rf"({_NUM})\s*</\1>", re.IGNORECASE)
 #: corner keys written as text, not as an object: ``x1=10, y1=20, x2=30, y2=40``, ``xmin: 10, ymin: 20, ...``
+#: (the object corner keys above, but left/top/right/bottom: in prose those are words, not keys)
 _TEXT_CORNER_RES = [tuple(re.compile(rf"(?<![\w.]){k}\s*[:=]\s*({_NUM})", re.IGNORECASE) for k in keys)
-                    for keys in (("x1", "y1", "x2", "y2"), ("xmin", "ymin", "xmax", "ymax"),
-                                 ("x_min", "y_min", "x_max", "y_max"))]
+                    for keys in _CORNER_KEYS if keys[0] != "left"]
 #: zeros that pad a number (CogVLM writes ``[[086,540,400,760]]`` on its 000-999 grid): not valid JSON or Python
 _PADDING_ZEROS_RE = re.compile(r"(?<![\w.])0+(?=\d)")
 

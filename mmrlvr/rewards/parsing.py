@@ -543,6 +543,8 @@ _TENS = {w: 20 + 10 * i for i, w in enumerate(TENS_WORDS)}
 _SCALES = {"thousand": 10 ** 3, "million": 10 ** 6, "billion": 10 ** 9, "trillion": 10 ** 12}
 _SIGN_WORDS = {"minus": -1, "negative": -1}
 _MAX_NUMBER_WORDS = 24
+#: how a number in words can open (``_number_word_unit`` tries nothing else: most answers open with no such word)
+_NUMBER_WORD_START_RE = re.compile(r"(?:a|minus|negative|" + NUMBER_WORD_PATTERN + r")\b", re.IGNORECASE)
 
 
 def _below_100(toks: list[str], i: int) -> tuple[int | None, int]:
@@ -637,6 +639,8 @@ def read_bare_number(s: str | None) -> float | None:
 def _number_word_unit(t: str) -> tuple[int, str] | None:
     """(value, the rest) for text that opens with a number in words ("three apples" -> (3, "apples")), the
     longest such opening first; None when it opens with none."""
+    if not _NUMBER_WORD_START_RE.match(t):
+        return None
     words = t.split()
     for k in range(min(len(words), _MAX_NUMBER_WORDS), 0, -1):
         value = parse_number_words(" ".join(words[:k]))
