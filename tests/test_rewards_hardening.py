@@ -380,3 +380,44 @@ def test_reading_a_number_and_unit_does_bounded_work_on_long_text(monkeypatch):
         assert parsing.split_number_unit("<loc0001>" * n) == (None, "")
         assert sum(calls) <= 256 * 64, (n, len(calls), sum(calls))
     assert parsing.split_number_unit("12 cm") == (12.0, "cm")  # short answers are read as before
+
+
+class TestMemoisedParsers:
+    """The parsers cache results for short texts (one step parses each response many times); the cache must not
+    change what a caller sees, nor grow with hostile text."""
+
+    def test_each_call_gets_its_own_problems_list(self):
+        from mmrlvr.rewards.parsing import split_think_answer
+
+        text = "<think>x</think><answer>2</answer><answer>3</answer>"
+        first = split_think_answer(text)
+        first.problems.append("mutated by a caller")
+        again = split_think_answer(text)
+        assert again.problems == ["several_answers"]
+        assert again is not first and again.problems is not first.problems
+
+    def test_long_texts_are_not_kept(self):
+        from mmrlvr.rewards import parsing
+
+        parsing._split_think_answer.cache_clear()
+        parsing.parse_number.cache_clear()
+        long = "<think>" + "a" * (parsing._MEMO_CHARS + 1) + "</think><answer>2</answer>"
+        assert parsing.split_think_answer(long).answer == "2"
+        assert parsing.parse_number("1" * (parsing._MEMO_CHARS + 1)) is None  # too long to be one number
+        assert parsing._split_think_answer.cache_info().currsize == 0
+        assert parsing.parse_number.cache_info().currsize == 0
+        parsing.split_think_answer("<think>a</think><answer>2</answer>")
+        assert parsing._split_think_answer.cache_info().currsize == 1
+
+    def test_cached_and_fresh_parses_agree(self):
+        """Every reward's parse of a set of answers, first call and repeated call, equals the uncached parse."""
+        from mmrlvr.rewards import parsing
+
+        texts = ["3", "three apples", "12 cm^2", "$1{,}000$", "2 or 3", "-3.5", "\\frac{3}{4}", "", "x", "40^\\circ"]
+        for fn in (parsing.parse_number, parsing.split_number_unit):
+            fresh = [fn.__wrapped__(t) for t in texts]
+            assert [fn(t) for t in texts] == fresh == [fn(t) for t in texts]
+        responses = ["<think>a</think><answer>2</answer>", "no tags", "<think>x", "I think</think><answer>4</answer>"]
+        for prefilled in (False, True):
+            fresh = [parsing._split_think_answer.__wrapped__(r, prefilled) for r in responses]
+            assert [parsing.split_think_answer(r, prefilled) for r in responses] == fresh

@@ -72,6 +72,35 @@ class _ImageRefs:
 _REFS: dict[str, _ImageRefs] = {}
 
 
+class _TokenTexts:
+    """token id -> ``tokenizer.decode([id])``, decoded once per tokenizer. Why: the record stage shows every
+    response token on its own (the inspector's token strip); decoding them one call each took about a tenth of
+    the demo's record stage, and one token's text depends only on its id."""
+
+    def __init__(self, tok: Any) -> None:
+        self.tok, self.texts = tok, {}
+
+    def __call__(self, ids: list[int]) -> list[str]:
+        texts, missing = self.texts, [t for t in ids if t not in self.texts]
+        for t in dict.fromkeys(missing):
+            texts[t] = self.tok.decode([t])
+        return [texts[t] for t in ids]
+
+
+_TOKEN_TEXTS: dict[int, _TokenTexts] = {}
+
+
+def _token_texts(tok: Any) -> _TokenTexts:
+    """The texts of ``tok`` (the few most recent tokenizers are kept: a process that loads many, such as a test
+    session, does not keep them all alive)."""
+    hit = _TOKEN_TEXTS.get(id(tok))
+    if hit is None or hit.tok is not tok:
+        while len(_TOKEN_TEXTS) >= 4:
+            _TOKEN_TEXTS.pop(next(iter(_TOKEN_TEXTS)))
+        hit = _TOKEN_TEXTS[id(tok)] = _TokenTexts(tok)
+    return hit
+
+
 from mmrlvr.store.images import VIDEO_FPS_KEY, VIDEO_FRAMES_KEY, video_frame_refs  # noqa: E402  (frames of video prompts)
 
 
@@ -80,6 +109,7 @@ def build_records(step: int, data, processor, writer, cfg) -> list[RolloutRecord
     key = str(writer.run_dir) if hasattr(writer, "run_dir") else cfg.output_dir
     refs = _REFS.setdefault(key, _ImageRefs(ImageStore(key)))
     tok = getattr(processor, "tokenizer", processor)
+    token_texts = _token_texts(tok)
     sig = data.signals
     run_id, chash, commit = str(getattr(writer, "run_id", "")), cfg.hash(), git_commit()
     fields = getattr(data, "record_fields", {}) or {}
@@ -106,7 +136,7 @@ def build_records(step: int, data, processor, writer, cfg) -> list[RolloutRecord
             group_size=sizes[i], prompt_text=sample.question,
             image_refs=[refs.ref(im) for im in sample.images],
             response_text=comp.text, response_token_ids=ids,
-            response_tokens=[tok.decode([t]) for t in ids],
+            response_tokens=token_texts(ids),
             token_logprob=_list(batch.old_logprobs[i, :n]),
             token_entropy=(_list(sig.entropy[i, :n]) if sig is not None and sig.entropy is not None
                            else _list(data.token_entropy[i, :n]) if data.token_entropy is not None else []),
