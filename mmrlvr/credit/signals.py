@@ -328,6 +328,7 @@ def shared_prefix_states(backbone: torch.nn.Module, inputs: dict[str, Any], prom
     image features (the caller then runs the full pass)."""
     import contextlib
 
+    from mmrlvr.models.positions import row_positions
     from mmrlvr.rollout.vision import encode_images, encoder_outputs, select_images, supports_precomputed_vision
 
     G, P, L = rows_per_prompt, prompt_length, response_length
@@ -344,8 +345,7 @@ def shared_prefix_states(backbone: torch.nn.Module, inputs: dict[str, Any], prom
     per_row = _images_per_row(backbone, ids[:, :P])
     grid, pv, cached = inputs.get("image_grid_thw"), inputs.get("pixel_values"), inputs.get("mm_encoder_outputs")
     extra = {k: inputs[k] for k in ("mm_token_type_ids",) if k in inputs}
-    pos = backbone.compute_3d_position_ids(input_ids=ids, inputs_embeds=None, image_grid_thw=grid,
-                                           video_grid_thw=None, attention_mask=mask, cache=None, **extra)
+    pos = row_positions(backbone, ids, mask, grid, _images_per_row(backbone, ids), extra)  # each row's once a step
     if pos is None:  # the language model's own default: 0..S-1 on every row
         pos = torch.arange(ids.shape[1], device=ids.device).view(1, 1, -1).expand(3, N, -1)
     prefix: dict[str, Any] = {"input_ids": ids[first, :P], "attention_mask": mask[first, :P],

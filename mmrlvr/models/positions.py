@@ -1,0 +1,113 @@
+"""Qwen-VL's 3D rope positions of a batch's rows, each row's computed once however many passes read it.
+
+A step runs several teacher-forced passes over the same rows (the reference pass, the policy update's
+micro-batches, the perturbed pass of token credit), and the prefix-shared path
+(``mmrlvr.credit.signals.shared_prefix_states``) has to give the model its positions explicitly. The models'
+own ``compute_3d_position_ids`` walks every row's tokens in Python (transformers' ``get_rope_index``): in the
+demo that took ~18 ms a call, about a tenth of the run. A row's positions depend only on that row (its ids,
+its attention mask, the grids of its images and its token types) and on the model's config, never on the
+other rows of its batch, so ``row_positions`` keeps them by a digest of exactly that and computes the rows
+it has not seen (once per distinct row: the G rollouts of a prompt that sampled the same response share
+one). The positions are integers: reused ones are the ones a fresh call returns, bit for bit.
+
+The cache holds at most ``CACHE_BYTES`` of positions (least recently used first out), about two steps of a
+demo-sized batch and a few micro-batches at 4k-token rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import weakref
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+CACHE_BYTES = 64 << 20
+
+_ROWS: OrderedDict[bytes, torch.Tensor] = OrderedDict()  # row digest -> its positions [3, S]
+_SIZE = [0]  # bytes held in _ROWS
+_CONFIG_KEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _config_key(backbone: torch.nn.Module) -> bytes:
+    """What the positions depend on besides the row: the model class and its config (token ids, merge size,
+    temporal scale). A copy of the model (the reference policy) shares the key, so it reuses the rows too."""
+    key = _CONFIG_KEYS.get(backbone)
+    if key is None:
+        config = getattr(backbone, "config", None)
+        text = config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(config)
+        key = hashlib.blake2b(f"{type(backbone).__qualname__}\n{text}".encode(), digest_size=16).digest()
+        _CONFIG_KEYS[backbone] = key
+    return key
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    return t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def _compute(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, grid: torch.Tensor | None,
+             extra: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    return backbone.compute_3d_position_ids(input_ids=ids, inputs_embeds=None, image_grid_thw=grid,
+                                            video_grid_thw=None, attention_mask=mask, cache=None, **extra)
+
+
+def row_positions(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, grid: torch.Tensor | None,
+                  images_per_row: list[int] | None, extra: dict[str, torch.Tensor] | None = None
+                  ) -> torch.Tensor | None:
+    """``backbone.compute_3d_position_ids`` for image (not video) rows: [3, N, S], or None where the model
+    has no 3D positions for them (its language model then numbers tokens 0..S-1).
+
+    ids, mask: [N, S]; grid: [I, 3], the images of all rows in row order; images_per_row: how many of them
+    each row holds (None, or counts that do not add up to ``grid``: computed without the cache); extra:
+    per-row tensors the model also reads (``mm_token_type_ids``)."""
+    extra = extra or {}
+    if grid is None or images_per_row is None or sum(images_per_row) != grid.shape[0] or len(images_per_row) != len(ids):
+        return _compute(backbone, ids, mask, grid, extra)
+    starts = [0]
+    for k in images_per_row:
+        starts.append(starts[-1] + k)
+    cpu = {"ids": ids.cpu(), "mask": mask.cpu(), "grid": grid.cpu(), **{k: v.cpu() for k, v in extra.items()}}
+    config = _config_key(backbone)
+    keys = []
+    for r in range(len(ids)):
+        h = hashlib.blake2b(config, digest_size=16)
+        for name in ("ids", "mask", *extra):
+            h.update(str(cpu[name].dtype).encode())
+            h.update(_bytes(cpu[name][r]))
+        h.update(_bytes(cpu["grid"][starts[r]:starts[r + 1]].to(torch.int64)))
+        keys.append(h.digest())
+    found = {k: _ROWS[k] for k in keys if k in _ROWS}
+    missing: dict[bytes, int] = {}
+    for r, k in enumerate(keys):
+        if k not in found and k not in missing:
+            missing[k] = r
+    if missing:
+        rows = list(missing.values())
+        image_rows = [i for r in rows for i in range(starts[r], starts[r + 1])]
+        sub = _compute(backbone, ids[rows], mask[rows], grid[image_rows],
+                       {k: v[rows] for k, v in extra.items()})
+        if sub is None:
+            return None
+        for j, k in enumerate(missing):
+            found[k] = sub[:, j].clone()
+    for k in found:
+        if k in _ROWS:
+            _ROWS.move_to_end(k)
+        else:
+            _store(k, found[k])
+    return torch.stack([found[k] for k in keys], dim=1).to(ids.device)
+
+
+def _store(key: bytes, positions: torch.Tensor) -> None:
+    _ROWS[key] = positions
+    _SIZE[0] += positions.numel() * positions.element_size()
+    while _SIZE[0] > CACHE_BYTES and len(_ROWS) > 1:
+        _, old = _ROWS.popitem(last=False)
+        _SIZE[0] -= old.numel() * old.element_size()
+
+
+def clear() -> None:
+    """Forget every cached row (tests; nothing else needs it)."""
+    _ROWS.clear()
+    _SIZE[0] = 0
