@@ -72,3 +72,26 @@ def test_the_other_qwen_families_share_and_equal_the_whole_row_step(tmp_path_fac
     for key in ("loss", "kl", "grad_norm", "ratio/mean", "entropy/mean", "reward/mean"):
         assert shared[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-6), key
     assert shared["rollout/logprob_abs_diff"] == pytest.approx(whole["rollout/logprob_abs_diff"], abs=1e-6)
+
+
+def test_a_step_computes_each_rows_positions_once(tiny_dir, tmp_path, monkeypatch):
+    """The old-policy, reference and policy passes share each micro-batch's rows: the model's own position
+    computation runs for the rows the step has not seen yet, not once per pass."""
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
+
+    from mmrlvr.models import positions
+
+    positions.clear()
+    rows: list[int] = []
+    real = Qwen2_5_VLModel.compute_3d_position_ids
+
+    def counting(self, *a, **kw):
+        out = real(self, *a, **kw)
+        if kw.get("cache") is None and kw.get("input_ids") is not None and kw["input_ids"].shape[1] > 1:
+            rows.append(kw["input_ids"].shape[0])  # a teacher-forced pass's call (generation steps pass a cache)
+        return out
+
+    monkeypatch.setattr(Qwen2_5_VLModel, "compute_3d_position_ids", counting)
+    _, calls = _step_one(tiny_dir, tmp_path / "shared", monkeypatch, True)
+    assert len(calls) == 6  # six shared passes ran (old policy, reference, policy on two micro-batches)
+    assert 0 < sum(rows) <= 16, rows  # at most the step's 16 rows, once each
