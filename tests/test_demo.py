@@ -52,3 +52,22 @@ def test_demo_eval_scales_with_steps():
     assert demo_eval_size(cfg, full_steps // 2, None, []) == full_size // 2
     assert demo_eval_size(cfg, 3, 64, []) == 64
     assert demo_eval_size(cfg, 3, None, ["data.eval_size=8"]) is None  # an explicit override is kept
+
+
+def test_demo_stages_benchmark_sums_each_stage_and_restores_the_pipeline(tmp_path, capsys):
+    """``benchmarks/demo_stages.py`` (docs/performance.md, "Where the demo's time goes") on a short run."""
+    from pathlib import Path
+
+    from mmrlvr.train.stages.base import Pipeline
+    from tests.script_module import load_script
+
+    bench = load_script(Path(__file__).resolve().parents[1] / "benchmarks" / "demo_stages.py")
+    run = Pipeline.run
+    assert bench.main(["--out", str(tmp_path / "d"), "--steps", "2", "data.eval_size=4", "eval.k=2", "eval.every=0",
+                       "progress=false", "rollout.prompts_per_step=2"]) == 0
+    assert Pipeline.run is run
+    lines = capsys.readouterr().out.split("\nstage            seconds\n")[1].splitlines()
+    seconds = {line[:16].strip(): float(line[16:]) for line in lines if line.strip()}
+    assert {"generate", "score", "update", "record", "evaluation", "whole command"} <= set(seconds)
+    assert all(s > 0 for k, s in seconds.items() if k in ("generate", "update", "evaluation"))
+    assert sum(s for k, s in seconds.items() if k != "whole command") <= seconds["whole command"]

@@ -297,6 +297,8 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     # ---- docs/performance.md (benchmarks run by hand: tens of minutes at real shapes; their parts are tested)
     "mmrlvr demo --seed S": ("run by hand, seeds 0-3, old and new code side by side; the demo runs in a test and "
                              "--seed is one of its options", (T_OPTS, T_DEMO)),
+    "python benchmarks/demo_stages.py --out DIR": ("run by hand, old and new code one after the other; it wraps the "
+                                                  "demo, which runs in a test", (T_DEMO,)),
     "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/step_vs_trl.py":
         ("run by hand; options checked, the stand-ins and fused path tested",
          (T_OPTS, "tests/test_train_fused_logprobs.py::test_shape_true_standin_equals_todays_path")),
