@@ -409,6 +409,12 @@ class TestMemoisedParsers:
         parsing.split_think_answer("<think>a</think><answer>2</answer>")
         assert parsing._split_think_answer.cache_info().currsize == 1
 
+    def test_keyword_calls_work_as_before(self):
+        from mmrlvr.rewards.parsing import parse_number, split_number_unit, split_think_answer
+
+        assert parse_number(s="3") == 3.0 and split_number_unit(s="12 cm") == (12.0, "cm")
+        assert split_think_answer(text="I think</think><answer>4</answer>", think_prefilled=True).well_formed
+
     def test_cached_and_fresh_parses_agree(self):
         """Every reward's parse of a set of answers, first call and repeated call, equals the uncached parse."""
         from mmrlvr.rewards import parsing

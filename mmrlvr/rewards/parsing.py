@@ -47,10 +47,11 @@ def _memoised(fn):
     cached = functools.lru_cache(maxsize=_MEMO_SIZE)(fn)
 
     @functools.wraps(fn)
-    def call(text, *args):
-        if isinstance(text, str) and len(text) <= _MEMO_CHARS:
-            return cached(text, *args)
-        return fn(text, *args)
+    def call(*args, **kwargs):
+        text = args[0] if args else None
+        if not kwargs and isinstance(text, str) and len(text) <= _MEMO_CHARS:
+            return cached(*args)
+        return fn(*args, **kwargs)  # keyword calls, long texts and None are not kept
 
     call.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
     call.cache_info = cached.cache_info  # type: ignore[attr-defined]
