@@ -10,8 +10,9 @@ other rows of its batch, so ``row_positions`` keeps them by a digest of exactly 
 it has not seen (once per distinct row: the G rollouts of a prompt that sampled the same response share
 one). The positions are integers: reused ones are the ones a fresh call returns, bit for bit.
 
-The cache holds at most ``CACHE_BYTES`` of positions (least recently used first out), about two steps of a
-demo-sized batch and a few micro-batches at 4k-token rows.
+The cache holds at most ``CACHE_BYTES`` of positions (least recently used first out): a row of S tokens takes
+24·S bytes, so 64 MiB keeps ~680 rows of 4,096 tokens (several steps' micro-batches at real shapes) and tens of
+thousands of the demo's short rows.
 """
 
 from __future__ import annotations
