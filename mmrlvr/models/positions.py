@@ -43,8 +43,12 @@ def _config_key(backbone: torch.nn.Module) -> bytes:
     return key
 
 
-def _bytes(t: torch.Tensor) -> bytes:
-    return t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
+def _as_bytes(t: torch.Tensor):
+    """``t`` [rows, ...] as a numpy array of its raw bytes, one row per row (slicing numpy rows is ~3x cheaper
+    than slicing the tensor for each row)."""
+    t = t.detach().cpu().contiguous()
+    width = t[0].numel() * t.element_size() if len(t) else 0
+    return t.view(torch.uint8).reshape(len(t), width).numpy()
 
 
 def _compute(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, grid: torch.Tensor | None,
@@ -68,15 +72,18 @@ def row_positions(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.Tens
     starts = [0]
     for k in images_per_row:
         starts.append(starts[-1] + k)
-    cpu = {"ids": ids.cpu(), "mask": mask.cpu(), "grid": grid.cpu(), **{k: v.cpu() for k, v in extra.items()}}
-    config = _config_key(backbone)
+    per_row = {"ids": ids, "mask": mask, **extra}
+    base = hashlib.blake2b(_config_key(backbone), digest_size=16)
+    for name, t in per_row.items():  # the dtypes: the same bytes read as another dtype are another row
+        base.update(f"{name}:{t.dtype};".encode())
+    rows_bytes = [_as_bytes(t) for t in per_row.values()]  # [N, bytes per row] each, converted once
+    grid_bytes = _as_bytes(grid.to(torch.int64))
     keys = []
     for r in range(len(ids)):
-        h = hashlib.blake2b(config, digest_size=16)
-        for name in ("ids", "mask", *extra):
-            h.update(str(cpu[name].dtype).encode())
-            h.update(_bytes(cpu[name][r]))
-        h.update(_bytes(cpu["grid"][starts[r]:starts[r + 1]].to(torch.int64)))
+        h = base.copy()
+        for b in rows_bytes:
+            h.update(b[r].tobytes())
+        h.update(grid_bytes[starts[r]:starts[r + 1]].tobytes())
         keys.append(h.digest())
     found = {k: _ROWS[k] for k in keys if k in _ROWS}
     missing: dict[bytes, int] = {}

@@ -81,9 +81,10 @@ class _TokenTexts:
         self.tok, self.texts = tok, {}
 
     def __call__(self, ids: list[int]) -> list[str]:
-        texts, missing = self.texts, [t for t in ids if t not in self.texts]
-        for t in dict.fromkeys(missing):
-            texts[t] = self.tok.decode([t])
+        texts = self.texts
+        for t in ids:
+            if t not in texts:
+                texts[t] = self.tok.decode([t])
         return [texts[t] for t in ids]
 
 
