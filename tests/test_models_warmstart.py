@@ -127,7 +127,7 @@ def test_the_recorded_builds_include_the_shipped_one_and_the_rule_tells_rounding
     assert not verdict(worse).ok and not verdict(other_template).ok
 
 
-@pytest.mark.slow
+@pytest.mark.rebuild
 def test_cli_warm_start_beats_chance_reproduces_the_shipped_build_and_second_call_is_cached(tmp_path):
     """The real recipe (~5-7 min on 2 cores), built by the CLI with --force (never the shipped copy): held-out greedy
     accuracy above chance (25% for count), and every file the package ships for it reproduced byte for byte -- the
