@@ -125,3 +125,83 @@ def test_counts_that_do_not_add_up_are_computed_directly(family_batch):
     got = positions.row_positions(backbone, b["input_ids"][rows], b["attention_mask"][rows],
                                   b["image_grid_thw"][:3], None, {k: b[k][rows] for k in ("mm_token_type_ids",) if k in b})
     assert torch.equal(got, _direct(backbone, b, rows)) and not positions._ROWS
+
+
+# ------------------------------------------------------------------- generation: get_rope_index kept per row
+
+
+def _model_of(backbone):
+    """A stand-in for the model ``generate`` runs: ``cached_rope_index`` finds the backbone at ``.model``."""
+    return torch.nn.ModuleDict({"model": backbone})
+
+
+def _prompt_args(b, rows):
+    per_row = [int(r) for r in ((b["mm_token_type_ids"] == 1) & ~torch.nn.functional.pad(
+        b["mm_token_type_ids"] == 1, (1, 0))[:, :-1]).sum(dim=1)]
+    starts = [0]
+    for k in per_row:
+        starts.append(starts[-1] + k)
+    return dict(input_ids=b["input_ids"][rows], mm_token_type_ids=b["mm_token_type_ids"][rows],
+                image_grid_thw=b["image_grid_thw"][[i for r in rows for i in range(starts[r], starts[r + 1])]],
+                attention_mask=b["attention_mask"][rows])
+
+
+def test_generations_rope_index_is_the_originals_and_computes_each_row_once(family_batch):
+    """Inside ``cached_rope_index`` the backbone's ``get_rope_index`` returns the original's positions and deltas
+    (values and dtypes) for rows with 0-2 images, left and right padding, in any order, called as ``generate``
+    calls it (its other model inputs as keywords); the original sees each distinct row once; outside the block the
+    method is the class's again."""
+    backbone, b = family_batch
+    if "mm_token_type_ids" not in b:
+        pytest.skip("this processor gives no token types: the model computes its positions itself")
+    positions.clear()
+    seen: list[int] = []
+    real = type(backbone).get_rope_index
+
+    def counting(self, input_ids, **kw):
+        seen.append(input_ids.shape[0])
+        return real(self, input_ids, **kw)
+
+    cls = type(backbone)
+    cls.get_rope_index = counting
+    try:
+        expected = {tuple(rows): real(backbone, **_prompt_args(b, rows)) for rows in ([0, 1, 2, 3, 4], [3, 1], [4, 0])}
+        seen.clear()
+        with positions.cached_rope_index(_model_of(backbone)):
+            assert "get_rope_index" in vars(backbone)
+            for rows in ([3, 1], [0, 1, 2, 3, 4], [4, 0]):
+                pos, deltas = backbone.get_rope_index(**_prompt_args(b, rows), pixel_values=None, use_cache=True)
+                want_pos, want_deltas = expected[tuple(rows)]
+                assert torch.equal(pos, want_pos) and pos.dtype == want_pos.dtype, rows
+                assert torch.equal(deltas, want_deltas) and deltas.dtype == want_deltas.dtype, rows
+                assert deltas.shape == want_deltas.shape == (len(rows), 1)
+        assert "get_rope_index" not in vars(backbone)
+    finally:
+        cls.get_rope_index = real
+    assert seen == [2, 2]  # rows 3 and 1, then 0 and 2 (row 4 is row 0); none after
+
+
+def test_rows_the_cache_cannot_read_go_to_the_original(family_batch):
+    """Video grids, a gap inside a row's attended tokens, missing token types: the original, unchanged."""
+    backbone, b = family_batch
+    if "mm_token_type_ids" not in b:
+        pytest.skip("this processor gives no token types")
+    positions.clear()
+    args = _prompt_args(b, [0, 1, 2])
+    gap = args["attention_mask"].clone()
+    first = int(gap[0].nonzero()[0])
+    gap[0, first + 1] = 0  # a hole after the row's first token
+    with positions.cached_rope_index(_model_of(backbone)):
+        got = backbone.get_rope_index(**{**args, "attention_mask": gap})
+    want = type(backbone).get_rope_index(backbone, **{**args, "attention_mask": gap})
+    assert all(torch.equal(g, w) for g, w in zip(got, want)) and not positions._ROWS
+    assert positions._image_runs(torch.tensor([[0, 2, 2, 0]]), torch.ones(1, 4, dtype=torch.long)) is None
+    assert positions._image_runs(torch.tensor([[0, 1, 1, 0, 1, 0]]), torch.tensor([[0, 1, 1, 1, 1, 1]])) == [2]
+
+
+def test_the_wrapper_is_removed_when_generation_raises(family_batch):
+    backbone, _ = family_batch
+    with pytest.raises(RuntimeError, match="boom"):
+        with positions.cached_rope_index(_model_of(backbone)):
+            raise RuntimeError("boom")
+    assert "get_rope_index" not in vars(backbone)

@@ -257,3 +257,40 @@ def test_noise_drawn_ahead_is_the_per_position_stream(vocab, steps):
         noise = torch.stack([gumbel_noise(g, vocab) for g in gens])
         assert torch.equal(sampler.tokens[t], (logits[t] / 0.7 + noise).argmax(-1)), t
     assert sampler._noise.shape[0] > 1  # the premise: positions were drawn ahead, not one by one
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_generation_computes_each_prompt_rows_positions_once(family, samples, tmp_path, monkeypatch):
+    """generate's prefill reads 3D positions for every row (get_rope_index); the engine has them computed once
+    per distinct prompt row and kept (mmrlvr.models.positions): G rows of a prompt, and a prompt drawn again,
+    cost nothing. The sampled tokens and log-probs equal those of the original (bit for bit)."""
+    from mmrlvr.models import positions
+
+    model, processor = load_policy(build_tiny(family, tmp_path / "m", seed=0))
+    cls = type(model.model)
+    real = cls.get_rope_index
+    rows: list[int] = []
+
+    def counting(self, input_ids, *args, **kwargs):
+        rows.append(input_ids.shape[0])
+        return real(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "get_rope_index", counting)
+    params = SamplingParams(max_new_tokens=6)
+    engine = HFEngine(model, processor)
+    positions.clear()
+    first = engine.generate(samples[:3], 4, params, seed=0, step=0)
+    again = engine.generate(samples[:3], 4, params, seed=0, step=1)
+    cached_rows = list(rows)
+    monkeypatch.setattr(positions, "cached_rope_index", lambda m: __import__("contextlib").nullcontext())
+    monkeypatch.setattr("mmrlvr.rollout.hf.cached_rope_index", positions.cached_rope_index)
+    rows.clear()
+    plain = engine.generate(samples[:3], 4, params, seed=0, step=0)
+    plain_again = engine.generate(samples[:3], 4, params, seed=0, step=1)
+    assert rows == [12, 12]  # without the cache: every row of every call (the premise)
+    prompts = first.input_ids[::4, :first.prompt_length]  # the three prompts (scenes of one size tokenize alike)
+    distinct = len({tuple(r) for r in prompts.tolist()})
+    assert cached_rows == [distinct] and 1 <= distinct <= 3  # with it: each distinct prompt row once, then nothing
+    for got, want in ((first, plain), (again, plain_again)):
+        assert torch.equal(got.response_ids, want.response_ids)
+        assert torch.equal(got.old_logprobs, want.old_logprobs)

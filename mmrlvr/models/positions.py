@@ -10,6 +10,10 @@ other rows of its batch, so ``row_positions`` keeps them by a digest of exactly 
 it has not seen (once per distinct row: the G rollouts of a prompt that sampled the same response share
 one). The positions are integers: reused ones are the ones a fresh call returns, bit for bit.
 
+Generation reads the same positions: ``generate`` calls the model's ``get_rope_index`` on every prompt row before
+its prefill, G rows per prompt, and the prompts recur across steps and in the evaluations. ``cached_rope_index``
+puts the cache in front of that call for the duration of a ``generate`` (the rollout engine's).
+
 The cache holds at most ``CACHE_BYTES`` of positions (least recently used first out): a row of S tokens takes
 24·S bytes, so 64 MiB keeps ~680 rows of 4,096 tokens (several steps' micro-batches at real shapes) and tens of
 thousands of the demo's short rows.
@@ -17,9 +21,11 @@ thousands of the demo's short rows.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -58,17 +64,20 @@ def _compute(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, g
 
 
 def row_positions(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, grid: torch.Tensor | None,
-                  images_per_row: list[int] | None, extra: dict[str, torch.Tensor] | None = None
-                  ) -> torch.Tensor | None:
+                  images_per_row: list[int] | None, extra: dict[str, torch.Tensor] | None = None, *,
+                  compute: Callable[..., torch.Tensor | None] | None = None) -> torch.Tensor | None:
     """``backbone.compute_3d_position_ids`` for image (not video) rows: [3, N, S], or None where the model
     has no 3D positions for them (its language model then numbers tokens 0..S-1).
 
     ids, mask: [N, S]; grid: [I, 3], the images of all rows in row order; images_per_row: how many of them
     each row holds (None, or counts that do not add up to ``grid``: computed without the cache); extra:
-    per-row tensors the model also reads (``mm_token_type_ids``)."""
+    per-row tensors the model also reads (``mm_token_type_ids``); compute: what computes the rows not kept,
+    called as ``compute(backbone, ids, mask, grid, extra)`` (default: the model's ``compute_3d_position_ids``;
+    it must return what that does, since both fill one cache)."""
     extra = extra or {}
+    compute = compute or _compute
     if grid is None or images_per_row is None or sum(images_per_row) != grid.shape[0] or len(images_per_row) != len(ids):
-        return _compute(backbone, ids, mask, grid, extra)
+        return compute(backbone, ids, mask, grid, extra)
     starts = [0]
     for k in images_per_row:
         starts.append(starts[-1] + k)
@@ -93,8 +102,7 @@ def row_positions(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.Tens
     if missing:
         rows = list(missing.values())
         image_rows = [i for r in rows for i in range(starts[r], starts[r + 1])]
-        sub = _compute(backbone, ids[rows], mask[rows], grid[image_rows],
-                       {k: v[rows] for k, v in extra.items()})
+        sub = compute(backbone, ids[rows], mask[rows], grid[image_rows], {k: v[rows] for k, v in extra.items()})
         if sub is None:
             return None
         for j, k in enumerate(missing):
@@ -105,6 +113,64 @@ def row_positions(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.Tens
         else:
             _store(k, found[k])
     return torch.stack([found[k] for k in keys], dim=1).to(ids.device)
+
+
+def _image_runs(token_types: torch.Tensor, mask: torch.Tensor) -> list[int] | None:
+    """Images per row as ``get_rope_index`` assigns them: one per run of image tokens (type 1) among a row's
+    attended tokens. None where a row's attended tokens are not one contiguous block (a run could then span
+    a gap, as the original reads it) or a row holds video tokens (type 2): the caller computes those itself."""
+    attended = mask.bool()
+    if bool((token_types == 2).any()) or bool((attended[:, 1:] & ~attended[:, :-1]).sum(dim=1).gt(1).any()):
+        return None
+    image = (token_types == 1) & attended
+    starts = image.clone()
+    starts[:, 1:] &= ~image[:, :-1]
+    return starts.sum(dim=1).tolist()
+
+
+@contextlib.contextmanager
+def cached_rope_index(model: torch.nn.Module) -> Iterator[None]:
+    """Within the block, ``model``'s ``get_rope_index`` (which ``generate`` calls on every prompt row before its
+    prefill) computes only rows ``row_positions`` has not kept: a GRPO step's G rollouts of a prompt share one
+    prompt row, and the prompts recur across steps and evaluations. Video rows, rows without token types or
+    grids, and calls with arguments it does not read go to the original. The deltas it returns beside the
+    positions (the text position after each row's last token minus the row's length) are derived from the
+    positions exactly as the original derives them: ``max(positions) + 1 - attended tokens``, integers.
+
+    A model without ``get_rope_index`` (a text model, another family) is left as it is."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model: the model it wraps
+    backbone = next((m for m in (getattr(base, "model", None), base)
+                     if m is not None and callable(getattr(m, "get_rope_index", None))), None)
+    if backbone is None or "get_rope_index" in vars(backbone):  # none, or already wrapped: nothing to do
+        yield
+        return
+    original = backbone.get_rope_index
+
+    def compute(_backbone, ids, mask, grid, extra):
+        return original(ids, mm_token_type_ids=extra["mm_token_type_ids"], image_grid_thw=grid, attention_mask=mask)[0]
+
+    def get_rope_index(input_ids, mm_token_type_ids=None, image_grid_thw=None, video_grid_thw=None,
+                       second_per_grid_ts=None, attention_mask=None, **kwargs):
+        # kwargs: the rest of generate's model inputs (pixel values, cache, ...), which positions do not read
+        if (mm_token_type_ids is None or image_grid_thw is None or attention_mask is None or video_grid_thw is not None
+                or second_per_grid_ts is not None or input_ids.dim() != 2):
+            return original(input_ids, mm_token_type_ids=mm_token_type_ids, image_grid_thw=image_grid_thw,
+                            video_grid_thw=video_grid_thw, attention_mask=attention_mask, **kwargs,
+                            **({} if second_per_grid_ts is None else {"second_per_grid_ts": second_per_grid_ts}))
+        runs = _image_runs(mm_token_type_ids, attention_mask)
+        if runs is None:
+            return original(input_ids, mm_token_type_ids=mm_token_type_ids, image_grid_thw=image_grid_thw,
+                            attention_mask=attention_mask, **kwargs)
+        positions = row_positions(backbone, input_ids, attention_mask, image_grid_thw, runs,
+                                  {"mm_token_type_ids": mm_token_type_ids}, compute=compute)
+        deltas = positions.amax(dim=(0, 2)) + 1 - attention_mask.bool().sum(dim=-1)
+        return positions, deltas.unsqueeze(1)
+
+    backbone.get_rope_index = get_rope_index
+    try:
+        yield
+    finally:
+        del backbone.get_rope_index
 
 
 def _store(key: bytes, positions: torch.Tensor) -> None:

@@ -24,6 +24,7 @@ from transformers import GenerationConfig, LogitsProcessorList
 from mmrlvr.algos.cpu_linear import onednn_linears
 from mmrlvr.errors import UserError
 from mmrlvr.models.placement import model_device, to_model
+from mmrlvr.models.positions import cached_rope_index
 from mmrlvr.rollout.base import RolloutBatch, SamplingParams
 from mmrlvr.rollout.batch import assemble_batch
 from mmrlvr.rollout.sampling import RowSampler, row_seed
@@ -214,7 +215,7 @@ class HFEngine:
         """(response ids [n, l], log-probs [n, l]) for one chunk of rows."""
         inputs = to_model(inputs, self.model)
         sampler = RowSampler(seeds, params, device=model_device(self.model), banned_ids=self.banned_ids)
-        with self._own_generation_defaults(), onednn_linears(self.model):
+        with self._own_generation_defaults(), onednn_linears(self.model), cached_rope_index(self.model):
             out = self.model.generate(**inputs, generation_config=self._generation_config(params),
                                       logits_processor=LogitsProcessorList([sampler]))
         sequences = out if isinstance(out, torch.Tensor) else out.sequences
