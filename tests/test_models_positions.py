@@ -197,6 +197,9 @@ def test_rows_the_cache_cannot_read_go_to_the_original(family_batch):
     assert all(torch.equal(g, w) for g, w in zip(got, want)) and not positions._ROWS
     assert positions._image_runs(torch.tensor([[0, 2, 2, 0]]), torch.ones(1, 4, dtype=torch.long)) is None
     assert positions._image_runs(torch.tensor([[0, 1, 1, 0, 1, 0]]), torch.tensor([[0, 1, 1, 1, 1, 1]])) == [2]
+    assert positions._image_runs(torch.tensor([[0, 1, 1, 0, 1, 0]]), torch.tensor([[1, 1, 1, 1, 0, 0]])) == [1]
+    for gap in ([1, 1, 0, 1, 1, 1], [0, 1, 0, 1, 1, 1], [1, 0, 1, 0, 1, 1]):  # a hole, the row's first token attended or not
+        assert positions._image_runs(torch.zeros(1, 6, dtype=torch.long), torch.tensor([gap])) is None, gap
 
 
 def test_the_wrapper_is_removed_when_generation_raises(family_batch):

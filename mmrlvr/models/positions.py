@@ -120,7 +120,8 @@ def _image_runs(token_types: torch.Tensor, mask: torch.Tensor) -> list[int] | No
     attended tokens. None where a row's attended tokens are not one contiguous block (a run could then span
     a gap, as the original reads it) or a row holds video tokens (type 2): the caller computes those itself."""
     attended = mask.bool()
-    if bool((token_types == 2).any()) or bool((attended[:, 1:] & ~attended[:, :-1]).sum(dim=1).gt(1).any()):
+    blocks = (attended[:, 1:] & ~attended[:, :-1]).sum(dim=1) + attended[:, 0]  # attended runs per row
+    if bool((token_types == 2).any()) or bool(blocks.gt(1).any()):
         return None
     image = (token_types == 1) & attended
     starts = image.clone()
