@@ -207,6 +207,10 @@ def run_all(tmp: Path, names: list[str] | None = None, *, show_output: bool = Fa
         raise ValueError(f"unknown golden case(s) {unknown}; known: {[c[0] for c in CASES]}")
     tmp.mkdir(parents=True, exist_ok=True)
     out_json = tmp / "golden-run.json"
+    if not show_output:
+        result = _server().run(out_json, names)
+        check_pinned(result.pop("_kernels"))
+        return result
     proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--run", str(out_json), *names],
                           cwd=ROOT, env=pinned_env(), capture_output=not show_output, text=True)
     if proc.returncode != 0:
@@ -214,6 +218,91 @@ def run_all(tmp: Path, names: list[str] | None = None, *, show_output: bool = Fa
     result = json.loads(out_json.read_text())
     check_pinned(result.pop("_kernels"))
     return result
+
+
+class _Server:
+    """One pinned child that stays up and trains the cases it is sent, one request at a time.
+
+    A fresh child per case spent ~5 s of each case importing torch and transformers (the 18 cases: ~1.5 minutes of
+    the suite). The cases do not depend on what ran before them in a process (``--write`` trains them all in one
+    child; each test then reproduces its case alone), so one child per test process serves them all. Protocol: a
+    JSON line ``{"out": ..., "cases": [...]}`` on the child's stdin; the child answers a JSON line (``ok``, or the
+    error's traceback) on its original stdout, while its own output (fd 1 and 2) goes to a log beside ``out``, which
+    an error message includes."""
+
+    def __init__(self) -> None:
+        import subprocess
+
+        from mmrlvr.models.kernels import pinned_env
+
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve"], cwd=ROOT,
+                                     env=pinned_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def run(self, out_json: Path, names: list[str]) -> dict[str, Any]:
+        log = out_json.with_suffix(".log")
+        try:
+            self.proc.stdin.write(json.dumps({"out": str(out_json), "cases": names}) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except BrokenPipeError:
+            line = ""
+        answer = json.loads(line) if line.strip() else None
+        if not (answer and answer["ok"]):
+            output = log.read_text(errors="replace")[-4000:] if log.exists() else ""
+            if answer is None:
+                raise RuntimeError(f"golden run {names}: the child died (exit {self.proc.wait()}); its output:\n{output}")
+            raise RuntimeError(f"golden run {names} failed:\n{answer['error']}\nits output:\n{output}")
+        return json.loads(out_json.read_text())
+
+    def close(self) -> None:
+        if self.alive():
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except Exception:  # pragma: no cover - a child that does not exit on end of input
+                self.proc.kill()
+
+
+_SERVER: _Server | None = None
+
+
+def _server() -> _Server:
+    """This process's golden child, started on first use (again if it died); closed when the process exits."""
+    global _SERVER
+    if _SERVER is None or not _SERVER.alive():
+        import atexit
+
+        _SERVER = _Server()
+        atexit.register(_SERVER.close)
+    return _SERVER
+
+
+def _serve() -> None:
+    """The child side of ``_Server``: one request a line until its input ends (each pinned by ``_run_here``)."""
+    import os
+    import traceback
+
+    reply = os.fdopen(os.dup(1), "w")  # the answers' channel; fd 1 and 2 go to each request's log
+    for line in sys.stdin:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            request = json.loads(line)
+            out_json = Path(request["out"])
+            with open(out_json.with_suffix(".log"), "w") as log:
+                os.dup2(log.fileno(), 1)
+                os.dup2(log.fileno(), 2)
+            _run_here(out_json, request["cases"])
+            answer = {"ok": True}
+        except BaseException:  # noqa: BLE001 - reported to the parent, which raises it with the log
+            answer = {"ok": False, "error": traceback.format_exc()[-4000:]}
+        sys.stdout.flush()
+        sys.stderr.flush()
+        reply.write(json.dumps(answer) + "\n")
+        reply.flush()
 
 
 def write(names: list[str] | None = None, *, add_machine: bool = False) -> list[str]:
@@ -267,11 +356,15 @@ def main(argv: list[str] | None = None) -> None:
                       help="add this kind of machine's variant beside the others "
                            "(refused where it behaves unlike them)")
     mode.add_argument("--run", metavar="OUT_JSON", help=argparse.SUPPRESS)  # the pinned child (run_all)
+    mode.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the pinned child that stays up
     parser.add_argument("cases", nargs="*", metavar="CASE",
                         help=f"cases to run (default: all): {[c[0] for c in CASES]}")
     args = parser.parse_args(argv)
     if args.run:
         _run_here(Path(args.run), args.cases)
+        return
+    if args.serve:
+        _serve()
         return
     written = write(args.cases or None, add_machine=args.add_machine)
     print(f"wrote {GOLDEN} ({', '.join(written) or 'nothing new'})")

@@ -99,6 +99,30 @@ def test_the_child_process_really_runs_pinned(tmp_path):
         assert child_state(unpinned)["capability"] == native
 
 
+def test_one_pinned_child_serves_the_cases_of_a_test_process_and_reports_its_failures(tmp_path):
+    """The child run_all keeps up: pinned on every answer, the same process for the next case, an error that names
+    what went wrong and leaves it serving, and a new child when it died."""
+    server = stage_goldens._Server()
+    try:
+        first = server.run(tmp_path / "a.json", [])  # no case: the child reports its kernels only
+        assert first == {"_kernels": PINNED_STATE}
+        pid = server.proc.pid
+        with pytest.raises(RuntimeError, match=r"failed:\n(.|\n)*No such file"):  # its traceback comes back
+            server.run(tmp_path / "no-such-folder" / "b.json", [])
+        assert server.run(tmp_path / "c.json", []) == first and server.proc.pid == pid
+        server.proc.kill()
+        server.proc.wait()
+        with pytest.raises(RuntimeError, match="the child died"):
+            server.run(tmp_path / "d.json", [])
+    finally:
+        server.close()
+    previous, stage_goldens._SERVER = stage_goldens._SERVER, server  # this process's child, as if it had died
+    fresh = stage_goldens._server()
+    assert fresh is not server and fresh.alive() and stage_goldens._server() is fresh  # replaced once, then reused
+    if previous is not None:
+        previous.close()
+
+
 def test_goldens_are_skipped_with_the_reason_off_x86(monkeypatch):
     import platform
 
