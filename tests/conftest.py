@@ -24,6 +24,7 @@ import pytest  # noqa: E402
 PREBUILD = ("tiny:qwen2_5_vl:warm", "tiny:qwen2_5_vl:warm:noise0.9", "tiny:qwen2_5_vl:warm:grounding_single",
             "tiny:qwen3_vl")
 _builders: list[subprocess.Popen] = []
+_recorder = None  # tests.file_times.Recorder under --record-file-times
 
 MAX_WORKERS = 4  # parallel test processes: each holds a few tiny models; more than 4 buys little here
 
@@ -35,7 +36,12 @@ def pytest_xdist_auto_num_workers(config):
 
 def pytest_sessionstart(session):
     """Full suite under xdist (plain ``pytest``, no paths given): start the PREBUILD builds, one thread each."""
+    global _recorder
     config = session.config
+    if config.getoption("record_file_times") and not hasattr(config, "workerinput"):
+        from tests.file_times import Recorder
+
+        _recorder = Recorder()
     if hasattr(config, "workerinput") or not config.pluginmanager.has_plugin("dsession"):
         return  # a worker, or a serial run
     if config.args_source != pytest.Config.ArgsSource.TESTPATHS:
@@ -48,6 +54,14 @@ def pytest_sessionstart(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    if _recorder is not None and _recorder.seconds:
+        from pathlib import Path
+
+        from tests.file_times import RECORD
+
+        root = Path(str(session.config.rootpath))
+        written = _recorder.write(existing=[p.relative_to(root).as_posix() for p in RECORD.parents[1].glob("test_*.py")])
+        print(f"\nfile times of {len(_recorder.seconds)} files written to {RECORD} ({len(written)} recorded)")
     for proc in _builders:  # normally long done; an interrupted run must not leave builders behind
         if proc.poll() is None:
             proc.terminate()
@@ -76,8 +90,23 @@ def pytest_collection_modifyitems(config, items):
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(skip_gpu)
     if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0) > 1:
-        # files with a slow (minutes-long) test go first, so the parallel workers start them early and end
-        # together, instead of one worker running the last learning check while the others idle; the order
-        # inside a file is kept (and it is the same on every worker, as xdist requires)
-        slow_files = {item.fspath for item in items if "slow" in item.keywords}
-        items.sort(key=lambda item: item.fspath not in slow_files)
+        # the longest files go first (by tests/data/file_times.json), so the parallel workers end together instead
+        # of one running the last long file while the others idle; the order inside a file is kept, and it is the
+        # same on every worker, as xdist requires (tests/file_times.py)
+        from tests.file_times import load_record, order_longest_first
+
+        order_longest_first(items, load_record())
+
+
+def pytest_addoption(parser):
+    parser.addoption("--record-file-times", action="store_true",
+                     help="write each test file's seconds to tests/data/file_times.json (the parallel suite "
+                          "hands out the longest files first)")
+
+
+def pytest_runtest_logreport(report):
+    """Under ``--record-file-times``, sum the seconds of each file's tests (in the process that writes reports:
+    xdist's controller, or a serial run)."""
+    if _recorder is not None:
+        _recorder.add(report.nodeid, report.duration)
+
