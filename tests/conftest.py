@@ -110,3 +110,14 @@ def pytest_runtest_logreport(report):
     if _recorder is not None:
         _recorder.add(report.nodeid, report.duration)
 
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _registrations_stay_in_their_file():
+    """What a test file registers at run time (a plug-in it loads, an estimator a test defines) is gone when the
+    file ends, so the next file in this worker does not depend on which files ran before it (tests/registrations.py)."""
+    from tests.registrations import Snapshot
+
+    snapshot = Snapshot()
+    yield
+    snapshot.restore()
