@@ -111,7 +111,6 @@ def pytest_runtest_logreport(report):
         _recorder.add(report.nodeid, report.duration)
 
 
-
 @pytest.fixture(autouse=True, scope="module")
 def _registrations_stay_in_their_file():
     """What a test file registers at run time (a plug-in it loads, an estimator a test defines) is gone when the

@@ -223,8 +223,8 @@ def run_all(tmp: Path, names: list[str] | None = None, *, show_output: bool = Fa
 class _Server:
     """One pinned child that stays up and trains the cases it is sent, one request at a time.
 
-    A fresh child per case spent ~5 s of each case importing torch and transformers (the 18 cases: ~1.5 minutes of
-    the suite). The cases do not depend on what ran before them in a process (``--write`` trains them all in one
+    A fresh child per case spent ~5 s of each case starting up (torch and transformers, the tiny models): the
+    goldens' file took 305 s of the suite's worker time with a child per case, 201 s with this one (2026-12-07). The cases do not depend on what ran before them in a process (``--write`` trains them all in one
     child; each test then reproduces its case alone), so one child per test process serves them all. Protocol: a
     JSON line ``{"out": ..., "cases": [...]}`` on the child's stdin; the child answers a JSON line (``ok``, or the
     error's traceback) on its original stdout, while its own output (fd 1 and 2) goes to a log beside ``out``, which
@@ -249,11 +249,19 @@ class _Server:
             line = self.proc.stdout.readline()
         except BrokenPipeError:
             line = ""
-        answer = json.loads(line) if line.strip() else None
+        try:
+            answer = json.loads(line) if line.strip() else None
+        except ValueError:  # not an answer: the channel is broken, as good as dead
+            answer = None
         if not (answer and answer["ok"]):
             output = log.read_text(errors="replace")[-4000:] if log.exists() else ""
             if answer is None:
-                raise RuntimeError(f"golden run {names}: the child died (exit {self.proc.wait()}); its output:\n{output}")
+                code = self.proc.poll()
+                if code is None:  # alive, but what it wrote is no answer: of no further use
+                    self.proc.kill()
+                    self.proc.wait()
+                    raise RuntimeError(f"golden run {names}: the child answered {line[:200]!r}; its output:\n{output}")
+                raise RuntimeError(f"golden run {names}: the child died (exit {code}); its output:\n{output}")
             raise RuntimeError(f"golden run {names} failed:\n{answer['error']}\nits output:\n{output}")
         return json.loads(out_json.read_text())
 
@@ -286,6 +294,7 @@ def _serve() -> None:
     import traceback
 
     reply = os.fdopen(os.dup(1), "w")  # the answers' channel; fd 1 and 2 go to each request's log
+    os.dup2(2, 1)  # until the first request, whatever is printed goes to stderr, never into the answers
     for line in sys.stdin:
         sys.stdout.flush()
         sys.stderr.flush()
