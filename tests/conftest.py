@@ -60,8 +60,10 @@ def pytest_sessionfinish(session, exitstatus):
         from tests.file_times import RECORD
 
         root = Path(str(session.config.rootpath))
-        written = _recorder.write(existing=[p.relative_to(root).as_posix() for p in RECORD.parents[1].glob("test_*.py")])
-        print(f"\nfile times of {len(_recorder.seconds)} files written to {RECORD} ({len(written)} recorded)")
+        path = root / session.config.getoption("record_file_times")
+        written = _recorder.write(path, existing=[p.relative_to(root).as_posix()
+                                                  for p in RECORD.parents[1].glob("test_*.py")])
+        print(f"\nfile times of {len(_recorder.seconds)} files written to {path} ({len(written)} recorded)")
     for proc in _builders:  # normally long done; an interrupted run must not leave builders behind
         if proc.poll() is None:
             proc.terminate()
@@ -99,9 +101,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_addoption(parser):
-    parser.addoption("--record-file-times", action="store_true",
-                     help="write each test file's seconds to tests/data/file_times.json (the parallel suite "
-                          "hands out the longest files first)")
+    parser.addoption("--record-file-times", nargs="?", const="tests/data/file_times.json", default=None,
+                     metavar="PATH", help="write each test file's seconds to PATH (default tests/data/file_times.json, "
+                                          "by which the parallel suite hands out the longest files first)")
 
 
 def pytest_runtest_logreport(report):

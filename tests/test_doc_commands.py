@@ -119,6 +119,10 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "python -m pytest -q -n 0 -m matrix":
         (RUN + " (by CI after the suite: .ci/run)",
          ("tests/test_multiprocess_matrix.py::test_the_matrix_covers_every_registered_option", T_OPTS)),
+    "python -m pytest --record-file-times":
+        (RUN + " (rewrites the suite's file times)",
+         ("tests/test_file_times.py::test_the_pytest_option_records_the_files_it_ran",
+          "tests/test_file_times.py::test_a_parallel_collection_is_ordered_by_the_record")),
     "python -m pytest -q -n 0 -m rebuild":
         (RUN + " (by CI after the suite: .ci/run)",
          (T_WARM_CLI, T_DOC + "test_every_marker_the_suite_deselects_runs_as_its_own_ci_step")),

@@ -73,3 +73,15 @@ def test_a_parallel_collection_is_ordered_by_the_record():
         if "::" in line and line.split("::")[0] not in files:
             files.append(line.split("::")[0])
     assert files == expected
+
+
+def test_the_pytest_option_records_the_files_it_ran(tmp_path):
+    """``python -m pytest --record-file-times[=PATH]`` end to end (to a scratch file: the shipped record stays)."""
+    out = tmp_path / "times.json"
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
+                          f"--record-file-times={out}", "tests/test_file_times.py", "-k", "longest_first or estimated"],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0 and "2 passed" in res.stdout, res.stdout[-2000:]
+    record = json.loads(out.read_text())
+    assert list(record) == ["tests/test_file_times.py"] and record["tests/test_file_times.py"] >= 0
+    assert f"file times of 1 files written to {out}" in res.stdout
