@@ -153,15 +153,17 @@ def cached_rope_index(model: torch.nn.Module) -> Iterator[None]:
     def get_rope_index(input_ids, mm_token_type_ids=None, image_grid_thw=None, video_grid_thw=None,
                        second_per_grid_ts=None, attention_mask=None, **kwargs):
         # kwargs: the rest of generate's model inputs (pixel values, cache, ...), which positions do not read
-        if (mm_token_type_ids is None or image_grid_thw is None or attention_mask is None or video_grid_thw is not None
-                or second_per_grid_ts is not None or input_ids.dim() != 2):
+        def fallback():
             return original(input_ids, mm_token_type_ids=mm_token_type_ids, image_grid_thw=image_grid_thw,
                             video_grid_thw=video_grid_thw, attention_mask=attention_mask, **kwargs,
                             **({} if second_per_grid_ts is None else {"second_per_grid_ts": second_per_grid_ts}))
+
+        if (mm_token_type_ids is None or image_grid_thw is None or attention_mask is None or video_grid_thw is not None
+                or second_per_grid_ts is not None or input_ids.dim() != 2):
+            return fallback()
         runs = _image_runs(mm_token_type_ids, attention_mask)
         if runs is None:
-            return original(input_ids, mm_token_type_ids=mm_token_type_ids, image_grid_thw=image_grid_thw,
-                            attention_mask=attention_mask, **kwargs)
+            return fallback()
         positions = row_positions(backbone, input_ids, attention_mask, image_grid_thw, runs,
                                   {"mm_token_type_ids": mm_token_type_ids}, compute=compute)
         deltas = positions.amax(dim=(0, 2)) + 1 - attention_mask.bool().sum(dim=-1)
