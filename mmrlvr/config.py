@@ -94,7 +94,8 @@ class DataConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = _f("hf", "rollout engine: hf (transformers generate) | vllm (GPU only)")
+    engine: str = _f("hf", "rollout engine: hf (transformers generate on the trainer's model) | vllm (vLLM in its own "
+                     "process: a GPU, or CPU from the environment `bash .ci/vllm-env DIR` builds; docs/vllm.md)")
     group_size: int = _f(8, "G: responses sampled per prompt")
     prompts_per_step: int = _f(16, "B: prompts per optimisation step (global, across processes)")
     max_new_tokens: int = _f(32, "response length limit")
@@ -102,6 +103,11 @@ class RolloutConfig:
     top_p: float = _f(1.0, "nucleus sampling")
     top_k: int = _f(0, "top-k sampling (0 = off)")
     vllm_gpu_memory_utilization: float = _f(0.35, "vLLM: share of GPU memory for the colocated engine")
+    vllm_kv_cache_gib: float = _f(1.0, "vLLM on CPU: memory for its KV cache in GiB (vLLM's own default takes most of "
+                                  "the machine's memory)")
+    vllm_max_model_len: int = _f(0, "vLLM: the longest sequence (prompt + response) it serves; 0 = the model's own")
+    vllm_sync: str = _f("weights", "vLLM weight sync after each optimizer step: weights (the whole model, any LoRA "
+                        "merged in) | lora (the adapter as a vLLM LoRA, vision-tower modules included)")
     sampler: str = _f("uniform", "which prompts each step draws (parameters: rollout.sampler_params): uniform (a fresh "
                       "permutation per epoch; also called shuffle) | disagreement (SGAC: prompts whose answers "
                       "disagree most) | budget (TRACE: group sizes by p(1 - p) within a sample budget) | plug-ins")
@@ -556,6 +562,7 @@ def _merge_preset(data: dict[str, Any], problems: list[str] | None = None, where
 
 #: value sets owned by the config layer (names that live in registries are checked by mmrlvr.validation)
 ENGINES = ("hf", "vllm")
+VLLM_SYNCS = ("weights", "lora")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 SCHEDULES = ("constant", "linear", "cosine")
@@ -617,6 +624,12 @@ def range_problems(cfg: RunConfig, where: str = "config") -> list[str]:
     need("rollout.top_k", r.top_k, r.top_k >= 0, ">= 0 (0 = off)")
     need("rollout.vllm_gpu_memory_utilization", r.vllm_gpu_memory_utilization,
          0 < r.vllm_gpu_memory_utilization <= 1, "in (0, 1]")
+    need("rollout.vllm_kv_cache_gib", r.vllm_kv_cache_gib, r.vllm_kv_cache_gib > 0, "> 0 (GiB)")
+    need("rollout.vllm_max_model_len", r.vllm_max_model_len, r.vllm_max_model_len >= 0, ">= 0 (0 = the model's own)")
+    one_of("rollout.vllm_sync", r.vllm_sync, VLLM_SYNCS)
+    if r.engine == "vllm" and r.vllm_sync == "lora" and not m.lora.enabled:
+        out.append(f"{where}: rollout.vllm_sync: 'lora' needs model.lora.enabled: true (a full fine-tune syncs its "
+                   f"weights: vllm_sync: weights)")
     a = cfg.algo
     need("algo.eps_low", a.eps_low, 0 <= a.eps_low <= 1, "in [0, 1] (CISPO: eps_low 1 = no lower bound)")
     need("algo.eps_high", a.eps_high, a.eps_high >= 0, ">= 0")

@@ -507,8 +507,8 @@ def package_problems(cfg: RunConfig, where: str) -> list[str]:
     """Optional packages a setting needs (looked up, not imported)."""
     out = []
     if cfg.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
-        out.append(f"{where}: rollout.engine: 'vllm' needs the vllm package (pip install 'mmrlvr[vllm]', GPU "
-                   f"only); use engine: hf on this machine")
+        out.append(f"{where}: rollout.engine: 'vllm' needs the vllm package: on a GPU pip install 'mmrlvr[vllm]'; "
+                   f"on CPU `bash .ci/vllm-env DIR` builds an environment with it (docs/vllm.md); or engine: hf")
     from mmrlvr.train.metrics import TRACKERS, check_report_to
 
     for tracker in getattr(cfg, "report_to", []) or []:

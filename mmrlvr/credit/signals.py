@@ -32,6 +32,7 @@ import torch
 
 from mmrlvr.algos.logits import head_logits
 from mmrlvr.errors import UserError
+from mmrlvr.models.cache_arg import output_cache, with_cache
 from mmrlvr.models.placement import to_model
 
 LOG2 = math.log(2.0)
@@ -376,10 +377,10 @@ def shared_prefix_states(backbone: torch.nn.Module, inputs: dict[str, Any], prom
         prefix["mm_token_type_ids"] = extra["mm_token_type_ids"][first, :P]
     with contextlib.nullcontext() if grad else torch.no_grad():
         head_out = backbone(**prefix, use_cache=True)
-        cache = head_out.cache
+        cache = output_cache(head_out)
         cache.batch_repeat_interleave(G)
         tail = backbone(input_ids=ids[:, P:P + L - 1], attention_mask=mask[:, :P + L - 1],
-                        position_ids=pos[..., P:P + L - 1], cache=cache, use_cache=True)
+                        position_ids=pos[..., P:P + L - 1], **with_cache(backbone, cache), use_cache=True)
         last_prompt = head_out.last_hidden_state[:, -1:].repeat_interleave(G, dim=0)  # predicts response token 0
         return torch.cat([last_prompt, tail.last_hidden_state], dim=1)  # [N, L, H]
 

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from mmrlvr.models.cache_arg import positions_cache_kwargs
+
 CACHE_BYTES = 64 << 20
 
 _ROWS: OrderedDict[bytes, torch.Tensor] = OrderedDict()  # row digest -> its positions [3, S]
@@ -60,7 +62,8 @@ def _as_bytes(t: torch.Tensor):
 def _compute(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, grid: torch.Tensor | None,
              extra: dict[str, torch.Tensor]) -> torch.Tensor | None:
     return backbone.compute_3d_position_ids(input_ids=ids, inputs_embeds=None, image_grid_thw=grid,
-                                            video_grid_thw=None, attention_mask=mask, cache=None, **extra)
+                                            video_grid_thw=None, attention_mask=mask,
+                                            **positions_cache_kwargs(backbone), **extra)
 
 
 def row_positions(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, grid: torch.Tensor | None,

@@ -18,7 +18,7 @@ The trajectory is laid out like a one-turn response (``mmrlvr.rollout.base``): `
   its ``text`` is the final model turn (what answer, format and consistency rewards read).
 
 The HF engine keeps each trajectory's KV cache across its turns: a tool turn is prefilled on top of the cache
-(``generate(cache=...)`` runs only the uncached tokens; transformers recomputes the 3D positions when they hold
+(``generate`` with the cache runs only the uncached tokens; transformers recomputes the 3D positions when they hold
 new images) and the returned images go through the vision tower once, their features handed to the model
 (``mm_encoder_outputs``) — so a turn costs its own tokens, not the whole history again. All rows advance turn by
 turn in one batch (``generate_multiturn``); each row samples with its own generator seeded from (seed, step, prompt
@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 import torch
 
+from mmrlvr.models.cache_arg import output_cache, with_cache
 from mmrlvr.rollout.base import RolloutBatch, SamplingParams
 from mmrlvr.tools.base import ToolContext, ToolResult, tool_schema
 from mmrlvr.tools.calls import parse_tool_calls
@@ -323,11 +324,11 @@ def _run_turns(engine: Any, rows: list[_Row], samples: list[Sample], params: Sam
                 kwargs["pixel_values"] = torch.cat([p for i in active for p in rows[i].pixels])
                 cache = None
         if cache is not None:
-            kwargs["cache"] = cache
+            kwargs.update(with_cache(model, cache))
         with engine._own_generation_defaults():
             out = model.generate(**to_model(kwargs, model), generation_config=config,
                                  logits_processor=LogitsProcessorList([sampler]))
-        cache = getattr(out, "cache", None) or out.past_key_values
+        cache = output_cache(out)
         new = out.sequences[:, ids.shape[1]:].cpu()  # [A, l]
         l = int(new.shape[1])
         lps = torch.stack(sampler.logprobs[:l], dim=1).float().cpu() if l else torch.zeros(len(active), 0)

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from mmrlvr.models.cache_arg import output_cache, with_cache
 from mmrlvr.rollout.base import RolloutBatch, SamplingParams
 
 
@@ -89,7 +90,7 @@ def generate_tree(engine: Any, samples: list, params: SamplingParams, *, depth: 
             extra = {k: (v[:, :-1] if torch.is_tensor(v) and v.dim() == 2 and v.shape == (B, P) else v)
                      for k, v in feed.items() if k not in ("input_ids", "attention_mask")}  # per-token: mm types
             # 1. the prompt once, all but its last token (generate feeds that one); the vision tower runs here
-            model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], cache=cache, use_cache=True, **extra)
+            model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], **with_cache(model, cache), use_cache=True, **extra)
             paths = [[()] for _ in range(B)]  # per prompt, the child-index path of each current row
             seg_tokens, seg_logps = [], []
             for d in range(depth):
@@ -106,14 +107,14 @@ def generate_tree(engine: Any, samples: list, params: SamplingParams, *, depth: 
                                                                   top_p=params.top_p, top_k=params.top_k))
                 config.return_dict_in_generate = True  # the cache comes back with the sequences
                 with engine._own_generation_defaults():
-                    out = model.generate(input_ids=ids, attention_mask=mask, cache=cache,
+                    out = model.generate(input_ids=ids, attention_mask=mask, **with_cache(model, cache),
                                          generation_config=config, logits_processor=LogitsProcessorList([sampler]))
                 new = out.sequences[:, ids.shape[1]:]
                 length = new.shape[1]
                 logp = torch.stack(sampler.logprobs[:length], dim=1).float() if length else new.float()
                 seg_tokens.append(new)
                 seg_logps.append(logp)
-                cache = getattr(out, "cache", None) or out.past_key_values
+                cache = output_cache(out)
                 ids = out.sequences
                 mask = torch.cat([mask, torch.ones_like(new, dtype=mask.dtype)], dim=1)
     finally:

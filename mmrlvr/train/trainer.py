@@ -125,6 +125,9 @@ class Trainer:
             if self.writer is not None:
                 self.writer.close()
             self.metrics.close()
+            close_engine = getattr(self.engine, "close", None)  # vLLM: its engine process ends with the run
+            if callable(close_engine):
+                close_engine()
         summary["last"] = last
         summary["skipped_steps"] = self.skipped_steps
         return summary
