@@ -14,6 +14,16 @@ bare call: the processor on the B prompts, ``input_ids`` etc. repeated G times, 
         --new-tokens 128 --rounds 2
 
 Ends with ``generation tokens/s ratio (ours/bare): X`` (above 1: ours is faster).
+
+``--engine vllm`` (run it with the Python of the environment ``bash .ci/vllm-env DIR`` builds) times three arms on
+the same requests in one process, alternated: our ``VLLMEngine`` (requests, sampling, the prompt check, the
+``RolloutBatch`` with the HF processor's tensors), a bare ``vllm.LLM.generate`` on the very same prompts and sampling
+parameters (what our wrapper adds is the difference), and our ``HFEngine``. Tokens/s counts the tokens each arm
+sampled (rows run to ``--new-tokens`` unless they end).
+
+    OMP_WAIT_POLICY=PASSIVE DIR/bin/python benchmarks/generate_speed.py --engine vllm [--shape qwen2_5_vl_3b]
+
+Ends with ``vllm/hf tokens/s ratio: X`` and ``ours/bare vLLM tokens/s ratio: Y``.
 """
 
 from __future__ import annotations
@@ -39,6 +49,9 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--model", default=None, help="model folder (default: build the --shape model)")
+    p.add_argument("--engine", default="hf", choices=["hf", "vllm"],
+                   help="hf: ours against a bare model.generate; vllm: our vLLM engine against a bare vllm.LLM.generate "
+                        "and our HF engine")
     a = p.parse_args()
     prompts, group, image_tokens, new_tokens = DEFAULTS[a.shape]
     prompts, group = a.prompts or prompts, a.group or group
@@ -78,6 +91,10 @@ def main() -> None:
 
     print(f"== {a.shape}: {prompts} prompts x G {group}, {image_tokens} image tokens, {new_tokens} new tokens, "
           f"{torch.get_num_threads()} threads", flush=True)
+    if a.engine == "vllm":
+        vllm_arms(a, model_dir, processor, engine, samples, group, params)
+        tmp.cleanup()
+        return
     ours(-1), bare(-1)  # warm-up (allocator, kernels)
     rates: dict[str, list[float]] = {"ours": [], "bare": []}
     for r in range(a.rounds):
@@ -91,6 +108,45 @@ def main() -> None:
     print(f"ours: {med['ours']:.1f} tokens/s;  bare generate: {med['bare']:.1f} tokens/s")
     print(f"generation tokens/s ratio (ours/bare): {med['ours'] / med['bare']:.2f}")
     tmp.cleanup()
+
+
+def vllm_arms(a, model_dir, processor, hf_engine, samples, group, params) -> None:
+    """Our VLLMEngine, a bare vllm.LLM.generate on the same requests, and our HFEngine; tokens/s of each."""
+    from mmrlvr.rollout.vllm import VLLMEngine, build_requests, to_vllm_prompt
+
+    t0 = time.perf_counter()
+    engine = VLLMEngine(model_dir, processor, eos_ids=hf_engine.eos_ids, dtype="float32", seed=0)
+    print(f"vLLM engine started in {time.perf_counter() - t0:.1f} s", flush=True)
+
+    def ours(r: int) -> int:
+        return int(engine.generate(samples, group, params, seed=r, step=0).response_mask.sum())
+
+    def bare(r: int) -> int:
+        requests = build_requests(processor, samples, group, params, seed=r, step=0, stop_token_ids=engine.eos_ids)
+        prompts = [to_vllm_prompt(q) for q in requests]
+        sampling = [engine._sampling(q.sampling) for q in requests]
+        outs = engine.llm.generate(prompts, sampling, use_tqdm=False)
+        return sum(len(o.outputs[0].token_ids) for o in outs)
+
+    def hf(r: int) -> int:
+        return int(hf_engine.generate(samples, group, params, seed=r, step=0).response_mask.sum())
+
+    arms = {"vllm (ours)": ours, "vllm (bare)": bare, "hf (ours)": hf}
+    for fn in arms.values():
+        fn(-1)  # warm-up
+    rates: dict[str, list[float]] = {k: [] for k in arms}
+    for r in range(a.rounds):
+        for name, fn in arms.items():
+            t0 = time.perf_counter()
+            tokens = fn(r)
+            dt = time.perf_counter() - t0
+            rates[name].append(tokens / dt)
+            print(f"round {r + 1} {name:>12}: {tokens} tokens in {dt:.2f} s = {tokens / dt:.1f} tokens/s", flush=True)
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    print("; ".join(f"{k}: {v:.1f} tokens/s" for k, v in med.items()))
+    print(f"vllm/hf tokens/s ratio: {med['vllm (ours)'] / med['hf (ours)']:.2f}")
+    print(f"ours/bare vLLM tokens/s ratio: {med['vllm (ours)'] / med['vllm (bare)']:.2f}")
+    engine.close()
 
 
 if __name__ == "__main__":

@@ -99,7 +99,7 @@ def main() -> int:
     figures["diff_before_sync"], figures["diff_after_sync"] = stale, synced
     print(f"[4] weight sync: max |diff| before sync {stale:.3e}, after sync {synced:.3e}")
     ok &= synced < args.tol < stale
-    del engine
+    engine.close()
     torch.cuda.empty_cache()
 
     if args.lora:
@@ -108,7 +108,8 @@ def main() -> int:
             for name, p in peft_model.named_parameters():
                 if "lora_B" in name:
                     p.normal_(0, 0.05)
-        lora_engine = VLLMEngine(folder, processor, eos_ids=eos, sync="lora", max_lora_rank=8, **llm_kwargs)
+        lora_engine = VLLMEngine(folder, processor, eos_ids=eos, sync="lora", policy=peft_model, **llm_kwargs)
+        lora_engine.policy = None  # synced explicitly below
         lora_engine.sync_weights(peft_model)
         lora_diff = teacher_forced_diff(peft_model, lora_engine.generate(samples, args.group, params, seed=0,
                                                                         step=4), 1.0)

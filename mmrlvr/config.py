@@ -106,6 +106,8 @@ class RolloutConfig:
     vllm_kv_cache_gib: float = _f(1.0, "vLLM on CPU: memory for its KV cache in GiB (vLLM's own default takes most of "
                                   "the machine's memory)")
     vllm_max_model_len: int = _f(0, "vLLM: the longest sequence (prompt + response) it serves; 0 = the model's own")
+    vllm_dtype: str = _f("auto", "vLLM's weights and compute: auto (model.dtype) | float32 | bfloat16 | float16; a "
+                         "lower precision than the trainer's widens the rollout/trainer gap (docs/vllm.md)")
     vllm_sync: str = _f("weights", "vLLM weight sync after each optimizer step: weights (the whole model, any LoRA "
                         "merged in) | lora (the adapter as a vLLM LoRA, vision-tower modules included)")
     sampler: str = _f("uniform", "which prompts each step draws (parameters: rollout.sampler_params): uniform (a fresh "
@@ -627,6 +629,7 @@ def range_problems(cfg: RunConfig, where: str = "config") -> list[str]:
     need("rollout.vllm_kv_cache_gib", r.vllm_kv_cache_gib, r.vllm_kv_cache_gib > 0, "> 0 (GiB)")
     need("rollout.vllm_max_model_len", r.vllm_max_model_len, r.vllm_max_model_len >= 0, ">= 0 (0 = the model's own)")
     one_of("rollout.vllm_sync", r.vllm_sync, VLLM_SYNCS)
+    one_of("rollout.vllm_dtype", r.vllm_dtype, DTYPES)
     if r.engine == "vllm" and r.vllm_sync == "lora" and not m.lora.enabled:
         out.append(f"{where}: rollout.vllm_sync: 'lora' needs model.lora.enabled: true (a full fine-tune syncs its "
                    f"weights: vllm_sync: weights)")

@@ -87,6 +87,10 @@ T_WARM_CLI = "tests/test_models_warmstart.py::test_cli_warm_start_beats_chance_r
 T_VERL = "tests/test_integrations_verl.py::"
 T_TRL = "tests/test_integrations_trl.py::test_doc_example_trains_two_steps_with_our_rewards"
 T_VLLM = "tests/test_rollout_vllm.py::"
+T_CI_VLLM = "tests/test_doc_commands.py::test_ci_builds_the_vllm_environment_and_runs_its_tests"
+T_VLLM_DEMO = "tests/test_vllm_engine.py::test_the_demo_trains_checkpoints_and_resumes_on_vllm"
+VLLM_ENV = "run by CI (.ci/run builds the vLLM environment with it, then runs the vllm tests there)"
+IN_VLLM_ENV = "run in the vLLM environment by CI (shortened: max_steps 2, then resumed to 3)"
 
 
 def cfg_run(name: str) -> str:
@@ -114,6 +118,12 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         ("run by CI: .ci/run holds it verbatim", (T_DOC + "test_readme_test_command_is_what_ci_runs", T_PYPROJECT)),
     'pip install "mmrlvr[vllm]"':
         (INSTALL + " + GPU", (T_PYPROJECT, T_VLLM + "test_missing_vllm_is_a_clear_user_error")),
+    "bash .ci/vllm-env DIR": (VLLM_ENV, (T_CI_VLLM,)),
+    "bash .ci/vllm-env ~/.cache/mmrlvr/vllm-env": (VLLM_ENV, (T_CI_VLLM,)),
+    "mmrlvr train configs/demo-tiny.yaml rollout.engine=vllm": (IN_VLLM_ENV, (T_VLLM_DEMO,)),
+    "mmrlvr train configs/demo-tiny.yaml rollout.engine=vllm max_steps=3": (IN_VLLM_ENV, (T_VLLM_DEMO,)),
+    "~/.cache/mmrlvr/vllm-env/bin/mmrlvr train configs/demo-tiny.yaml rollout.engine=vllm max_steps=3":
+        (IN_VLLM_ENV, (T_VLLM_DEMO,)),
     QWEN_3B: (GPU, (T_DRY, T_CFG_LOAD, *T_GPU_CPU)),
     QWEN_7B: (ON_8_GPUS, (T_DRY, T_CFG_LOAD, T_TWO_PROC, *T_GPU_CPU)),
     "python -m pytest -q -n 0 -m matrix":
@@ -895,6 +905,15 @@ def test_every_marker_the_suite_deselects_runs_as_its_own_ci_step():
     ci = (ROOT / ".ci" / "run").read_text()
     for marker in left_out:
         assert re.search(rf"^\. \.venv/bin/activate && .*python -m pytest -q -n 0 -m {marker}$", ci, re.M), marker
+
+
+def test_ci_builds_the_vllm_environment_and_runs_its_tests():
+    """.ci/run builds the environment with vLLM and runs the tests marked vllm there, where a skip is an error."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r'^bash \.ci/vllm-env "\$VLLM_ENV"$', ci, re.M)
+    assert re.search(r'^MMRLVR_REQUIRE_VLLM=1 "\$VLLM_ENV/bin/python" -m pytest -q -n 0 -m vllm tests/test_vllm_engine\.py$',
+                     ci, re.M)
+    assert os.access(ROOT / ".ci" / "vllm-env", os.R_OK)
 
 
 def test_verl_reward_path_command_prints_the_module():

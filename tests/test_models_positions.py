@@ -54,8 +54,10 @@ def _direct(backbone, b, rows):
     for k in per_row:
         starts.append(starts[-1] + k)
     extra = {k: b[k][rows] for k in ("mm_token_type_ids",) if k in b}
+    from mmrlvr.models.cache_arg import positions_cache_kwargs
+
     return backbone.compute_3d_position_ids(
-        input_ids=b["input_ids"][rows], inputs_embeds=None, video_grid_thw=None, cache=None,
+        input_ids=b["input_ids"][rows], inputs_embeds=None, video_grid_thw=None, **positions_cache_kwargs(backbone),
         image_grid_thw=b["image_grid_thw"][[i for r in rows for i in range(starts[r], starts[r + 1])]],
         attention_mask=b["attention_mask"][rows], **extra)
 

@@ -1,4 +1,5 @@
-"""vLLM request building and weight export: pure parts, tested on CPU without vLLM installed."""
+"""vLLM request building and weight export: the pure parts, tested without vLLM installed (the engine itself runs in
+tests/test_vllm_engine.py, on CPU, where vLLM is installed)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def test_sampling_kwargs_mapping():
     kw = vllm_sampling_kwargs(SamplingParams(max_new_tokens=32, temperature=0.7, top_p=0.9, top_k=0), seed=11,
                               stop_token_ids=[5, 6])
     assert kw == {"n": 1, "temperature": 0.7, "top_p": 0.9, "top_k": -1, "max_tokens": 32, "seed": 11,
-                  "logprobs": 0, "skip_special_tokens": True, "stop_token_ids": [5, 6]}
+                  "logprobs": 0, "skip_special_tokens": True, "stop_token_ids": [5, 6], "ignore_eos": True}
     greedy = vllm_sampling_kwargs(SamplingParams(greedy=True, temperature=0.7, top_k=5), seed=0)
     assert (greedy["temperature"], greedy["top_k"], greedy["top_p"]) == (0.0, -1, 1.0)
     assert vllm_sampling_kwargs(SamplingParams(top_k=5), seed=0)["top_k"] == 5
@@ -155,3 +156,37 @@ def test_video_count_mismatch_names_the_sample(policy):
     sample.meta["videos"] = sample.meta["videos"] * 2
     with pytest.raises(UserError, match=f"{sample.id}.*1 video parts in the messages but 2 videos"):
         build_requests(processor, [sample], 1, SamplingParams(), seed=0, step=0)
+
+
+def test_version_note_names_both_versions_outside_the_tested_range():
+    from mmrlvr.rollout.vllm import version_note
+
+    assert version_note("0.32.0", "5.19.0") is None
+    assert version_note("0.32.0+cpu", "5.19.2") is None
+    note = version_note("0.34.1", "5.22.0")
+    assert "0.34.1" in note and "5.22.0" in note and "\n" not in note
+
+
+def test_a_prompt_vllm_ran_differently_stops_the_run_naming_the_sample(samples):
+    from mmrlvr.rollout.vllm import check_prompt_tokens
+
+    inputs = {"input_ids": torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11]]),
+              "attention_mask": torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])}
+    check_prompt_tokens(samples[:2], inputs, [[5, 6, 7], [8, 9, 10, 11]])  # padding removed: the same
+    with pytest.raises(UserError, match=f"sample {samples[1].id!r}.*from token 2 on"):
+        check_prompt_tokens(samples[:2], inputs, [[5, 6, 7], [8, 9, 99, 11]])
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    ({"vllm_sync": "lora"}, "rollout.vllm_sync: 'lora' needs model.lora.enabled"),
+    ({"vllm_sync": "adapter"}, "rollout.vllm_sync: unknown value 'adapter'"),
+    ({"vllm_kv_cache_gib": 0}, "rollout.vllm_kv_cache_gib: must be > 0"),
+    ({"vllm_max_model_len": -1}, "rollout.vllm_max_model_len: must be >= 0"),
+    ({"vllm_dtype": "fp8"}, "rollout.vllm_dtype: unknown value 'fp8'"),
+])
+def test_vllm_settings_are_checked_at_load(overrides, expected):
+    from mmrlvr.config import load_config
+
+    with pytest.raises(UserError) as info:
+        load_config(data={"rollout": {"engine": "vllm", **overrides}})
+    assert expected in str(info.value)

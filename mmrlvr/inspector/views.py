@@ -37,6 +37,7 @@ SIGNALS: dict[str, str] = {
     "Δlog-prob": "token_ratio",  # log π_θ − log π_old = log(ratio), derived in ``signal_values``
     "logprob": "token_logprob",
     "ratio": "token_ratio",
+    "sampler gap": "token_sampler_gap",
 }
 #: one line per signal for the heatmap legend: what a red / purple token means
 SIGNAL_HELP: dict[str, str] = {
@@ -48,6 +49,8 @@ SIGNAL_HELP: dict[str, str] = {
     "Δlog-prob": "log π_new − log π_old at the update: red = made more likely, purple = less likely",
     "logprob": "log-probability of the sampled token under the rollout policy (≤ 0)",
     "ratio": "importance ratio π_new / π_old, coloured as log(ratio)",
+    "sampler gap": "log π_old (trainer) − log π (sampler) of the sampled token: red = the trainer found it likelier "
+                   "than the engine that drew it, purple = less likely (a gap far from 0 is off-policy)",
 }
 #: tokens whose runs are collapsed into one span in heatmaps
 PAD_TOKENS = frozenset({"<|image_pad|>", "<|video_pad|>", "<|vision_pad|>", "<|endoftext|>", "<pad>"})

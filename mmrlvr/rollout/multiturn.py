@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import torch
 
-from mmrlvr.models.cache_arg import output_cache, with_cache
+from mmrlvr.models.cache_arg import continues_with_new_images, output_cache, with_cache
 from mmrlvr.rollout.base import RolloutBatch, SamplingParams
 from mmrlvr.tools.base import ToolContext, ToolResult, tool_schema
 from mmrlvr.tools.calls import parse_tool_calls
@@ -187,16 +187,19 @@ def generate_multiturn(engine: Any, samples: list[Sample], group_size: int, para
     from mmrlvr.rollout.hf import encode_prompt_batch
     from mmrlvr.rollout.vision import encode_images, supports_precomputed_vision
 
-    model, processor = engine.model, engine.processor
+    # an engine without a model of its own here (vLLM) samples each turn as requests (``_run_turns_by_requests``)
+    model, processor = getattr(engine, "model", None), engine.processor
+    run_turns = _run_turns if model is not None else _run_turns_by_requests
     t0 = time.perf_counter()
     inputs = encode_prompt_batch(processor, samples, tools=use.schemas())
     grid_all = inputs.get("image_grid_thw")
     cuts = [0]
     for r in (grid_all.prod(-1).tolist() if grid_all is not None else []):
         cuts.append(cuts[-1] + int(r))
-    precomputed = supports_precomputed_vision(model) and "pixel_values" in inputs
-    was_training = model.training
-    model.eval()
+    precomputed = model is not None and supports_precomputed_vision(model) and "pixel_values" in inputs
+    was_training = model.training if model is not None else False
+    if model is not None:
+        model.eval()
     features = encode_images(model, inputs["pixel_values"], grid_all) if precomputed else []
     types = inputs.get("mm_token_type_ids")
     rows: list[_Row] = []
@@ -216,13 +219,14 @@ def generate_multiturn(engine: Any, samples: list[Sample], group_size: int, para
     try:
         going = rows
         while going:
-            _run_turns(engine, going, samples, params, use, seed=seed, step=step, precomputed=precomputed,
-                       summarize=summarize)
+            run_turns(engine, going, samples, params, use, seed=seed, step=step, precomputed=precomputed,
+                      summarize=summarize)
             done += going
             going = [_restart(engine, r, samples[r.sample_index], use, precomputed)
                      for r in going if r.finish == "summarized"]
     finally:
-        model.train(was_training)
+        if model is not None:
+            model.train(was_training)
     t2 = time.perf_counter()
     # the segments of each trajectory together, in order: trajectory-major, then segment
     done.sort(key=lambda r: (r.sample_index, r.index, r.segment))
@@ -284,13 +288,12 @@ def _run_turns(engine: Any, rows: list[_Row], samples: list[Sample], params: Sam
     from transformers import LogitsProcessorList
 
     from mmrlvr.models.placement import model_device, to_model
-    from mmrlvr.rollout.sampling import RowSampler, row_seed
+    from mmrlvr.rollout.sampling import RowSampler
     from mmrlvr.rollout.vision import encode_images, encoder_outputs
 
-    model, processor, tok = engine.model, engine.processor, engine.tokenizer
+    model, tok = engine.model, engine.tokenizer
     device = model_device(model)
     eos = set(engine.eos_ids)
-    eos_text = tok.decode([engine.eos_ids[0]])
     # the rows' prompts, left-padded to one width: [A, T] the active rows' whole sequences from here on
     ids = _left_pad([r.prompt.tolist() for r in rows], engine.pad_id, torch.long)
     mask = _left_pad([[1] * len(r.prompt) for r in rows], 0, torch.long)
@@ -302,11 +305,7 @@ def _run_turns(engine: Any, rows: list[_Row], samples: list[Sample], params: Sam
     cache = None
     for turn in range(use.max_turns - min(r.turns_before for r in rows)):
         room = [use.max_tokens - rows[i].used for i in active]
-        seeds = []
-        for i in active:
-            r = rows[i]
-            key = samples[r.sample_index].id if turn == 0 else f"{samples[r.sample_index].id}/turn{turn}"
-            seeds.append(row_seed(seed, step, key if r.segment == 0 else f"{key}/segment{r.segment}", r.index))
+        seeds = [_turn_seed(seed, step, samples[rows[i].sample_index], rows[i], turn) for i in active]
         sampler = RowSampler(seeds, params, device=device, banned_ids=engine.banned_ids)
         config = engine._generation_config(SamplingParams(max_new_tokens=max(1, min(params.max_new_tokens, max(room)))))
         config.return_dict_in_generate = True
@@ -317,11 +316,15 @@ def _run_turns(engine: Any, rows: list[_Row], samples: list[Sample], params: Sam
         if grids:
             kwargs["image_grid_thw"] = torch.stack(grids)
         if any(fresh[i] for i in active):
+            # the whole history runs again when the model needs every image's pixels, or when this transformers
+            # release cannot place a new image's positions on top of a cache (``continues_with_new_images``)
+            whole = not precomputed or not continues_with_new_images(model)
             if precomputed:
                 kwargs["mm_encoder_outputs"] = encoder_outputs(
-                    [f for i in active for f in rows[i].features[len(rows[i].features) - fresh[i]:]])
-            else:  # the model needs every image's pixels, so the whole history runs again
+                    [f for i in active for f in rows[i].features[0 if whole else len(rows[i].features) - fresh[i]:]])
+            else:
                 kwargs["pixel_values"] = torch.cat([p for i in active for p in rows[i].pixels])
+            if whole:
                 cache = None
         if cache is not None:
             kwargs.update(with_cache(model, cache))
@@ -339,11 +342,7 @@ def _run_turns(engine: Any, rows: list[_Row], samples: list[Sample], params: Sam
             end = next((j + 1 for j, t in enumerate(toks) if t in eos), l)  # through the end-of-turn token
             end = min(end, room[a])
             new_real[a, :end] = 1
-            row = rows[i]
-            start = len(row.response)
-            row.add(toks, [1] * end + [0] * (l - end), 1.0, lps[a].tolist())
-            text = tok.decode(toks[:end], skip_special_tokens=True)
-            row.turns.append(Turn("summary" if asked[i] else "model", start, start + end, text))
+            _add_model_turn(rows[i], toks, end, lps[a].tolist(), tok, asked[i])
         ids = torch.cat([ids, new], dim=1)
         mask = torch.cat([mask, new_real.to(mask.dtype)], dim=1)
         if types is not None:
@@ -352,41 +351,10 @@ def _run_turns(engine: Any, rows: list[_Row], samples: list[Sample], params: Sam
         # who goes on: a complete turn that calls a tool (or, under ReSum, one that must summarise), with a turn left
         going, segments = [], []
         for a, i in enumerate(active):
-            row, info = rows[i], rows[i].turns[-1]
-            ended = info.end > info.start and row.response[info.end - 1] in eos
-            context = len(row.prompt) + row.used
-            left = use.max_turns - row.turns_before - row.model_turns
-            turns_left = left > 0
-            if asked[i]:  # this was the summary: the segment ends, the trajectory restarts from it
-                row.finish, row.summary = "summarized", info.text
-                row.restart_with = summarize.restart.format(summary=info.text)
-                _trim(row)
-                continue
-            calls = parse_tool_calls(info.text) if ended else []
-            wants_more = (not ended) or bool(calls)
-            # a summary needs a turn for itself and one to go on from it
-            if summarize is not None and left >= 2 and wants_more and (not ended or context >= summarize.at_tokens):
-                segment = _user_turn(processor, tok, summarize.instruction, eos_text, ended, engine.eos_ids[0])
-                if row.used + len(segment["ids"]) < use.max_tokens:
-                    asked[i] = True
-                    going.append(a)
-                    segments.append(segment)
-                    continue
-            if not ended:
-                row.finish = "length"
-            elif not calls:
-                row.finish = "stop"
-            elif not turns_left or last_turn:
-                row.finish = "turns"  # it asked for a tool with no turn left to read the answer
-            else:
-                segment = tool_turn(processor, row.images, samples[row.sample_index], calls, use, eos_text)
-                if row.used + len(segment["ids"]) >= use.max_tokens:  # no room for the answer and a turn after it
-                    row.finish = "length"
-                else:
-                    going.append(a)
-                    segments.append(segment)
-                    continue
-            _trim(row)
+            segment = _after_model_turn(engine, rows[i], samples, use, summarize, asked, i, last_turn)
+            if segment is not None:
+                going.append(a)
+                segments.append(segment)
         if not going:
             return
         _select_rows(model, cache, going, len(active))
@@ -397,20 +365,11 @@ def _run_turns(engine: Any, rows: list[_Row], samples: list[Sample], params: Sam
         width = max(len(seg["ids"]) for seg in segments)
         pad_ids, pad_mask, pad_types = [], [], []
         for i, seg in zip(active, segments):
-            gap = width - len(seg["ids"])
             row = rows[i]
-            start = len(row.response)
-            real = [0] * gap + [1] * len(seg["ids"])
-            row.add([engine.pad_id] * gap + seg["ids"], real, 0.0, types=[0] * gap + seg["types"])
-            first_new = len(row.images)
-            row.images += seg["images"]
-            row.grids += seg["grids"]
-            row.pixels += seg["pixels"]
+            start = _add_segment(row, seg, width - len(seg["ids"]), engine.pad_id)
             fresh[i] = len(seg["images"])
-            row.turns.append(Turn(seg["kind"], start + gap, len(row.response), seg["text"], calls=seg["calls"],
-                                  images=list(range(first_new, len(row.images)))))
             pad_ids.append(row.response[start:])
-            pad_mask.append(real)
+            pad_mask.append(row.real[start:])
             pad_types.append(row.types[start:])
         if precomputed and any(fresh[i] for i in active):
             pixels = torch.cat([p for i in active for p in rows[i].pixels[len(rows[i].pixels) - fresh[i]:]])
@@ -422,6 +381,120 @@ def _run_turns(engine: Any, rows: list[_Row], samples: list[Sample], params: Sam
         mask = torch.cat([mask, torch.tensor(pad_mask, dtype=mask.dtype)], dim=1)
         if types is not None:
             types = torch.cat([types, torch.tensor(pad_types, dtype=types.dtype)], dim=1)
+    for i in active:
+        _trim(rows[i])
+
+
+def _add_model_turn(row: _Row, toks: list[int], end: int, logprobs: list[float], tok: Any, summary: bool) -> None:
+    """Append a model turn: ``toks`` sampled, the first ``end`` of them kept (through the end-of-turn token or the
+    token budget; the rest is padding of the batch's longest turn)."""
+    start = len(row.response)
+    row.add(toks, [1] * end + [0] * (len(toks) - end), 1.0, logprobs)
+    row.turns.append(Turn("summary" if summary else "model", start, start + end,
+                          tok.decode(toks[:end], skip_special_tokens=True)))
+
+
+def _add_segment(row: _Row, seg: dict[str, Any], gap: int, pad_id: int) -> int:
+    """Append a tool (or user) turn to the row after ``gap`` padding tokens (attention 0; the HF engine aligns its
+    rows' next turns with them), with its images and its turn record; returns where the padding starts."""
+    start = len(row.response)
+    row.add([pad_id] * gap + seg["ids"], [0] * gap + [1] * len(seg["ids"]), 0.0, types=[0] * gap + seg["types"])
+    first_new = len(row.images)
+    row.images += seg["images"]
+    row.grids += seg["grids"]
+    row.pixels += seg["pixels"]
+    row.turns.append(Turn(seg["kind"], start + gap, len(row.response), seg["text"], calls=seg["calls"],
+                          images=list(range(first_new, len(row.images)))))
+    return start
+
+
+def _after_model_turn(engine: Any, row: _Row, samples: list[Sample], use: ToolUse, summarize: Summarize | None,
+                      asked: list[bool], i: int, last_turn: bool) -> dict[str, Any] | None:
+    """What follows the model turn ``row`` just ended: the next segment (a tool turn, or under ReSum the request for a
+    summary) when the trajectory goes on, else None with ``row.finish`` set and the row trimmed. ``asked[i]``: the
+    row's last non-model turn asked for its summary (set here when this one does). Shared by every engine's turn
+    loop, so HF and vLLM trajectories end for the same reasons."""
+    processor, tok = engine.processor, engine.tokenizer
+    eos = set(engine.eos_ids)
+    eos_text = tok.decode([engine.eos_ids[0]])
+    info = row.turns[-1]
+    ended = info.end > info.start and row.response[info.end - 1] in eos
+    context = len(row.prompt) + row.used
+    left = use.max_turns - row.turns_before - row.model_turns
+    turns_left = left > 0
+    if asked[i]:  # this was the summary: the segment ends, the trajectory restarts from it
+        row.finish, row.summary = "summarized", info.text
+        row.restart_with = summarize.restart.format(summary=info.text)
+        _trim(row)
+        return None
+    calls = parse_tool_calls(info.text) if ended else []
+    wants_more = (not ended) or bool(calls)
+    # a summary needs a turn for itself and one to go on from it
+    if summarize is not None and left >= 2 and wants_more and (not ended or context >= summarize.at_tokens):
+        segment = _user_turn(processor, tok, summarize.instruction, eos_text, ended, engine.eos_ids[0])
+        if row.used + len(segment["ids"]) < use.max_tokens:
+            asked[i] = True
+            return segment
+    if not ended:
+        row.finish = "length"
+    elif not calls:
+        row.finish = "stop"
+    elif not turns_left or last_turn:
+        row.finish = "turns"  # it asked for a tool with no turn left to read the answer
+    else:
+        segment = tool_turn(processor, row.images, samples[row.sample_index], calls, use, eos_text)
+        if row.used + len(segment["ids"]) >= use.max_tokens:  # no room for the answer and a turn after it
+            row.finish = "length"
+        else:
+            return segment
+    _trim(row)
+    return None
+
+
+def _turn_seed(seed: int, step: int, sample: Sample, row: _Row, turn: int) -> int:
+    """The seed of a row's model turn: (seed, step, prompt id, sample index), the turn and ReSum segment in the key."""
+    from mmrlvr.rollout.sampling import row_seed
+
+    key = sample.id if turn == 0 else f"{sample.id}/turn{turn}"
+    return row_seed(seed, step, key if row.segment == 0 else f"{key}/segment{row.segment}", row.index)
+
+
+def _run_turns_by_requests(engine: Any, rows: list[_Row], samples: list[Sample], params: SamplingParams,
+                           use: ToolUse, *, seed: int, step: int, precomputed: bool = False,
+                           summarize: Summarize | None = None) -> None:
+    """The turn loop for an engine that samples each model turn as one request per row (vLLM): the row's whole
+    sequence so far (prompt, model turns, tool turns; no padding) and every image in it go with each request, the
+    engine's prefix cache keeps the shared history from being recomputed, and a row that ends leaves the batch.
+    ``engine.sample_continuations(requests, params)`` -> [(tokens, log-probs)]; the seeds, budgets and the decisions
+    after each turn are the HF loop's (``_turn_seed``, ``_after_model_turn``)."""
+    eos = set(engine.eos_ids)
+    active = list(range(len(rows)))
+    asked = [False] * len(rows)
+    base = min(r.turns_before for r in rows)
+    for turn in range(use.max_turns - base):
+        room = [use.max_tokens - rows[i].used for i in active]
+        requests = []
+        for a, i in enumerate(active):
+            r = rows[i]
+            requests.append({"ids": r.prompt.tolist() + r.response, "images": list(r.images),
+                             "seed": _turn_seed(seed, step, samples[r.sample_index], r, turn),
+                             "max_new_tokens": max(1, min(params.max_new_tokens, room[a])),
+                             "sample_id": samples[r.sample_index].id})
+        outputs = engine.sample_continuations(requests, params)
+        for a, i in enumerate(active):
+            toks, lps = outputs[a]
+            end = min(next((j + 1 for j, t in enumerate(toks) if t in eos), len(toks)), room[a])
+            _add_model_turn(rows[i], list(toks[:end]), end, list(lps[:end]), engine.tokenizer, asked[i])
+        last_turn = turn == use.max_turns - 1 - base
+        going = []
+        for i in active:
+            segment = _after_model_turn(engine, rows[i], samples, use, summarize, asked, i, last_turn)
+            if segment is not None:
+                _add_segment(rows[i], segment, 0, engine.pad_id)
+                going.append(i)
+        if not going:
+            return
+        active = going
     for i in active:
         _trim(rows[i])
 

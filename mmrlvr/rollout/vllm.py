@@ -1,26 +1,29 @@
-"""vLLM rollout engine (GPU, optional extra ``mmrlvr[vllm]``): fast sampling, same ``RolloutBatch`` out.
+"""vLLM rollout engine (optional extra; ``mmrlvr[vllm]`` on a GPU, ``.ci/vllm-env`` on CPU): fast sampling, the same
+``RolloutBatch`` out. docs/vllm.md is the user's guide.
 
 Split in two on purpose:
 - pure request building (``build_requests``, ``vllm_sampling_kwargs``, ``to_vllm_prompt``): prompt text from
   the processor's chat template (one ``<|image_pad|>`` per image; vLLM expands it), the images as
   ``multi_modal_data``, our ``SamplingParams`` mapped to vLLM's, and one request per response row with its
-  own seed ``row_seed(seed, step, prompt id, sample index)``. Tested on CPU without vLLM installed.
+  own seed ``row_seed(seed, step, prompt id, sample index)``. Tested without vLLM installed.
   Videos (``sample.meta["videos"]``, the frames ``mmrlvr.data.video`` sampled) go as ``multi_modal_data["video"]``:
   a [T, H, W, 3] uint8 array per clip, with ``(array, metadata)`` and ``do_sample_frames=False`` where the model
   times frames from metadata (Qwen3-VL), so vLLM sees exactly the frames the HF processor and trainer see.
-- ``VLLMEngine``: runs the requests through an offline ``vllm.LLM`` and assembles the batch with the HF
-  processor's prompt tensors (so the trainer teacher-forces exactly as with ``HFEngine``).
+- ``VLLMEngine``: runs the requests through an offline ``vllm.LLM`` (its engine core and worker in their own
+  processes) and assembles the batch with the HF processor's prompt tensors, so the trainer teacher-forces exactly
+  as with ``HFEngine``; each prompt vLLM ran must be the trainer's, token for token.
 
 Log-probs: vLLM returns the sampled token's log-prob (``logprobs=0``). The engine is created with
 ``logprobs_mode="processed_logprobs"`` so they are taken after temperature scaling, i.e.
 log_softmax(logits / T) as in ``HFEngine`` — but, unlike ``HFEngine``, after top-k / top-p truncation too
-(renormalised over the kept tokens), and from vLLM's kernels (bf16 numerics differ from the trainer's
-forward). Where exact ratios at step start matter, recompute old log-probs with a teacher-forced pass.
+(renormalised over the kept tokens), and from vLLM's kernels. So the trainer recomputes pi_old before the update
+(``algo.recompute_old_logprobs``, on by default for this engine) and logs the gap (``mmrlvr.algos.agreement``).
 
-Weight sync (after each optimizer step): ``mode="weights"`` sends the trainer's (LoRA-merged) state dict
-to the workers' ``model.load_weights`` through ``LLM.collective_rpc`` and resets the prefix cache;
-``mode="lora"`` saves the adapter to a folder and passes a new ``LoRARequest`` with the next requests.
-These paths need a GPU box with vLLM: ``benchmarks/gpu_check.sh`` exercises them; CPU tests cannot.
+Weight sync (after each optimizer step): ``sync="weights"`` writes the trainer's (LoRA-merged) state dict under
+the checkpoint's names to a safetensors file in shared memory, and vLLM's worker reloads it in place through
+``mmrlvr.rollout.vllm_worker.WeightSync`` (``LLM.collective_rpc`` by method name: vLLM's RPCs carry neither closures
+nor tensors); ``sync="lora"`` saves the adapter and passes a new ``LoRARequest`` with the next requests. Either way
+every vLLM cache computed with the old weights is cleared. ``tests/test_vllm_engine.py`` runs all of it on CPU.
 """
 
 from __future__ import annotations
@@ -77,6 +80,9 @@ def vllm_sampling_kwargs(params: SamplingParams, seed: int, stop_token_ids: list
         "seed": int(seed),
         "logprobs": 0,
         "skip_special_tokens": True,
+        # stop only where the HF engine stops (``stop_token_ids`` below): vLLM's own end-of-sequence tokens (the
+        # tokenizer's and the checkpoint's) would end rows the HF engine continues
+        "ignore_eos": bool(stop_token_ids),
     }
     if stop_token_ids:
         kwargs["stop_token_ids"] = [int(t) for t in stop_token_ids]
@@ -109,7 +115,7 @@ def build_requests(processor: Any, samples: list[Sample], group_size: int, param
 
 
 #: model types whose vLLM processor times frames from per-video metadata (source fps, frame indices)
-VIDEO_METADATA_MODELS: frozenset[str] = frozenset({"qwen3_vl", "qwen3_vl_moe"})
+VIDEO_METADATA_MODELS: frozenset[str] = frozenset({"qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"})
 
 
 def video_array(video: dict[str, Any]) -> Any:
@@ -301,8 +307,9 @@ class VLLMEngine:
         gen = getattr(policy, "generation_config", None)
         eos = getattr(gen, "eos_token_id", None)
         eos_ids = list(eos) if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else None)
-        dtype = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}.get(cfg.model.dtype, "auto")
         r = cfg.rollout
+        wanted = cfg.model.dtype if r.vllm_dtype == "auto" else r.vllm_dtype
+        dtype = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}.get(wanted, "auto")
         kwargs: dict[str, Any] = {"dtype": dtype, "seed": cfg.seed}
         if r.vllm_max_model_len:
             kwargs["max_model_len"] = int(r.vllm_max_model_len)
@@ -338,17 +345,24 @@ class VLLMEngine:
         self.banned_ids = vision_token_ids(self.tokenizer)
         kwargs: dict[str, Any] = {"model": str(model_path), "logprobs_mode": "processed_logprobs",
                                   "enable_prefix_caching": True,
+                                  # a checkpoint's generation_config.json (repetition penalty, top-k, ...) must not
+                                  # change what we sample: the request's settings are all there is, as in HFEngine
+                                  "generation_config": "vllm",
                                   "worker_extension_cls": "mmrlvr.rollout.vllm_worker.WeightSync"}
         if not torch.cuda.is_available():
             kwargs["enforce_eager"] = True  # no CUDA graphs or torch.compile on CPU
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
+            # vLLM 0.32 on CPU: a prompt prefilled in chunks discards the chunk's sampled token and rewinds the
+            # request's generator, which a seeded CPU generator cannot do ("CPU Generator does not use offset"): the
+            # engine dies. Every row here is seeded, so prompts are prefilled whole.
+            kwargs["enable_chunked_prefill"] = False
         if sync == "lora":
-            if policy is None or not hasattr(policy, "peft_config"):
-                raise UserError("rollout.vllm_sync: lora needs a LoRA policy (model.lora.enabled: true)")
-            lora_cfg = next(iter(policy.peft_config.values()))
-            kwargs.update({"enable_lora": True, "max_loras": 1, "max_lora_rank": max(8, int(lora_cfg.r))})
-            if adapter_targets_vision(policy):
-                kwargs["enable_tower_connector_lora"] = True
+            kwargs.update({"enable_lora": True, "max_loras": 1})
+            if policy is not None and hasattr(policy, "peft_config"):  # the adapter's rank and reach
+                lora_cfg = next(iter(policy.peft_config.values()))
+                kwargs["max_lora_rank"] = max(8, int(lora_cfg.r))
+                if adapter_targets_vision(policy):
+                    kwargs["enable_tower_connector_lora"] = True
         kwargs.update(llm_kwargs)
         self.model_type = ""
         try:
@@ -391,6 +405,8 @@ class VLLMEngine:
         requests = build_requests(self.processor, samples, group_size, params, seed=seed, step=step,
                                   stop_token_ids=self.eos_ids)
         prompts = [to_vllm_prompt(r, video_metadata=self.model_type in VIDEO_METADATA_MODELS) for r in requests]
+        inputs = encode_prompt_batch(self.processor, samples)
+        self.check_length(samples, inputs["attention_mask"].sum(dim=1).tolist(), params.max_new_tokens)
         outputs = self._run(prompts, [self._sampling(r.sampling) for r in requests])
         t1 = time.perf_counter()
         rows, lps, finish = [], [], []
@@ -400,8 +416,7 @@ class VLLMEngine:
             rows.append(ids)
             lps.append(sampled_logprobs(ids, o.logprobs))
             finish.append("stop" if o.finish_reason == "stop" else "length")
-        # prompt tensors for the trainer's teacher-forced pass come from the HF processor, as HFEngine's
-        inputs = encode_prompt_batch(self.processor, samples)
+        # the prompt tensors for the trainer's teacher-forced pass (``inputs``) are the HF processor's, as HFEngine's
         check_prompt_tokens(samples, inputs, [out.prompt_token_ids for out in outputs[::group_size]])
         vision = expand_vision(inputs, [len(s.images) for s in samples], group_size,
                                [len(s.meta.get("videos") or []) for s in samples])
@@ -410,6 +425,55 @@ class VLLMEngine:
                               tokenizer=self.tokenizer, finish_reasons=finish,
                               timings={"sync_s": t_sync - t0, "generate_s": t1 - t_sync,
                                        "total_s": time.perf_counter() - t0})
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest sequence (prompt + response) this vLLM engine serves."""
+        return int(self.llm.llm_engine.model_config.max_model_len)
+
+    def check_length(self, samples: list[Any], prompt_tokens: list[int], max_new_tokens: int) -> None:
+        """A prompt with no room for a response under vLLM's ``max_model_len`` stops the run naming the sample and
+        the settings (vLLM itself would fail the whole batch with its own message)."""
+        limit = self.max_model_len
+        for sample, n in zip(samples, prompt_tokens):
+            if n + 1 > limit:
+                raise UserError(f"sample {getattr(sample, 'id', sample)!r}: its prompt is {int(n)} tokens (images "
+                                f"included), over vLLM's max_model_len {limit}; raise rollout.vllm_max_model_len or drop "
+                                f"such rows at load with data.max_prompt_length (responses take up to {max_new_tokens} "
+                                "more)")
+
+    def sample_continuations(self, requests: list[dict[str, Any]], params: SamplingParams
+                             ) -> list[tuple[list[int], list[float]]]:
+        """The next model turn of each multi-turn row (``mmrlvr.rollout.multiturn``): ``requests`` are dicts with
+        ``ids`` (the row's tokens so far, image placeholders expanded as the trainer holds them), ``images`` (every
+        image in them, in order), ``seed``, ``max_new_tokens`` and ``sample_id``. Returns each row's sampled tokens
+        and their log-probs. Each sequence vLLM ran must be the trainer's, token for token (raises naming the
+        sample otherwise), so the assembled trajectory is what the update teacher-forces."""
+        import dataclasses
+
+        if self.policy is not None and self._stale:
+            self.sync_weights(self.policy)
+        pad = int(self.tokenizer.convert_tokens_to_ids("<|image_pad|>"))
+        self.check_length([r["sample_id"] for r in requests], [len(r["ids"]) for r in requests], params.max_new_tokens)
+        requests = [{**r, "max_new_tokens": max(1, min(int(r["max_new_tokens"]), self.max_model_len - len(r["ids"])))}
+                    for r in requests]  # a turn never asks for more than the context has left
+        built = [continuation_request(r["ids"], r["images"], pad,
+                                      dataclasses.replace(params, max_new_tokens=int(r["max_new_tokens"])),
+                                      int(r["seed"]), self.eos_ids) for r in requests]
+        outputs = self._run([b["prompt"] for b in built], [self._sampling(b["sampling"]) for b in built])
+        out = []
+        for request, result in zip(requests, outputs):
+            ran = list(result.prompt_token_ids or [])
+            if ran != list(request["ids"]):
+                first = next((k for k, (x, y) in enumerate(zip(ran, request["ids"])) if x != y),
+                             min(len(ran), len(request["ids"])))
+                raise UserError(f"sample {request['sample_id']!r}: vLLM's sequence for the next turn ({len(ran)} "
+                                f"tokens) differs from the trainer's ({len(request['ids'])}) from token {first} on "
+                                "(an image placeholder expanded differently?)")
+            o = result.outputs[0]
+            ids = list(o.token_ids)
+            out.append((ids, sampled_logprobs(ids, o.logprobs)))
+        return out
 
     # -- weight sync -----------------------------------------------------------------------------------
     def sync_weights(self, model: torch.nn.Module) -> None:

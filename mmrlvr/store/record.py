@@ -45,6 +45,7 @@ TOKEN_ARRAY_FIELDS: tuple[str, ...] = (
     "token_credit_weight",
     "token_advantage",
     "token_ratio",
+    "token_sampler_gap",
 )
 
 RUBRIC_KEYS: tuple[str, ...] = ("id", "text", "category", "verdict", "score", "weight", "rationale", "judge")
@@ -130,6 +131,7 @@ class RolloutRecord:
     token_credit_weight: list[float] = field(default_factory=list)  # 0 = not selected by the credit scheme
     token_advantage: list[float] = field(default_factory=list)
     token_ratio: list[float] = field(default_factory=list)
+    token_sampler_gap: list[float] = field(default_factory=list)  # log pi_old (trainer) - log pi (sampler)
     reward: float = 0.0
     reward_components: dict[str, float] = field(default_factory=dict)
     advantage: float = 0.0

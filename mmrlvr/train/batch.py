@@ -51,6 +51,7 @@ class StepBatch:
     is_weights: torch.Tensor | None = None  # [N, L] rollout-correction weights on the policy loss (TIS / MIS)
     token_entropy: torch.Tensor | None = None  # [N, L] policy entropy from the first update pass
     token_ratio: torch.Tensor | None = None  # [N, L] pi/pi_old in the first update pass
+    sampler_gap: torch.Tensor | None = None  # [N, L] log pi_old (trainer) - log pi (sampler) per sampled token
     update_stats: dict[str, float] = field(default_factory=dict)  # loss, grad_norm, kl_sum, ... (update stage)
     # diagnostics, merged into metrics.jsonl by the record stage in this order
     reward_metrics: dict[str, float] = field(default_factory=dict)  # rewards' own counters (judge/unknown_rate)

@@ -84,6 +84,7 @@ RULES: list[tuple[re.Pattern[str], Reduction]] = [(re.compile(p), r) for p, r in
     (r"offpolicy/ratio_std", Reduction("std", weight="offpolicy/tokens", mean="offpolicy/ratio_mean")),
     # per-token means of the update (its tokens) and of the rollouts (their response tokens)
     (r"kl|entropy/mean|clip_fraction|ratio/mean", _mean("update_tokens")),
+    (r"rollout/(after_image|rest)/logprob_abs_diff", _mean("rollout/{0}/tokens")),
     (r"credit/.*|rollout/.*", _mean("tokens")),
     (r"judge/unknown_rate", _mean("judge/requests")),
     # per-row means of a reward component: the rows that have it (declared), else every row

@@ -142,6 +142,7 @@ def build_records(step: int, data, processor, writer, cfg) -> list[RolloutRecord
             token_entropy=(_list(sig.entropy[i, :n]) if sig is not None and sig.entropy is not None
                            else _list(data.token_entropy[i, :n]) if data.token_entropy is not None else []),
             token_ratio=_list(data.token_ratio[i, :n]) if data.token_ratio is not None else [],
+            token_sampler_gap=_list(data.sampler_gap[i, :n]) if data.sampler_gap is not None else [],
             token_vision_sensitivity=_vision_sensitivity(sig, i, n),
             token_credit_weight=_list(data.token_weights[i, :n]),
             token_advantage=(_list(data.advantages[i, :n]) if data.advantages.dim() == 2

@@ -307,9 +307,6 @@ class MultiTurnRollouts(FlatGroups):
                 out.append(f"rollout.tool_params.{key}: a number > 0, got {v!r}")
         if not isinstance(given.get("describe", True), bool):
             out.append(f"rollout.tool_params.describe: true or false, got {given['describe']!r}")
-        if r.engine != "hf":
-            out.append(f"rollout.tools: multi-turn rollouts run on the hf engine (its KV cache is kept across turns); "
-                       f"rollout.engine {r.engine!r} is not supported with tools yet")
         if r.strategy != "groups":
             out.append(f"rollout.tools: multi-turn trajectories are sampled as flat groups; rollout.strategy "
                        f"{r.strategy!r} cannot be combined with tools")

@@ -52,6 +52,20 @@ def rollout_correction_weights(train_logp: torch.Tensor, rollout_logp: torch.Ten
     return w * mask
 
 
+def note_agreement(b: StepBatch, vision_start_id: int, trainer: torch.Tensor, sampler: torch.Tensor) -> None:
+    """The step's rollout/trainer agreement (``mmrlvr.algos.agreement``) into the batch's diagnostics, and each
+    token's gap (trainer - sampler log-prob) into ``b.sampler_gap`` for the rollout records. Called by whichever
+    stage first has the trainer's pi_old: this one when it recomputes it, else the update's first pass."""
+    from mmrlvr.algos.agreement import after_image_mask, agreement_metrics
+
+    rollouts = b.rollouts
+    mask = rollouts.response_mask
+    in_prompt = (rollouts.input_ids[:, :rollouts.prompt_length] == vision_start_id).sum(dim=1).tolist()
+    head = after_image_mask(mask, in_prompt, rollouts.turns)
+    b.diagnostics.update(agreement_metrics(trainer, sampler, mask, head))
+    b.sampler_gap = torch.where(mask > 0, trainer.float() - sampler.float(), torch.zeros_like(sampler, dtype=torch.float))
+
+
 @register_stage("reference", "old_policy", priority=20)
 class OldPolicy(Stage):
     """pi_old recomputed by the training model (off-policy passes, or a vLLM sampler), with the rollout correction."""
@@ -103,10 +117,10 @@ class OldPolicy(Stage):
         valid = mask > 0
         diff = (train - sampler)[valid]
         ratio = diff.clamp(-20, 20).exp()
+        note_agreement(b, rt.vision_start_id, train, sampler)
         if diff.numel():
             q = torch.quantile(ratio.double(), torch.tensor([0.01, 0.5, 0.99], dtype=torch.float64)).tolist()
-            b.diagnostics.update({"rollout/logprob_abs_diff": float(diff.abs().mean()),
-                                  "rollout/is_ratio_p01": q[0], "rollout/is_ratio_p50": q[1],
+            b.diagnostics.update({"rollout/is_ratio_p01": q[0], "rollout/is_ratio_p50": q[1],
                                   "rollout/is_ratio_p99": q[2], "rollout/is_ratio_max": float(ratio.max())})
         if a.rollout_correction != "none":
             w = rollout_correction_weights(train, sampler, mask, a.rollout_correction, a.rollout_correction_cap,

@@ -157,6 +157,14 @@ class PolicyGradient(Stage):
             grad_norm = self.optimizer_step()
             totals["grad_norm"] = totals.get("grad_norm", 0.0) + grad_norm
         b.diagnostics.update(self.offpolicy.metrics())
+        if b.sampler_gap is None and b.token_ratio is not None:
+            # pi_old is the sampler's own (no recompute): the first pass, before any optimizer step, teacher-forced
+            # the trainer's pi_old, and its ratio to the sampler's is the agreement
+            from mmrlvr.train.stages.reference import note_agreement
+
+            valid = rollouts.response_mask > 0
+            trainer = rollouts.old_logprobs + torch.where(valid, b.token_ratio.clamp_min(1e-30).log(), 0.0)
+            note_agreement(b, rt.vision_start_id, trainer, rollouts.old_logprobs)
         passes = a.epochs
         return {k: (v / passes if k in ("grad_norm", "loss", "kl", "policy_loss") else v) for k, v in totals.items()}
 
