@@ -95,19 +95,26 @@ def main() -> None:
         vllm_arms(a, model_dir, processor, engine, samples, group, params)
         tmp.cleanup()
         return
-    ours(-1), bare(-1)  # warm-up (allocator, kernels)
-    rates: dict[str, list[float]] = {"ours": [], "bare": []}
-    for r in range(a.rounds):
-        for name, fn in (("ours", ours), ("bare", bare)):
+    med = timed({"ours": ours, "bare": bare}, a.rounds)
+    print(f"ours: {med['ours']:.1f} tokens/s;  bare generate: {med['bare']:.1f} tokens/s")
+    print(f"generation tokens/s ratio (ours/bare): {med['ours'] / med['bare']:.2f}")
+    tmp.cleanup()
+
+
+def timed(arms: dict, rounds: int) -> dict[str, float]:
+    """Each arm once to warm up (allocator, kernels), then ``rounds`` rounds of every arm in turn; the median
+    tokens/s of each (``fn(round)`` returns the tokens it generated)."""
+    for fn in arms.values():
+        fn(-1)
+    rates: dict[str, list[float]] = {k: [] for k in arms}
+    for r in range(rounds):
+        for name, fn in arms.items():
             t0 = time.perf_counter()
             tokens = fn(r)
             dt = time.perf_counter() - t0
             rates[name].append(tokens / dt)
-            print(f"round {r + 1} {name:>4}: {tokens} tokens in {dt:.2f} s = {tokens / dt:.1f} tokens/s", flush=True)
-    med = {k: statistics.median(v) for k, v in rates.items()}
-    print(f"ours: {med['ours']:.1f} tokens/s;  bare generate: {med['bare']:.1f} tokens/s")
-    print(f"generation tokens/s ratio (ours/bare): {med['ours'] / med['bare']:.2f}")
-    tmp.cleanup()
+            print(f"round {r + 1} {name:>12}: {tokens} tokens in {dt:.2f} s = {tokens / dt:.1f} tokens/s", flush=True)
+    return {k: statistics.median(v) for k, v in rates.items()}
 
 
 def vllm_arms(a, model_dir, processor, hf_engine, samples, group, params) -> None:
@@ -132,17 +139,7 @@ def vllm_arms(a, model_dir, processor, hf_engine, samples, group, params) -> Non
         return int(hf_engine.generate(samples, group, params, seed=r, step=0).response_mask.sum())
 
     arms = {"vllm (ours)": ours, "vllm (bare)": bare, "hf (ours)": hf}
-    for fn in arms.values():
-        fn(-1)  # warm-up
-    rates: dict[str, list[float]] = {k: [] for k in arms}
-    for r in range(a.rounds):
-        for name, fn in arms.items():
-            t0 = time.perf_counter()
-            tokens = fn(r)
-            dt = time.perf_counter() - t0
-            rates[name].append(tokens / dt)
-            print(f"round {r + 1} {name:>12}: {tokens} tokens in {dt:.2f} s = {tokens / dt:.1f} tokens/s", flush=True)
-    med = {k: statistics.median(v) for k, v in rates.items()}
+    med = timed(arms, a.rounds)
     print("; ".join(f"{k}: {v:.1f} tokens/s" for k, v in med.items()))
     print(f"vllm/hf tokens/s ratio: {med['vllm (ours)'] / med['hf (ours)']:.2f}")
     print(f"ours/bare vLLM tokens/s ratio: {med['vllm (ours)'] / med['vllm (bare)']:.2f}")

@@ -325,7 +325,8 @@ def test_a_prompt_over_max_model_len_names_the_sample_and_the_setting(weights_en
     from mmrlvr.data import make_rows, rows_to_samples
     from mmrlvr.errors import UserError
 
-    big = rows_to_samples(make_rows("count", "train", 1, seed=5, image_size=1024))  # ~1,300 image tokens
+    row = make_rows("count", "train", 1, seed=5)[0]
+    big = rows_to_samples([{**row, "problem": row["problem"] + " Look carefully." * 400}])  # ~1,200 tokens
     with pytest.raises(UserError, match=rf"sample {big[0].id!r}: its prompt is \d+ tokens .*max_model_len 1024"):
         weights_engine.generate(samples[:1] + big, 2, _params(), seed=0, step=0)
     # the engine goes on serving the rows that fit
