@@ -372,6 +372,8 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         ("run on a GPU by benchmarks/gpu_check.sh (part ckpt); options checked, checkpointing tested",
          (T_OPTS, "tests/test_models_checkpointing.py::test_checkpointing_recomputes_layers_with_the_same_gradients",
           "tests/test_gpu_check_script.py::test_gpu_check_without_cuda_says_so_and_exits_2")),
+    "OMP_WAIT_POLICY=PASSIVE DIR/bin/python benchmarks/generate_speed.py --engine vllm --shape qwen2_5_vl_3b "
+    "--rounds 2": ("run by hand in the vLLM environment (3B stand-in); options checked", (T_OPTS, T_VLLM_DEMO)),
     "OMP_WAIT_POLICY=PASSIVE DIR/bin/python benchmarks/generate_speed.py --engine vllm --rounds 3":
         ("run by hand in the vLLM environment; options checked, the engine's parts tested there",
          (T_OPTS, T_VLLM_DEMO)),
