@@ -40,6 +40,10 @@ class StepBatch:
     norm_weights: torch.Tensor | None = None  # [N, L] tokens counted by the loss normaliser (None: token_weights)
     row_mask: torch.Tensor | None = None  # [N] bool, rows that belong to the batch (None: all); rows dropped by
     #                                       dynamic sampling leave every normaliser, seq-mean-token-sum's too
+    #: every batch the step generated, in round order, as the shaping stages left it, when a stage rebuilt ``self``
+    #: from several rounds (dynamic-sampling refill); empty: ``self`` holds every generated group. What a sampler
+    #: observes after the step: every group, kept or dropped (``generated_rounds``)
+    generated: list["StepBatch"] = field(default_factory=list)
     # advantages / credit
     advantages: torch.Tensor | None = None  # [N], or [N, L] per token; after credit scaling
     signals: Any = None  # credit TokenSignals (entropy, jsd, ...) for records and metrics
@@ -64,6 +68,10 @@ class StepBatch:
     #                                     metric name (how means of several processes combine: metric_reduce)
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage kind
     logged: dict[str, Any] = field(default_factory=dict)  # what the record stage wrote for this step
+
+    def generated_rounds(self) -> list["StepBatch"]:
+        """The step's generated batches, every group once (a refill step: each round's; else ``[self]``)."""
+        return self.generated or [self]
 
     # the records builder and older code read these names
     @property

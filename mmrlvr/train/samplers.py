@@ -7,9 +7,10 @@ A sampler is a registered class built once per run with ``(n, batch_size, seed, 
   arguments and must get the same answer: each takes its contiguous share.
 - ``group_sizes(prompts)`` (optional) gives each of the step's prompts its own group size (the whole global
   batch, in order; every process gets the same answer); without it every prompt gets ``rollout.group_size``.
-- ``observe(outcome)`` is called after every step with the step's prompts and their rewards (``StepOutcome``,
-  gathered from every process, so every rank's sampler sees the same numbers and stays identical). A curriculum
-  or a budget allocator learns here.
+- ``observe(outcome)`` is called after every step with every group the step generated and their rewards
+  (``StepOutcome``: a dynamic-sampling refill step's every round, kept or dropped groups alike; gathered from
+  every process, so every rank's sampler sees the same numbers and stays identical). A curriculum or a budget
+  allocator learns here.
 - ``state_dict()`` / ``load_state_dict(state)`` put what it learned in checkpoints, so a resumed run draws exactly
   what an uninterrupted one would.
 
@@ -97,7 +98,7 @@ def answer_entropy(answers: list[str | None]) -> float:
         return 0.0
     counts = Counter(None if a is None else normalise_answer(str(a)) for a in answers)
     g = len(answers)
-    return -sum(c / g * math.log(c / g) for c in counts.values())
+    return 0.0 - sum(c / g * math.log(c / g) for c in counts.values())  # 0.0, never -0.0, when all agree
 
 
 @SAMPLERS.register("disagreement")

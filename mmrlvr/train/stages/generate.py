@@ -88,25 +88,33 @@ class FlatGroups(Stage):
         return [rt.train_samples[i] for i in idx], sizes
 
     def after_step(self, b: StepBatch) -> None:
-        """The sampler observes the step's prompts and rewards, gathered from every process (in rank order)."""
+        """The sampler observes every group the step generated — each refill round's too, kept or dropped by
+        dynamic sampling (``StepBatch.generated_rounds``) — gathered from every process (in rank order)."""
         from mmrlvr.train.distributed import _all_gather
         from mmrlvr.train.samplers import Sampler, StepOutcome
 
         if type(self.sampler).observe is Sampler.observe or b.rollouts is None or b.rewards is None:
             return  # a sampler that learns nothing needs no gather
-        rows, spans = b.rollouts.samples, b.rollouts.group_slices()  # groups may differ in size
-        prompts = [self._index.get(id(rows[s.start]), -1) for s in spans]
-        rewards = [b.rewards[s].tolist() for s in spans]
-        from mmrlvr.train.stages.shape import row_accuracy
-
-        acc = row_accuracy(b)
-        answers = [self.final_answer(c.text) for c in b.rollouts.completions]
-        mine = (prompts, rewards, [acc[s].tolist() for s in spans] if acc is not None else None,
-                [answers[s] for s in spans])
+        mine = self._outcome(b.generated_rounds())
         parts = _all_gather(mine, self.rt.accel.num_processes)
         accuracy = None if any(p[2] is None for p in parts) else [a for p in parts for a in p[2]]
         self.sampler.observe(StepOutcome(b.step, [i for p in parts for i in p[0]], [r for p in parts for r in p[1]],
                                          accuracy, [a for p in parts for a in p[3]]))
+
+    def _outcome(self, rounds: list[StepBatch]) -> tuple[list, list, list | None, list]:
+        """(prompt indices, rewards, accuracy or None, final answers) per group over ``rounds``, in order."""
+        from mmrlvr.train.stages.shape import row_accuracy
+
+        prompts, rewards, accuracy, answers = [], [], [], []
+        for rb in rounds:
+            rows, spans = rb.rollouts.samples, rb.rollouts.group_slices()  # groups may differ in size
+            prompts += [self._index.get(id(rows[s.start]), -1) for s in spans]
+            rewards += [rb.rewards[s].tolist() for s in spans]
+            acc = row_accuracy(rb)
+            accuracy = None if acc is None or accuracy is None else accuracy + [acc[s].tolist() for s in spans]
+            texts = [self.final_answer(c.text) for c in rb.rollouts.completions]
+            answers += [texts[s] for s in spans]
+        return prompts, rewards, accuracy, answers
 
     def final_answer(self, text: str) -> str | None:
         """A response's final answer under the run's answer convention (R1 tags, ``\\boxed{}``, raw), or None."""

@@ -95,6 +95,8 @@ class DynamicSampling(Stage):
       rounds are decided together (another round while any rank's shard lacks groups with signal) and each
       rank fills its own shard from its own share of the refill prompts: with refill rounds the batch is the
       one-process batch's statistical twin, not its copy (the one-process run fills from the global batch).
+    Every generated group, kept or dropped, stays in ``batch.generated`` (round order) for the step's end: a
+    sampler learns from all of them (a curriculum must see the all-agree prompts it would otherwise draw again).
     Metrics: ``dynamic_sampling/rounds``, ``/kept_groups``, ``/fill_groups``.
     """
 
@@ -158,6 +160,11 @@ class DynamicSampling(Stage):
             b.token_weights[~b.row_mask] = 0.0
             return
         selected = [(src, g, True) for src, groups in parts for g in groups] + [(src, g, False) for src, g in fill]
+        import copy
+
+        # every round's groups, kept or dropped, as generated: what a sampler observes after the step (round 0 is
+        # ``b`` as it stands now; _assemble rebinds b's fields, so the shallow copy keeps round 0's)
+        b.generated = [copy.copy(b)] + [src for src, _ in parts[1:]]
         self._assemble(b, selected)
 
     def _assemble(self, b: StepBatch, selected: list) -> None:
