@@ -142,7 +142,7 @@ class AlgoConfig:
     advantage: str = _f("grpo", "advantage estimator (parameters: algo.advantage_params): grpo | dr_grpo | rloo | "
                         "reinforce_pp | pass_at_k | poise | plug-ins")
     loss: str = _f("ppo_clip", "policy loss (parameters: algo.loss_params): ppo_clip | gspo | cispo | nsr | popo | "
-                   "plug-ins")
+                   "clip_cov | kl_cov | plug-ins")
     eps_low: float = _f(0.2, "lower clip range (ratio >= 1 - eps_low)")
     eps_high: float = _f(0.2, "upper clip range (DAPO clip-higher: 0.28)")
     dual_clip: float | None = _f(None, "dual-clip constant c for A < 0 (e.g. 3.0); None = off")

@@ -112,6 +112,9 @@ class Method:
     cross: Callable[[dict[str, Any]], str | None] | None = field(default=None, compare=False)
     #: a check against the rest of the run: (config, resolved values) -> problem phrases (e.g. k <= group size)
     config_check: Callable[[Any, dict[str, Any]], list[str]] | None = field(default=None, compare=False)
+    #: lines for the run's plan (printed as ``note:``): (config, resolved values) -> warnings that are not errors,
+    #: e.g. a setting that leaves the method inert (KL-Cov at ``algo.epochs: 1``)
+    plan_notes: Callable[[Any, dict[str, Any]], list[str]] | None = field(default=None, compare=False)
 
     def defaults(self) -> dict[str, Any]:
         return {p.name: p.default for p in self.params}
@@ -196,11 +199,13 @@ _DECLARED: dict[str, dict[str, Method]] = {k: {} for k in METHOD_KINDS}
 
 def declare(kind: str, name: str, help: str, *params: Param, source: str = "",
             cross: Callable[[dict[str, Any]], str | None] | None = None,
-            config_check: Callable[[Any, dict[str, Any]], list[str]] | None = None) -> Method:
+            config_check: Callable[[Any, dict[str, Any]], list[str]] | None = None,
+            plan_notes: Callable[[Any, dict[str, Any]], list[str]] | None = None) -> Method:
     """Declare built-in method ``name`` of ``kind`` with its parameters (torch-free modules only)."""
     if kind not in METHOD_KINDS:
         raise ValueError(f"unknown method kind {kind!r}; kinds: {', '.join(METHOD_KINDS)}")
-    m = Method(kind, name, help, tuple(params), source, cross=cross, config_check=config_check)
+    m = Method(kind, name, help, tuple(params), source, cross=cross, config_check=config_check,
+               plan_notes=plan_notes)
     _DECLARED[kind][name] = m
     return m
 
@@ -389,6 +394,23 @@ def configured(cfg: Any, kind: str) -> tuple[str, dict[str, Any]]:
     if problems:
         raise ConfigErrors(problems)
     return name, values
+
+
+def method_notes(cfg: Any) -> list[str]:
+    """The plan's notes from the methods ``cfg`` names (``Method.plan_notes``, e.g. KL-Cov inert at one epoch);
+    a method whose parameters have problems adds none (the problems are reported)."""
+    out: list[str] = []
+    for kind, mk in METHOD_KINDS.items():
+        if mk.listed:
+            continue
+        name = _dotted(cfg, mk.name_key)
+        spec = method_spec(kind, name) if isinstance(name, str) else None
+        if spec is None or spec.plan_notes is None:
+            continue
+        values, problems = spec.resolve(_dotted(cfg, mk.params_key) if mk.params_key else {}, mk.params_key)
+        if not problems:
+            out += spec.plan_notes(cfg, values)
+    return out
 
 
 def parameter_lines(title: str, entries: Iterable[tuple[str, Any]]) -> list[str]:

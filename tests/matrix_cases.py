@@ -38,6 +38,10 @@ STAND_INS = {"zoom-tiny": ["model.path=tiny:qwen2_5_vl:warm:count",
 NOT_EQUAL = {
     "shape:dynamic_sampling": "refill rounds fill each rank's shard from its own refill prompts (docs/scaling.md)",
     "sampler:budget": "each rank allocates its even share of the budget over its own prompts (docs/methods.md)",
+    "loss:clip_cov": "Cov's means, the candidates and the count max(1, floor(r N)) are per micro-batch of one "
+                     "process, as in verl (docs/methods.md)",
+    "loss:kl_cov": "Cov's means and the top-k count max(1, floor(k N)) are per micro-batch of one process, as in "
+                   "verl (docs/methods.md)",
 }
 
 

@@ -258,7 +258,7 @@ class TestLookup:
         # (tests/test_examples_plugins.py loads one; the suite's order decides whether it ran before this test)
         known = POLICY_LOSSES.names()
         assert {n for n in known if POLICY_LOSSES.get(n).__module__.startswith("mmrlvr.")} == {
-            "cispo", "gspo", "nsr", "popo", "ppo_clip"}
+            "cispo", "clip_cov", "gspo", "kl_cov", "nsr", "popo", "ppo_clip"}
         with pytest.raises(RegistryError) as err:
             POLICY_LOSSES.get("ppo")
         assert str(err.value).startswith(f"unknown policy loss 'ppo'; known: {', '.join(known)}")

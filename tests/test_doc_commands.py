@@ -239,6 +239,12 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mmrlvr train configs/demo-tiny.yaml algo.loss=popo algo.kl_coef=0":
         ("the option trains 20 steps (tiny run, same keys)",
          ("tests/test_seed_methods_train.py::test_popo_trains_20_steps_and_counts_groups_without_a_positive", T_DRY)),
+    "mmrlvr train configs/demo-tiny.yaml algo.loss=clip_cov max_steps=2":
+        (RUN + " (2 steps, 4 prompts x 8 rollouts, 16 tokens; resumed exactly)",
+         ("tests/test_losses_cov.py::test_trains_through_the_trainer_and_resumes_exactly", T_DRY)),
+    "mmrlvr train configs/demo-tiny.yaml algo.loss=kl_cov algo.epochs=2 max_steps=2":
+        (RUN + " (2 steps, 4 prompts x 8 rollouts, 16 tokens; resumed exactly)",
+         ("tests/test_losses_cov.py::test_trains_through_the_trainer_and_resumes_exactly", T_DRY)),
     "mmrlvr train configs/demo-tiny.yaml algo.advantage=poise rollout.group_size=2":
         ("the option trains 20 steps (tiny run, same keys)",
          ("tests/test_seed_methods_train.py::test_poise_trains_20_steps_with_group_size_two_and_logs_probe_quality",

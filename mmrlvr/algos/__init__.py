@@ -4,7 +4,8 @@ Modelled on verl's ``core_algos``: no config objects, no I/O, shapes in every do
 are chosen by name from four registries (an unknown name errors with the list of known ones):
 
     ADVANTAGES     grpo, dr_grpo, rloo, reinforce_pp          advantages.py
-    POLICY_LOSSES  ppo_clip, gspo, cispo, nsr                 losses.py
+    POLICY_LOSSES  ppo_clip, gspo, cispo, nsr, popo,          losses.py
+                   clip_cov, kl_cov
     KL_ESTIMATORS  k1, k2, k3                                 kl.py
     AGG_MODES      token-mean, seq-mean-token-mean,           aggregation.py
                    seq-mean-token-sum, seq-mean-token-sum-norm
@@ -45,7 +46,9 @@ _EXPORTS: dict[str, str] = {
     "LossStats": "losses",
     "call_policy_loss": "losses",
     "cispo_loss": "losses",
+    "clip_cov_loss": "losses",
     "gspo_loss": "losses",
+    "kl_cov_loss": "losses",
     "nsr_loss": "losses",
     "ppo_clip_loss": "losses",
     "masked_mean": "masked",
@@ -79,8 +82,8 @@ def __dir__() -> list[str]:
 __all__ = [
     "ADVANTAGES", "AGG_MODES", "KL_ESTIMATORS", "POLICY_LOSSES", "PRESETS",
     "GroupStats", "LossStats",
-    "agg_loss", "call_policy_loss", "cispo_loss", "dr_grpo_advantages", "dynamic_sampling_filter",
-    "entropy_from_logits", "get_preset", "group_stats", "grpo_advantages", "gspo_loss",
+    "agg_loss", "call_policy_loss", "cispo_loss", "clip_cov_loss", "dr_grpo_advantages", "dynamic_sampling_filter",
+    "entropy_from_logits", "get_preset", "group_stats", "grpo_advantages", "gspo_loss", "kl_cov_loss",
     "kl_k1", "kl_k2", "kl_k3", "logprobs_from_logits", "masked_mean", "masked_sum", "masked_var",
     "masked_whiten", "nsr_loss", "overlong_penalty", "ppo_clip_loss", "refill", "reinforce_pp_advantages",
     "rloo_advantages", "split_advantages", "token_split_advantages", "truncation_mask", "zero_masked", "zero_std_group_fraction",

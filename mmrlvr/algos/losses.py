@@ -1,4 +1,4 @@
-"""Policy losses per token: PPO-clip (GRPO/DAPO), GSPO, CISPO, NSR and POPO, registered by name.
+"""Policy losses per token: PPO-clip (GRPO/DAPO), GSPO, CISPO, NSR, POPO, Clip-Cov and KL-Cov, registered by name.
 
 Every loss has the signature
 
@@ -247,11 +247,152 @@ def popo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
     return zero_masked(loss, valid), _stats(ratio, valid, torch.zeros_like(valid))
 
 
+# ------------------------------------------------------------------------------ covariance entropy control
+#
+# Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models"
+# (arXiv:2505.22617): the entropy of a softmax policy falls, under a policy-gradient step, by the covariance
+# between a token's log-probability and its advantage. A few tokens with a large positive covariance drive the
+# collapse; Clip-Cov and KL-Cov restrain exactly those. Read against the authors' code (the PRIME-RL
+# Entropy-Mechanism-of-RL repository, commit 8850579, ``verl/trainer/ppo/core_algos.py`` and the recipes
+# ``recipe/dapo/{7b,32b}_{clip,kl}_cov.sh``) and verl's port (``compute_policy_loss_clip_cov`` /
+# ``compute_policy_loss_kl_cov`` in ``verl/trainer/ppo/core_algos.py``, commit b178a3c).
+
+
+def _centred_cov(logp: torch.Tensor, adv: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Cov_i = (log pi_i - mean log pi) * (A_i - mean A) per token [N, L], detached, 0 where not valid.
+
+    The means are plain means over the valid tokens of these [N, L] tensors (tokens, not token weights, as
+    ``_stats``); in float32 whatever the log-probs' dtype."""
+    with torch.no_grad():
+        lp, a = logp.detach().float(), adv.detach().float()
+        if not bool(valid.any()):
+            return torch.zeros_like(lp)
+        cov = (lp - lp[valid].mean()) * (a - a[valid].mean())
+        return torch.where(valid, cov, torch.zeros_like(cov))
+
+
+def _cov_count(fraction: float, valid: torch.Tensor) -> int:
+    """How many tokens a cov method selects: max(1, floor(fraction * valid tokens)), 0 without valid tokens
+    (the reference's ``max(1, int(ratio * n))``)."""
+    n_valid = int(valid.sum())
+    return max(1, int(fraction * n_valid)) if n_valid else 0
+
+
+def _check_fraction(fraction: float) -> None:
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be in (0, 1] (a share of the response tokens), got {fraction}")
+
+
+@POLICY_LOSSES.register("clip_cov")
+def clip_cov_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                  response_mask: torch.Tensor, *, eps_low: float = 1.0, eps_high: float = 1.0,
+                  dual_clip: float | None = None, fraction: float = 2e-4, cov_low: float = 1.0,
+                  cov_high: float = 5.0,
+                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, LossStats]:
+    """Clip-Cov: PPO-clip, plus a few high-covariance tokens picked at random lose their gradient (arXiv:2505.22617).
+
+    logprobs, old_logprobs: [N, L]; advantages: [N] or [N, L]; response_mask: [N, L]; generator: for the
+    draw (the update stage passes one seeded by ``seed`` and the step, so a rerun or a resume draws the same
+    tokens). Returns loss [N, L] and LossStats.
+
+    Per valid token Cov_i = (log pi_i - mean log pi) * (A_i - mean A) (current log-probs, detached; means over
+    the valid tokens). Candidates: valid tokens with ``cov_low < Cov_i < cov_high`` (strict, as the code) that
+    the PPO clip has not already silenced. n = max(1, floor(``fraction`` * valid tokens)) of them, drawn
+    uniformly without replacement (all of them when there are fewer), keep their surrogate's value but lose
+    its gradient; every other token is PPO-clip's (``ppo_clip_loss`` with the same range, dual clip included).
+    ``clip_fraction`` counts the tokens whose gradient is gone: the PPO-clipped and the Cov-detached.
+
+    Defaults, from the authors' recipes (``recipe/dapo/*_clip_cov.sh``) and both codes: ``fraction`` r = 2e-4,
+    ``cov_low`` omega_low = 1, ``cov_high`` omega_high = 5, and the clip range ``eps_low = eps_high = 1``
+    (ratio clipped to [0, 2]): the recipes set clip_ratio_low = clip_ratio_high = 1 for Clip-Cov (0.2 for their
+    baselines), so Clip-Cov replaces most of PPO's clipping rather than adding to it. verl's port reads the
+    actor's clip range instead (0.2 unless set). Neither code applies a dual clip (verl's recipe sets
+    clip_ratio_c = 10, which this loss does not read); ours is ``algo.dual_clip`` as for ppo_clip, off by default.
+
+    "The batch" is what the loss is called with: one micro-batch of one process (``algo.micro_batch_size``
+    rows), as in both codes, where the policy loss runs per micro-batch per GPU (verl's recipes: dynamic
+    micro-batches of up to 20k-30k tokens). The means, the candidate set and n are the micro-batch's, so they
+    depend on ``algo.micro_batch_size`` and the number of processes; with fewer than 1/fraction = 5000 tokens a
+    micro-batch still detaches one token when it has a candidate (the reference's max(1, ...)).
+
+    Where we differ: (1) a selected token's loss keeps its value, detached (the paper's wording, "detach");
+    the codes multiply it by 0, which gives the same gradient but a logged loss without those tokens' share.
+    (2) The means count valid tokens whatever their weight (``response_mask`` may hold credit weights; the
+    codes' mask is 0/1). (3) The draw uses the step's seeded generator rather than the global RNG.
+    """
+    _check_eps(eps_low, eps_high)
+    _check_fraction(fraction)
+    if not cov_low < cov_high:
+        raise ValueError(f"cov_low ({cov_low}) must be < cov_high ({cov_high})")
+    valid, logp, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, response_mask)
+    ratio = torch.exp(log_ratio)
+    loss, zeroed = _clipped_surrogate(ratio, adv, eps_low, eps_high, dual_clip)
+    cov = _centred_cov(logp, adv, valid)
+    candidates = (valid & ~zeroed & (cov > cov_low) & (cov < cov_high)).flatten().nonzero().squeeze(1)
+    n = _cov_count(fraction, valid)
+    if candidates.numel() > n:
+        pick = torch.randperm(candidates.numel(), generator=generator)[:n]
+        candidates = candidates[pick.to(candidates.device)]
+    detached = torch.zeros(valid.numel(), dtype=torch.bool, device=valid.device)
+    detached[candidates] = True
+    detached = detached.view_as(valid)
+    loss = torch.where(detached, loss.detach(), loss)
+    return zero_masked(loss, valid), _stats(ratio, valid, (zeroed | detached) & valid)
+
+
+@POLICY_LOSSES.register("kl_cov")
+def kl_cov_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                response_mask: torch.Tensor, *, fraction: float = 2e-3,
+                coef: float = 1.0) -> tuple[torch.Tensor, LossStats]:
+    """KL-Cov: the unclipped surrogate, plus coef * |log pi - log pi_old| on the top-Cov tokens (arXiv:2505.22617).
+
+    logprobs, old_logprobs: [N, L]; advantages: [N] or [N, L]; response_mask: [N, L]. Returns loss [N, L] and
+    LossStats (``clip_fraction`` 0: no token loses its gradient).
+
+    Per valid token Cov_i = (log pi_i - mean log pi) * (A_i - mean A) (current log-probs, detached; means over
+    the valid tokens). The n = max(1, floor(``fraction`` * valid tokens)) tokens with the largest Cov_i get
+    loss -A r + coef * |log r|; every other token -A r. As in both codes there is **no PPO clip at all** (on
+    any token): the penalty replaces it, so ``algo.eps_low``/``eps_high``/``dual_clip`` are not read.
+
+    The penalty needs pi != pi_old. At the first pass over a batch pi = pi_old, so |log r| = 0 and its
+    gradient is 0 (d|x|/dx = 0 at 0): with ``algo.epochs: 1`` every pass is a first pass here (one optimizer
+    step per pass over the batch, no mini-batches) and KL-Cov is the plain unclipped policy gradient. The
+    authors' runs split each batch into 8 mini-batches (256 prompts, mini-batch 32), so 7 of 8 updates were
+    off-policy; here use ``algo.epochs >= 2``. Where pi_old is the sampler's own log-probs (the HF engine
+    without ``algo.recompute_old_logprobs``), log r at the first pass is the engine's numerical mismatch, not
+    0: the penalty's gradient on the selected tokens is then coef * sign(mismatch), a push of fixed size and
+    arbitrary sign.
+
+    Defaults: ``fraction`` k = 2e-3 and ``coef`` beta = 1, the authors' code (k_percent 0.2, in percent) and
+    their 7B recipe; their 32B recipe uses k = 2e-4. verl's port defaults to kl_cov_ratio 2e-4 and (in its
+    config) ppo_kl_coef 0.1. "The batch" is one micro-batch of one process, as for Clip-Cov (see there).
+    Where we differ: ties in Cov go to the earlier token (a stable sort; the codes' topk leaves the order of
+    ties unspecified); the means count valid tokens whatever their weight; log r is clamped to [-20, 20] as
+    everywhere here.
+    """
+    _check_fraction(fraction)
+    if coef < 0:
+        raise ValueError(f"coef must be >= 0, got {coef}")
+    valid, logp, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, response_mask)
+    ratio = torch.exp(log_ratio)
+    loss = -adv * ratio
+    n = _cov_count(fraction, valid)
+    selected = torch.zeros(valid.numel(), dtype=torch.bool, device=valid.device)
+    if n:
+        flat_valid = valid.flatten().nonzero().squeeze(1)
+        cov = _centred_cov(logp, adv, valid).flatten()[flat_valid]
+        order = torch.sort(cov, descending=True, stable=True).indices[:n]
+        selected[flat_valid[order]] = True
+    selected = selected.view_as(valid)
+    loss = torch.where(selected, loss + coef * log_ratio.abs(), loss)
+    return zero_masked(loss, valid), _stats(ratio, valid, torch.zeros_like(valid))
+
+
 def call_policy_loss(name: str, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
                      advantages: torch.Tensor, response_mask: torch.Tensor, *,
                      generator: torch.Generator | None = None,
                      **params: Any) -> tuple[torch.Tensor, LossStats]:
-    """Look up a loss by name and call it; ``generator`` is passed only to losses that take one (nsr).
+    """Look up a loss by name and call it; ``generator`` is passed only to losses that take one (nsr, clip_cov).
 
     Shapes as for every loss: [N, L] tensors, advantages [N] or [N, L]. Unknown ``params`` raise
     TypeError naming the loss, so a typo in a config never passes silently.

@@ -102,6 +102,11 @@ LOSS_DEFAULTS: dict[str, dict[str, Any]] = {
     "nsr": {"eps_low": 0.2, "eps_high": 0.28, "dual_clip": None, "agg": None},
     # POPO (arXiv 2605.06650): an NLL over positive tokens, normalised by their count; no clip range
     "popo": {"agg": "token-mean"},
+    # Clip-Cov (arXiv:2505.22617; the authors' recipes set clip_ratio_low = clip_ratio_high = 1 for it): PPO's clip
+    # widened to [0, 2], no dual clip (neither code applies one); token-mean in the recipes, no opinion here
+    "clip_cov": {"eps_low": 1.0, "eps_high": 1.0, "dual_clip": None, "agg": None},
+    # KL-Cov (arXiv:2505.22617): no clip range at all, the penalty on top-covariance tokens replaces it
+    "kl_cov": {"agg": None},
 }
 
 _WHY = {
@@ -110,6 +115,8 @@ _WHY = {
     "cispo": "CISPO's weight truncation: no lower bound, upper 5 (ScaleRL/TRL/SkyRL reference code)",
     "nsr": "NSR on DAPO's clip-higher range",
     "popo": "POPO's weighted NLL over positive tokens, normalised by their count (arXiv:2605.06650)",
+    "clip_cov": "Clip-Cov's clip range [0, 2] of the authors' recipes (arXiv:2505.22617)",
+    "kl_cov": "KL-Cov: no clip, a penalty on the top-covariance tokens instead (arXiv:2505.22617)",
 }
 
 

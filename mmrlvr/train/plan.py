@@ -8,7 +8,8 @@ with its section, or a method parameter that does not fit its method is a ``Conf
 
 Each setting's source is ``user`` (the file or an override), ``preset`` (``algo.preset``), ``loss default`` (the
 defaults a loss brings: GSPO's clip range) or ``default`` (the method's or the config's own default). A key the user
-set that no selected stage reads is a ``note:`` saying which stage would read it and when that stage runs.
+set that no selected stage reads is a ``note:`` saying which stage would read it and when that stage runs; a method
+may add its own ``note:`` (``Method.plan_notes``: KL-Cov at ``algo.epochs: 1`` does nothing).
 """
 
 from __future__ import annotations
@@ -120,4 +121,6 @@ def build_plan(cfg: Any) -> Plan:
     if problems:
         raise ConfigErrors(list(dict.fromkeys(problems)))
     registered = [STAGES[k].get(n) for k in STAGE_KINDS for n in STAGES[k].names()]
-    return Plan(stages, inert_notes(cfg, selected, registered))
+    from mmrlvr.methods import method_notes
+
+    return Plan(stages, inert_notes(cfg, selected, registered) + method_notes(cfg))
