@@ -249,6 +249,10 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         ("the option trains 20 steps (tiny run, same keys)",
          ("tests/test_seed_methods_train.py::test_poise_trains_20_steps_with_group_size_two_and_logs_probe_quality",
           T_DRY)),
+    "mmrlvr train configs/demo-tiny.yaml rewards.1.name=cocov":
+        ("the documented pairing moves the explorer's advantage (hand-computed group) and trains (tiny run)",
+         ("tests/test_methods_combined.py::test_cocov_bonus_moves_the_documented_pairings_advantages",
+          "tests/test_label_free_and_passk.py::test_trains_20_steps_and_resumes_exactly", T_DRY)),
     'mmrlvr train configs/demo-tiny.yaml rewards.1.name=cocov algo.advantage=pass_at_k "algo.advantage_params={k: 4}"':
         ("the option trains 20 steps (tiny run, same keys, k 2 for G 4) and resumes exactly",
          ("tests/test_label_free_and_passk.py::test_trains_20_steps_and_resumes_exactly", T_DRY)),

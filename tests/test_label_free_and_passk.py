@@ -93,11 +93,14 @@ def test_pass_at_k_equals_a_brute_force_count_over_all_k_subsets(seed):
     assert comb(n, 1) == n  # the closed form at k = 1 is GRPO with the population std (checked by the loop)
 
 
-def test_pass_at_k_refuses_k_above_the_group_size_before_the_model_loads(tmp_path):
+@pytest.mark.parametrize("k", [8, 9])
+def test_pass_at_k_refuses_k_at_or_above_the_group_size_before_the_model_loads(tmp_path, k):
+    """k = G is refused too: one k-subset per group, so every advantage would be 0."""
     res = subprocess.run([sys.executable, "-m", "mmrlvr.cli", "train", "configs/demo-tiny.yaml", "--dry-run",
                           "--config-only", f"output_dir={tmp_path}/r", "algo.advantage=pass_at_k",
-                          "algo.advantage_params.k=9"], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert res.returncode == 2 and "k=9 exceeds rollout.group_size=8" in res.stderr, res.stderr
+                          f"algo.advantage_params.k={k}"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert res.returncode == 2 and f"k={k} needs groups of more than k members, but rollout.group_size=8" \
+        in res.stderr, res.stderr
 
 
 # ------------------------------------------------------------------------------------------------ CoCoV

@@ -71,15 +71,17 @@ def horizon_share(horizon: str | float, step: int, max_steps: int, start: float 
 
 
 def horizon_mask(response_mask: torch.Tensor, share: float) -> torch.Tensor:
-    """The first ceil(share · length) tokens of each row's response: response_mask [n, L] -> [n, L] (same dtype).
+    """The first ceil(share · length) response tokens of each row: response_mask [n, L] -> [n, L] (same dtype).
 
-    A row's length is its count of response tokens; a share of 1 keeps the whole mask."""
+    A row's length is its count of response tokens (positions with a mask > 0) and the cut counts those tokens,
+    not positions: a multi-turn row whose model turns are separated by masked tool turns keeps the first
+    ``share`` of its *model* tokens, wherever they sit. A share of 1 keeps the whole mask."""
     if share >= 1.0:
         return response_mask.clone()
-    lengths = response_mask.sum(dim=-1)
-    keep = torch.ceil(lengths * share - 1e-9).clamp(min=0)  # [n]
-    pos = torch.arange(response_mask.shape[1], device=response_mask.device)
-    return response_mask * (pos[None, :] < keep[:, None]).to(response_mask.dtype)
+    counted = response_mask > 0
+    keep = torch.ceil(counted.sum(dim=-1) * share - 1e-9).clamp(min=0)  # [n] tokens kept per row
+    rank = counted.long().cumsum(dim=-1)  # [n, L] the 1-based index of each response token in its row
+    return response_mask * (counted & (rank <= keep[:, None])).to(response_mask.dtype)
 
 
 def horizon_columns(mask: torch.Tensor) -> int:

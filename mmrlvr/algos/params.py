@@ -98,20 +98,62 @@ declare("advantage", "reinforce_pp", "group-centred reward whitened over the who
         Param("whiten_scope", "batch_tokens", "batch_tokens: weighted by response tokens (verl) | sequence: each "
               "rollout once", choices=("batch_tokens", "sequence")),
         source="arXiv:2501.03262")
+
+
+def smallest_groups(cfg) -> list[tuple[int, str]]:
+    """The sizes of the smallest groups a group estimator can be handed under ``cfg``, each with the setting that
+    sets it: flat groups (``rollout.group_size``), a tree's sibling groups (``branching`` children per node), a
+    budget sampler's smallest group (``g_min``)."""
+    out = [(cfg.rollout.group_size, f"rollout.group_size={cfg.rollout.group_size}")]
+    if cfg.rollout.strategy == "tree":
+        from mmrlvr.train.stages.generate import tree_params
+
+        b = tree_params(cfg)["branching"]
+        out.append((b, f"rollout.strategy_params.branching={b} (a tree node's siblings)"))
+    if cfg.rollout.sampler == "budget":
+        from mmrlvr.methods import configured
+
+        g_min = configured(cfg, "sampler")[1]["g_min"]
+        out.append((g_min, f"rollout.sampler_params.g_min={g_min} (the budget sampler's smallest group)"))
+    return out
+
+
+def _pass_at_k_check(cfg, p) -> list[str]:
+    """pass@k needs k-subsets that can miss: a group of n members with n <= k has one subset or none, so its
+    advantage is 0 whatever its rewards (n = k: the one subset passes or fails as a whole, sigma = 0)."""
+    k = p["k"]
+    return [f"k={k} needs groups of more than k members, but {what}: every such group would get advantage 0 "
+            f"(a group of n <= k has at most one k-subset); lower algo.advantage_params.k below {n}"
+            for n, what in smallest_groups(cfg) if n <= k]
+
+
+def _pass_at_k_notes(cfg, p) -> list[str]:
+    """A graded reward term below the threshold is invisible to pass@k: CoCoV's exploration bonus is one."""
+    out = []
+    for entry in cfg.rewards or []:
+        bonus = (entry.params or {}).get("bonus", 0.2)
+        if entry.name == "cocov" and bonus:
+            out.append(f"the cocov reward's exploration bonus ({bonus}) is inert under algo.advantage: pass_at_k: "
+                       f"pass@k counts a rollout correct only at reward >= threshold ({p['threshold']}), so an "
+                       "explorer and a wrong row get the same advantage; use the default grpo estimator for the "
+                       "bonus to act")
+    return out
+
+
 declare("advantage", "pass_at_k", "the group advantage that maximises pass@k (binary rewards), averaged over every "
         "k-subset of the group in closed form",
-        Param("k", 4, "samples whose best counts (1 <= k <= rollout.group_size; k = 1 is GRPO with the population "
-              "std)", ">= 1", lambda v: v >= 1),
+        Param("k", 4, "samples whose best counts (1 <= k < every group's size: rollout.group_size, a tree's "
+              "branching, a budget sampler's g_min; k = 1 is GRPO with the population std)", ">= 1",
+              lambda v: v >= 1),
         Param("threshold", 1.0, "a rollout counts as correct when its reward >= threshold"),
-        source="arXiv:2508.10751",
-        config_check=lambda cfg, p: [] if p["k"] <= cfg.rollout.group_size else
-        [f"k={p['k']} exceeds rollout.group_size={cfg.rollout.group_size}: a group has no subset of k rollouts"])
+        source="arXiv:2508.10751", config_check=_pass_at_k_check, plan_notes=_pass_at_k_notes)
 declare("advantage", "poise", "r - b, b an online probe's prediction from other rollouts' hidden states "
         "(a stage: one no-grad forward per step)",
         Param("lr", 1e-3, "learning rate of the probe (Adam)", "> 0", _pos),
         Param("buffer_steps", 4, "the probe trains on the rollouts of the last N steps", ">= 1", lambda v: v >= 1),
         Param("train_iters", 20, "probe optimisation steps per training step", ">= 1", lambda v: v >= 1),
         source="arXiv:2605.07579")
+
 
 # ---------------------------------------------------------------------------------------------- clip rules
 declare("clip", "fixed", "PPO's constant range algo.eps_low / algo.eps_high")
@@ -143,6 +185,18 @@ def _horizon_ok(v) -> bool:
     return not isinstance(v, bool) and isinstance(v, (int, float)) and 0 < v <= 1
 
 
+def _forward_ce_check(cfg, p) -> list[str]:
+    """The privileged expert re-encodes the sample's own prompt with the hint: it cannot see what a multi-turn
+    rollout added to the context (a ReSum segment's summary restart, a tool's returned images)."""
+    if p["expert"] != "privileged":
+        return []
+    grown = [k for k, v in (("rollout.summarize", cfg.rollout.summarize), ("rollout.tools", cfg.rollout.tools)) if v]
+    return [f"expert: privileged re-encodes each sample's original prompt, so it would score a response whose "
+            f"context {key} changed (a ReSum segment restarts from a summary; a tool turn adds images) against the "
+            f"wrong prompt; use a model folder as the expert (it reads the student's own inputs) or unset {key}"
+            for key in grown]
+
+
 declare("aux_loss", "forward_ce", "forward cross-entropy to an expert's top-k next-token distribution on the "
         "student's own responses (rich-feedback DAgger; with a horizon, on-policy distillation)",
         Param("expert", "privileged", "privileged: the policy itself with `context` added to its prompt | a model "
@@ -157,4 +211,4 @@ declare("aux_loss", "forward_ce", "forward cross-entropy to an expert's top-k ne
               lambda v: 0 < v <= 1),
         Param("horizon_steps", 0, "steps over which the progressive horizon grows to 1 (0: max_steps)", ">= 0",
               lambda v: v >= 0),
-        source="arXiv:2606.05152 (forward CE), arXiv:2605.31490 (horizon)")
+        source="arXiv:2606.05152 (forward CE), arXiv:2605.31490 (horizon)", config_check=_forward_ce_check)

@@ -248,6 +248,7 @@ class TreeAdvantage(GroupAdvantage):
 
     selected_by = ("rollout.strategy",)
     fallback = False
+    absorbs = ("algo.advantage",)  # any registered estimator normalises the node values (pass_at_k, rloo, ...)
     reads = GroupAdvantage.reads + ("rollout.strategy",)
     when_text = "rollout.strategy: tree"
 
@@ -262,11 +263,10 @@ class TreeAdvantage(GroupAdvantage):
         if tree is None:
             raise RuntimeError("the tree advantages need the tree generate stage (rollout.strategy: tree)")
         keep = b.row_mask if b.row_mask is not None else torch.ones_like(b.rewards, dtype=torch.bool)
-        rewards = torch.where(keep, b.rewards, torch.zeros_like(b.rewards))
         parents = [tree.parents(d, rollouts.group_index) for d in range(tree.depth)]
-        adv, per_depth = tree_advantages(rewards, tree.node, parents, tree.starts, tree.lengths,
+        # dropped leaves (row_mask) count in no node's value and get 0, as flat groups leave them out of the baseline
+        adv, per_depth = tree_advantages(b.rewards, tree.node, parents, tree.starts, tree.lengths,
                                          rollouts.response_ids.shape[1],
-                                         lambda values, groups: self.estimate(b, values, groups))
-        adv[~keep] = 0.0
+                                         lambda values, groups: self.estimate(b, values, groups), keep=keep)
         b.advantages = adv
         b.diagnostics.update({f"tree/abs_advantage_depth{d + 1}": v for d, v in enumerate(per_depth)})

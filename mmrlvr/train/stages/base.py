@@ -53,6 +53,8 @@ class Stage:
       one kind chosen by *different* keys are a conflict (an error naming both), never a silent winner;
     - ``fallback``: runs only when no other stage of its kind applies (plain group advantages, the policy-gradient
       update); a user-set key of a fallback that another stage overrides is a conflict too;
+    - ``absorbs``: config keys of the fallback whose choice this stage carries out itself (the tree advantages
+      normalise node values with ``algo.advantage``'s estimator), so setting them is no conflict;
     - ``reads``: the config keys it reads (a key ending in ``.`` covers the section); a key the user set that only
       unselected stages read is reported as inert;
     - ``when_text``: when auto-selection picks it, in words (for the inert-key note);
@@ -68,6 +70,7 @@ class Stage:
     priority: ClassVar[int] = 0
     selected_by: ClassVar[tuple[str, ...]] = ()
     fallback: ClassVar[bool] = False
+    absorbs: ClassVar[tuple[str, ...]] = ()
     reads: ClassVar[tuple[str, ...]] = ()
     when_text: ClassVar[str] = ""
     serves: ClassVar[tuple[str, str] | None] = None
@@ -179,6 +182,8 @@ def _auto(kind: str, cfg: Any) -> list[type[Stage]]:
             continue  # variants of one choice (credit in the update or in its own pass): priority decides
         if other.fallback and not any(_user_set(cfg, k) for k in other.selected_by):
             continue  # a default the run did not ask for
+        if other.fallback and set(other.selected_by) <= set(winner.absorbs):
+            continue  # the winner carries out the fallback's choice itself
         raise StageConflict(f"{_claim(winner, cfg)} and {_claim(other, cfg)} both choose the {kind} stage; "
                             f"unset one of {', '.join(winner.selected_by + other.selected_by)}")
     return [winner]
