@@ -140,7 +140,7 @@ class RolloutConfig:
 class AlgoConfig:
     preset: str | None = _f(None, "grpo | dapo | dr_grpo | gspo | cispo: fills the fields below unless set explicitly")
     advantage: str = _f("grpo", "advantage estimator (parameters: algo.advantage_params): grpo | dr_grpo | rloo | "
-                        "reinforce_pp | pass_at_k | poise | plug-ins")
+                        "reinforce_pp | pass_at_k | poise | opd | plug-ins")
     loss: str = _f("ppo_clip", "policy loss (parameters: algo.loss_params): ppo_clip | gspo | cispo | nsr | popo | "
                    "clip_cov | kl_cov | plug-ins")
     eps_low: float = _f(0.2, "lower clip range (ratio >= 1 - eps_low)")
@@ -149,7 +149,7 @@ class AlgoConfig:
     loss_params: dict[str, Any] = _f({}, "parameters of algo.loss, e.g. nsr {noise: 0.2}, popo {threshold: 0.5} "
                                      "(mmrlvr train --help-config lists each loss's)")
     advantage_params: dict[str, Any] = _f({}, "parameters of algo.advantage, e.g. grpo {unbiased: false}, "
-                                          "reinforce_pp {baseline: false}, poise {lr: 1e-3}")
+                                          "reinforce_pp {baseline: false}, poise {lr: 1e-3}, opd {teacher: DIR}")
     clip: str = _f("fixed", "clip rule of ppo_clip/nsr: fixed (eps_low/eps_high) | acpo (variance-adaptive per probability bin, arXiv 2606.22570)")
     clip_params: dict[str, Any] = _f({}, "parameters of algo.clip, e.g. acpo {eps0: 0.2, alpha: 3.0, eps_min: 0, "
                                      "eps_max: 3.0}")
@@ -161,7 +161,8 @@ class AlgoConfig:
     dynamic_sampling: bool = _f(False, "DAPO: drop groups with no signal (see dynamic_sampling_metric) and refill the batch")
     dynamic_sampling_metric: str = _f("accuracy", "dynamic sampling keeps groups whose accuracy varies (DAPO) | reward (total reward varies)")
     dynamic_sampling_max_rounds: int = _f(3, "generation rounds per step to refill dropped groups (1 = no refill; DAPO: until full) [ours: 3]")
-    recompute_old_logprobs: bool | None = _f(None, "recompute pi_old with the training model before the update (null = when epochs > 1 or engine vllm)")
+    recompute_old_logprobs: bool | None = _f(None, "recompute pi_old with the training model before the update (null = when epochs > 1, engine vllm or "
+                                                  "algo.advantage opd)")
     rollout_correction: str = _f("none", "rollout/training mismatch correction on the policy loss: none | tis (truncate) | mis (mask)")
     rollout_correction_cap: float = _f(3.0, "TIS/MIS cap on pi_old/pi_rollout (TRL's default 3.0; verl's 2.0)")
     rollout_correction_level: str = _f("token", "rollout correction per token | sequence (product over the response)")
@@ -250,9 +251,9 @@ class StagesConfig:
     score: str | None = _f(None, "rewards for every rollout (rewards)")
     shape: str | list[str] | None = _f(None, "reward transforms / row filters, added to the automatic ones, run in "
                                        "priority order (guide, drop_unscored, overlong, mask_truncated, dynamic_sampling)")
-    advantages: str | None = _f(None, "advantage stage (group, consistency_split, poise, popo, tree)")
+    advantages: str | None = _f(None, "advantage stage (group, consistency_split, poise, popo, tree, opd)")
     reference: str | list[str] | None = _f(None, "pi_old recompute and pi_ref for the KL term, added to the automatic "
-                                           "ones (old_policy, frozen, aux_losses)")
+                                           "ones (old_policy, frozen, aux_losses, teacher)")
     credit: str | None = _f(None, "token credit stage (none, in_update, separate, hidden_credit)")
     update: str | None = _f(None, "policy update (policy_gradient, popo)")
     record: str | None = _f(None, "metrics and rollout records (metrics_and_rollouts)")

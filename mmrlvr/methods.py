@@ -48,6 +48,7 @@ class Param:
     check: Callable[[Any], bool] | None = field(default=None, compare=False)
     choices: tuple[Any, ...] | None = None
     kind: type | None = None  # the accepted type when the default is None (e.g. float for an optional cap)
+    required: bool = False  # no usable default: a run naming the method must give it (OPD's teacher)
 
     def problem(self, value: Any) -> str | None:
         """Why ``value`` is not accepted (a phrase), or None."""
@@ -89,7 +90,8 @@ class Param:
         """``name = default  # help [rule]`` for ``--help-config``."""
         extra = f" [{self.rule}]" if self.rule else (f" [{' | '.join(map(str, self.choices))}]" if self.choices else "")
         note = f"{self.help}{extra}".strip()
-        return f"{self.name} = {self.default!r}" + (f"  # {note}" if note else "")
+        shown = "(required)" if self.required else repr(self.default)
+        return f"{self.name} = {shown}" + (f"  # {note}" if note else "")
 
 
 def _type_word(tp: type | None) -> str:
@@ -141,6 +143,10 @@ class Method:
                 problems.append(f"{key}.{k}: {what} {self.name!r}: {why}")
                 continue
             values[k] = p.coerce(v)
+        for p in self.params:  # a required parameter left out (or null) names itself and what it takes
+            if p.required and values.get(p.name) is None and not any(x.startswith(f"{key}.{p.name}:")
+                                                                       for x in problems):
+                problems.append(f"{key}.{p.name}: {what} {self.name!r}: required ({p.help})")
         if not problems and self.cross is not None:
             why = self.cross(values)
             if why:

@@ -544,6 +544,31 @@ def guide_problems(cfg: RunConfig, where: str) -> list[str]:
             "RUN_DIR/checkpoints/step-K of a finished save"]
 
 
+def teacher_problems(cfg: RunConfig, where: str) -> list[str]:
+    """``algo.advantage_params.teacher`` (OPD) names a folder on this machine or a ``tiny:`` spec that parses."""
+    if cfg.algo.advantage != "opd" or not isinstance(cfg.algo.advantage_params, dict):
+        return []
+    spec = cfg.algo.advantage_params.get("teacher")
+    if not isinstance(spec, str) or not spec.strip():
+        return []  # the parameter check reports it
+    if spec.startswith("tiny:"):
+        from mmrlvr.train.model_path import tiny_spec
+
+        try:
+            tiny_spec(spec)
+        except UserError as exc:
+            return [f"{where}: algo.advantage_params.teacher: {str(exc).split(': ', 1)[-1]}"]
+        return []
+    folder = Path(spec)
+    if not folder.is_dir():
+        return [f"{where}: algo.advantage_params.teacher: {spec}: no such folder (a model folder, a "
+                "RUN_DIR/checkpoints/step-K or a tiny: spec; nothing is downloaded)"]
+    if not ((folder / "config.json").is_file() or (folder / "state.json").is_file()):
+        return [f"{where}: algo.advantage_params.teacher: {spec} is neither a model folder (config.json) nor a "
+                "checkpoint of a run (state.json)"]
+    return []
+
+
 def preflight_problems(cfg: RunConfig, where: str, *, dry_run: bool = False, resume: bool = False,
                        overwrite: bool = False, allow_config_change: bool = False,
                        environment: bool = True) -> list[str]:
@@ -566,7 +591,7 @@ def preflight_problems(cfg: RunConfig, where: str, *, dry_run: bool = False, res
         problems, checks = [], []
         cfg.plugins_unchecked = True  # not a config key: the plan is not checked either
     if environment:
-        checks += [model_problems, data_problems, package_problems, guide_problems]
+        checks += [model_problems, data_problems, package_problems, guide_problems, teacher_problems]
     for check in checks:
         try:
             problems += check(cfg, where)

@@ -106,8 +106,10 @@ OWN_MATRIX_TEST = {
                         "is a later checkpoint of the same run, which the test trains first)",
 }
 
-#: advantage stages chosen by another key than ``algo.advantage`` (their own ``selected_by``)
-ADVANTAGE_STAGE_OPTIONS = {"tree": ["rollout.strategy=tree"]}
+#: advantage stages chosen by another key than ``algo.advantage`` (their own ``selected_by``), or that need a parameter
+#: (OPD's teacher: the inconsistent warm start, another model with the student's tokenizer)
+ADVANTAGE_STAGE_OPTIONS = {"tree": ["rollout.strategy=tree"],
+                           "opd": ["algo.advantage=opd", "algo.advantage_params={teacher: tiny:qwen2_5_vl:warm:noise0.9}"]}
 
 
 def _option(kind: str, name: str) -> list[str]:

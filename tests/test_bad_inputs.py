@@ -58,7 +58,7 @@ YAML_CASES: list[tuple[str, dict, list[str]]] = [
     ("y01_loss_name", {"algo": {"loss": "ppo"}}, ["algo.loss: unknown policy loss 'ppo'", "did you mean 'ppo_clip'"]),
     ("y02_credit_name", {"credit": {"scheme": "vep"}}, ["credit.scheme: unknown credit scheme 'vep'", "'vepo'"]),
     ("y03_advantage_name", {"algo": {"advantage": "gae"}}, ["algo.advantage: unknown advantage estimator 'gae'",
-                                                           "allowed: dr_grpo, grpo, pass_at_k, poise, reinforce_pp, rloo"]),
+                                                           "allowed: dr_grpo, grpo, opd, pass_at_k, poise, reinforce_pp, rloo"]),
     ("y04_reward_name", {"rewards": [{"name": "acuracy"}]}, ["rewards[0].name: unknown reward 'acuracy'",
                                                             "did you mean 'accuracy'"]),
     ("y05_judge_name", {"rubric": {"judge": "gpt"}}, ["rubric.judge: unknown judge 'gpt'", "openai"]),

@@ -281,6 +281,15 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     'mmrlvr train configs/demo-tiny.yaml rollout.sampler=disagreement "rollout.sampler_params={floor: 0.05}"':
         ("the option trains 20 steps (tiny run) and resumes exactly; 2 ranks in the matrix",
          ("tests/test_sampler_methods.py::test_disagreement_trains_20_steps_and_resumes_exactly", T_DRY)),
+    "mmrlvr train configs/demo-tiny.yaml output_dir=runs/opd-teacher max_steps=60":
+        ("the recipe's first run (a tiny run; the test trains its teacher 2 steps)",
+         ("tests/test_opd.py::test_two_steps_with_the_students_own_earlier_checkpoint_as_teacher", T_DRY)),
+    'mmrlvr train configs/demo-tiny.yaml output_dir=runs/opd algo.advantage=opd "algo.advantage_params={teacher: '
+    'runs/opd-teacher/checkpoints/step-00000060}" algo.kl_coef=0':
+        ("the option trains 2 steps with the student's own earlier checkpoint as teacher (and with a larger tiny "
+         "teacher); the advantages recomputed from the records",
+         ("tests/test_opd.py::test_two_steps_with_the_students_own_earlier_checkpoint_as_teacher",
+          "tests/test_opd.py::test_two_steps_with_a_larger_teacher_of_the_family", T_DRY)),
     'mmrlvr train configs/demo-tiny.yaml "algo.aux_losses=[{name: forward_ce, weight: 0.1, params: '
     '{horizon: progressive}}]"':
         ("the option trains 20 steps (tiny run, same keys, horizon_steps 20) and resumes exactly",

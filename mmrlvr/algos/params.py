@@ -153,6 +153,17 @@ declare("advantage", "poise", "r - b, b an online probe's prediction from other 
         Param("buffer_steps", 4, "the probe trains on the rollouts of the last N steps", ">= 1", lambda v: v >= 1),
         Param("train_iters", 20, "probe optimisation steps per training step", ">= 1", lambda v: v >= 1),
         source="arXiv:2605.07579")
+declare("advantage", "opd", "on-policy distillation: per token A_t = -(log pi_old - log pi_teacher) on the "
+        "student's own samples (the reverse KL to a frozen teacher, discount 0, no group normalisation), plus "
+        "reward_weight * the task reward's GRPO advantage (stages: the teacher's no-grad forward in the reference "
+        "kind)",
+        Param("teacher", None, "the teacher: a model folder (save_pretrained layout), a RUN_DIR/checkpoints/step-K "
+              "or a tiny: spec, with the policy's tokenizer and processor (it may be larger)",
+              "a model folder, checkpoint or tiny: spec", lambda v: v.strip() != "", kind=str, required=True),
+        Param("reward_weight", 0.0, "weight of the task reward's GRPO group advantage added to every response token "
+              "(0: pure distillation)", ">= 0", _nonneg),
+        source="arXiv:2505.09388 (Qwen3, on-policy distillation); Thinking Machines, On-Policy Distillation "
+        "(Lu et al. 2025)")
 
 
 # ---------------------------------------------------------------------------------------------- clip rules

@@ -110,21 +110,9 @@ class ForwardCE:
         self.model = None if expert == "privileged" else self._load_expert(expert)
 
     def _load_expert(self, spec: str) -> Any:
-        from mmrlvr.models.loading import load_policy
-        from mmrlvr.models.placement import model_device
-        from mmrlvr.train.model_path import resolve_model_path
+        from mmrlvr.train.teacher import load_teacher  # one loader for every teacher (OPD's too)
 
-        path = resolve_model_path(spec)
-        model, processor = load_policy(path, dtype=self.rt.cfg.model.dtype, device=str(model_device(self.rt.policy)))
-        ours = getattr(self.rt.processor, "tokenizer", self.rt.processor).get_vocab()
-        theirs = getattr(processor, "tokenizer", processor).get_vocab()
-        if ours != theirs:
-            raise UserError(f"forward_ce: the expert {spec!r} has another tokenizer than the policy "
-                            f"({len(theirs)} vs {len(ours)} tokens, or different ids): distillation needs the same "
-                            "vocabulary")
-        model.eval()
-        model.requires_grad_(False)
-        return model
+        return load_teacher(self.rt, spec, "forward_ce: the expert")
 
     # ------------------------------------------------------------------------------------------------ step
     def prepare(self, b: Any) -> TopKTarget | None:

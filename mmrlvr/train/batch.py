@@ -51,6 +51,7 @@ class StepBatch:
     aux_losses: list[AuxLoss] = field(default_factory=list)
     # reference / update
     ref_logprobs: torch.Tensor | None = None  # [N, L] under the reference policy (KL), or None
+    teacher_logprobs: torch.Tensor | None = None  # [N, L] under OPD's teacher (algo.advantage: opd), 0 on padding
     rollout_logprobs: torch.Tensor | None = None  # [N, L] the sampler's log-probs when pi_old was recomputed
     is_weights: torch.Tensor | None = None  # [N, L] rollout-correction weights on the policy loss (TIS / MIS)
     token_entropy: torch.Tensor | None = None  # [N, L] policy entropy from the first update pass

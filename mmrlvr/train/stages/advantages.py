@@ -11,6 +11,10 @@
   held-out MSE/AUC go to ``batch.diagnostics`` (``poise/...``); the probe is in checkpoints.
 - ``popo`` (``algo.loss: popo``, arXiv 2605.06650): POPO's group-softmax weights over positive rollouts become the
   advantages; non-positive rows leave the loss and its normaliser (``popo/...`` counts groups without one).
+- ``opd`` (``algo.advantage: opd``, on-policy distillation, ``mmrlvr.algos.opd``): the task reward's GRPO group
+  advantage [N] (zeros at the default ``reward_weight`` 0); the ``teacher`` reference stage completes it into the
+  per-token −(log π_old − log π_teacher) + reward_weight · A_grpo [N, L] once π_old and the teacher's log-probs exist
+  (docs/architecture.md).
 
 Several processes: POISE and POPO are refused at validation (their probe / predictor learn from one process's
 rollouts); the others compute the global batch's advantages on every rank (``global_rows``).
@@ -270,3 +274,56 @@ class TreeAdvantage(GroupAdvantage):
                                          lambda values, groups: self.estimate(b, values, groups), keep=keep)
         b.advantages = adv
         b.diagnostics.update({f"tree/abs_advantage_depth{d + 1}": v for d, v in enumerate(per_depth)})
+
+
+@register_stage("advantages", "opd", priority=20)
+class OpdAdvantage(GroupAdvantage):
+    """On-policy distillation's reward term (``algo.advantage: opd``): the GRPO group advantage of the task reward,
+    [N], over the global batch as ``group`` computes it (zeros, nothing computed, at ``reward_weight`` 0). The
+    distillation term needs π_old and the teacher's log-probs, which the reference kind computes after this one: the
+    ``teacher`` reference stage (``mmrlvr.train.stages.reference``) turns this [N] into the per-token
+    A_t = −(log π_old − log π_teacher) + reward_weight · A_grpo [N, L] (``mmrlvr.algos.opd``)."""
+
+    selected_by = ("algo.advantage",)
+    fallback = False
+    serves = ("advantage", "opd")
+    reads = ("algo.advantage", "algo.advantage_params.")
+    when_text = "algo.advantage: opd"
+
+    @classmethod
+    def when(cls, cfg) -> bool:
+        return cfg.algo.advantage == "opd"
+
+    @classmethod
+    def plan_params(cls, cfg) -> dict[str, Any]:
+        from mmrlvr.methods import configured
+
+        return {f"algo.advantage_params.{k}": v for k, v in configured(cfg, "advantage")[1].items()}
+
+    @classmethod
+    def validate(cls, cfg) -> list[str]:
+        from pathlib import Path
+
+        src = cfg.algo.advantage_params.get("teacher") if isinstance(cfg.algo.advantage_params, dict) else None
+        if not isinstance(src, str) or src.startswith("tiny:") or not src.strip():
+            return []  # the parameter check names a missing teacher; the folder is checked on this machine
+        own = (Path(cfg.output_dir) / "checkpoints").resolve()
+        if Path(src).resolve().parent == own and cfg.keep_checkpoints > 0:
+            return [f"algo.advantage_params.teacher: {src} is one of this run's own checkpoints and keep_checkpoints="
+                    f"{cfg.keep_checkpoints} would prune it as the run saves newer ones (a resumed run loads it "
+                    "again): set keep_checkpoints: 0 or copy the teacher elsewhere"]
+        return []
+
+    def __init__(self, rt) -> None:
+        Stage.__init__(self, rt)
+        from mmrlvr.algos.advantages import call_advantage
+        from mmrlvr.methods import configured
+
+        self.reward_weight = float(configured(self.cfg, "advantage")[1]["reward_weight"])
+        self.estimator = lambda rewards, group_index, token_counts=None: call_advantage("grpo", rewards, group_index)
+
+    def __call__(self, b: StepBatch) -> None:
+        if self.reward_weight == 0.0:  # pure distillation: the reward term is 0 (the rewards are still logged)
+            b.advantages = torch.zeros(len(b.rewards), dtype=torch.float32, device=b.rewards.device)
+            return
+        super().__call__(b)

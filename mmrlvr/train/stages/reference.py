@@ -9,6 +9,12 @@
   rollout IS do. Cap ``algo.rollout_correction_cap`` (TRL's default 3.0; verl's 2.0).
 - ``frozen`` (``algo.kl_coef > 0``): the reference for the KL penalty — the adapter-disabled policy for LoRA runs
   (exactly the base model, no second copy) or a frozen copy of the initial weights for full fine-tuning.
+- ``teacher`` (``algo.advantage: opd``): on-policy distillation's teacher (``mmrlvr.train.teacher``) scores the
+  sampled tokens teacher-forced (``teacher_logprobs``), and — after ``old_policy``, so π_old is the training model's
+  — the stage completes the advantages: A_t = −(log π_old − log π_teacher) + reward_weight · A_grpo [N, L]
+  (``mmrlvr.algos.opd``; the ``opd`` advantages stage wrote A_grpo). π_old is recomputed by default under OPD
+  (``recompute_enabled``): the student's and the teacher's log-probs then come from the same teacher-forced pass, so
+  a teacher with the policy's weights gives advantages of exactly 0.
 """
 
 from __future__ import annotations
@@ -24,10 +30,10 @@ torch = lazy_module("torch")  # selection (config checks) runs without torch; th
 
 
 def recompute_enabled(cfg) -> bool:
-    """``algo.recompute_old_logprobs`` with its default resolved: on for several epochs or the vLLM engine."""
+    """``algo.recompute_old_logprobs`` with its default resolved: on for several epochs, the vLLM engine or OPD."""
     flag = cfg.algo.recompute_old_logprobs
-    if flag is None:
-        return cfg.algo.epochs > 1 or cfg.rollout.engine == "vllm"
+    if flag is None:  # OPD: the reverse KL's student side from the teacher's kind of pass (exactly 0 for equal weights)
+        return cfg.algo.epochs > 1 or cfg.rollout.engine == "vllm" or cfg.algo.advantage == "opd"
     return bool(flag)
 
 
@@ -73,15 +79,20 @@ class OldPolicy(Stage):
     selected_by = ("algo.recompute_old_logprobs",)
     reads = ("algo.recompute_old_logprobs", "algo.rollout_correction", "algo.rollout_correction_cap",
              "algo.rollout_correction_level")
-    when_text = ("algo.epochs > 1, rollout.engine: vllm or algo.recompute_old_logprobs: true (the default HF engine "
-                 "with one epoch samples with the training weights, so its pi_old needs no recompute)")
+    when_text = ("algo.epochs > 1, rollout.engine: vllm, algo.advantage: opd or algo.recompute_old_logprobs: true "
+                 "(the default HF engine with one epoch samples with the training weights, so its pi_old needs no "
+                 "recompute)")
 
     @classmethod
     def reason(cls, cfg) -> str:
         a = cfg.algo
         if a.recompute_old_logprobs:
             return "algo.recompute_old_logprobs: true"
-        return f"algo.epochs: {a.epochs}" if a.epochs > 1 else f"rollout.engine: {cfg.rollout.engine}"
+        if a.epochs > 1:
+            return f"algo.epochs: {a.epochs}"
+        if cfg.rollout.engine != "vllm" and a.advantage == "opd":
+            return "algo.advantage: opd"
+        return f"rollout.engine: {cfg.rollout.engine}"
 
     @classmethod
     def when(cls, cfg) -> bool:
@@ -226,3 +237,98 @@ class AuxiliaryLosses(Stage):
         for term, s in zip(self.terms, state.get("terms", [])):
             if s is not None:
                 term.load_state_dict(s)
+
+
+@register_stage("reference", "teacher", priority=15)
+class TeacherLogprobs(Stage):
+    """On-policy distillation (``algo.advantage: opd``): the frozen teacher's log-probs of the sampled tokens, then
+    the per-token advantages.
+
+    Runs after ``old_policy`` (priority 20), so ``rollouts.old_logprobs`` is the training model's π_old (recomputed by
+    default under OPD; with ``algo.recompute_old_logprobs: false`` it is the sampler's, as the Thinking Machines
+    recipe reads it). The teacher sees the policy's own inputs (``Runtime.inputs``): the same token ids, the same
+    processed images and videos through its own vision tower — once per distinct prompt when the policy caches its
+    frozen tower's features (a cache of the teacher's own), the policy's cached features themselves when the two
+    towers are identical (the student's own earlier checkpoint with ``model.freeze_vision``), raw pixels when the
+    policy has no cache — at the sampling temperature, prefix sharing as the policy's passes.
+
+    Writes ``teacher_logprobs`` [N, L] (0 on padding), ``advantages`` [N, L] (``mmrlvr.algos.opd.opd_advantages``
+    from the ``opd`` advantages stage's [N] reward term), ``opd/reverse_kl`` (mean of log π_old − log π_teacher over
+    the response tokens of the batch's rows, weighted by that count over processes), ``opd/tokens`` and
+    ``time/opd_teacher_s``; the rollout records carry each token's teacher log-prob (``extra.teacher_logprob``)."""
+
+    selected_by = ("algo.advantage",)
+    reads = ("algo.advantage_params.",)
+    when_text = "algo.advantage: opd"
+
+    @classmethod
+    def when(cls, cfg) -> bool:
+        return cfg.algo.advantage == "opd"
+
+    def __init__(self, rt) -> None:
+        super().__init__(rt)
+        from mmrlvr.methods import configured
+        from mmrlvr.train.teacher import load_teacher, same_vision_tower
+
+        params = configured(self.cfg, "advantage")[1]
+        self.spec, self.reward_weight = str(params["teacher"]), float(params["reward_weight"])
+        self.teacher = load_teacher(rt, self.spec, "algo.advantage_params.teacher")
+        self.shares_vision = bool(self.cfg.model.freeze_vision) and same_vision_tower(rt.policy, self.teacher)
+
+    def vision(self, b: StepBatch):
+        """The vision inputs of this step's teacher passes (see the class docstring), or None: raw pixels."""
+        if b.vision is None:
+            return None
+        if self.shares_vision:
+            return b.vision
+        from mmrlvr.algos.cpu_linear import onednn_linears
+        from mmrlvr.train.forward import VisionFeatureCache
+
+        rollouts = b.rollouts
+        with torch.no_grad(), onednn_linears(self.teacher):  # as the engine encodes the policy's
+            cache = VisionFeatureCache(self.teacher, rollouts.vision, b.images_per_row, rollouts.rows_sharing_images())
+        return cache if cache.ok else None
+
+    def logprobs(self, b: StepBatch) -> torch.Tensor:
+        """The teacher's log-probs of the sampled tokens [N, L], 0 on padding (no gradient)."""
+        from mmrlvr.algos.masked import zero_masked
+        from mmrlvr.train.forward import prefix_sharing, token_logprobs
+
+        rt, rollouts = self.rt, b.rollouts
+        vision = self.vision(b)
+        out = []
+        with torch.no_grad():
+            for rows in rt.micro_slices(rollouts.num_rows):
+                lp, _ = token_logprobs(self.teacher, rt.inputs(rollouts, vision, b.images_per_row, rows),
+                                       rollouts.response_ids[rows], self.cfg.rollout.temperature,
+                                       **prefix_sharing(self.cfg, rollouts))
+                out.append(lp.float())
+        return zero_masked(torch.cat(out), rollouts.response_mask > 0)
+
+    def __call__(self, b: StepBatch) -> None:
+        import time
+
+        from mmrlvr.algos.opd import opd_advantages, reverse_kl_tokens
+
+        t0 = time.perf_counter()
+        rollouts = b.rollouts
+        reward_term = b.advantages
+        if reward_term is None or reward_term.dim() != 1:
+            raise RuntimeError("the teacher reference stage completes the opd advantages stage's [N] reward term; got "
+                               f"{None if reward_term is None else tuple(reward_term.shape)} (stages.advantages must "
+                               "be opd)")
+        teacher = self.logprobs(b)
+        b.teacher_logprobs = teacher
+        mask = rollouts.response_mask > 0
+        if b.row_mask is not None:  # rows outside the batch (dropped groups) carry nothing
+            mask = mask & b.row_mask[:, None]
+        mask = mask.to(torch.float32)
+        student = rollouts.old_logprobs
+        b.advantages = opd_advantages(student, teacher, mask, reward_term, self.reward_weight)
+        tokens = float(mask.sum())
+        kl = float(reverse_kl_tokens(student, teacher, mask).sum())
+        b.diagnostics.update({"opd/reverse_kl": kl / tokens if tokens else 0.0, "opd/tokens": tokens,
+                              "time/opd_teacher_s": time.perf_counter() - t0})
+        b.metric_weights["opd/reverse_kl"] = tokens
+        b.record_fields["teacher_logprob"] = [[float(x) for x in teacher[i, :rollouts.response_extent(i)].tolist()]
+                                              for i in range(rollouts.num_rows)]
