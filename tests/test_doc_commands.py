@@ -110,6 +110,10 @@ ON_8_GPUS = GPU + "; the 2-process CPU twin runs"
 
 # command (as extracted) -> (how it is exercised, the tests that do it: "tests/file.py::test_name[case]")
 COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    'mmrlvr train configs/demo-tiny.yaml "algo.aux_losses=[{name: forward_ce, weight: 0.1, params: {horizon: 0.25, '
+    'rollout: truncated}}]"':
+        ("2 steps at horizon 0.25: responses cut at 8 of 32 tokens, every generated token scored",
+         ("tests/test_forward_ce.py::test_truncated_rollouts_generate_only_what_the_expert_scores", T_DRY)),
     # ---- README.md
     "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e . "
     "&& mmrlvr demo": (RUN + " (mmrlvr demo, 3 steps); the install validated", (T_DEMO, T_PYPROJECT)),

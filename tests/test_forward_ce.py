@@ -147,3 +147,58 @@ def test_the_plan_names_the_stage_and_its_settings(tmp_path):
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "aux_losses" in res.stdout and "algo.aux_losses.0.params.horizon" in res.stdout
+
+
+# ------------------------------------------------------------------ truncated rollouts (TOPD / POPD, arXiv 2605.31490)
+
+
+def _cfg(tmp_path, *overrides):
+    from mmrlvr.config import load_config
+
+    return load_config(ROOT / "configs" / "demo-tiny.yaml", overrides=[f"output_dir={tmp_path}/r", *overrides])
+
+
+def test_the_rollout_cap_follows_the_horizon_by_hand(tmp_path):
+    """max_new_tokens 32: a fixed share 0.25 caps every step at ceil(8) = 8 tokens; progressive from 0.25 over 4
+    steps: shares 0.25, 0.5, 0.75, 1 -> caps 8, 16, 24, 32; the full rollout (the default) never cuts."""
+    from mmrlvr.train.aux_losses import rollout_token_cap
+
+    fixed = _cfg(tmp_path, "rollout.max_new_tokens=32",
+                 "algo.aux_losses=[{name: forward_ce, params: {horizon: 0.25, rollout: truncated}}]")
+    assert [rollout_token_cap(fixed, s) for s in range(3)] == [8, 8, 8]
+    grow = _cfg(tmp_path, "rollout.max_new_tokens=32", "algo.aux_losses=[{name: forward_ce, params: {horizon: "
+                "progressive, horizon_start: 0.25, horizon_steps: 4, rollout: truncated}}]")
+    assert [rollout_token_cap(grow, s) for s in range(4)] == [8, 16, 24, 32]
+    masked = _cfg(tmp_path, "rollout.max_new_tokens=32", "algo.aux_losses=[{name: forward_ce, params: {horizon: 0.25}}]")
+    assert rollout_token_cap(masked, 0) == 32
+
+
+def test_truncated_rollouts_generate_only_what_the_expert_scores(tmp_path):
+    """2 steps at horizon 0.25 of 32 tokens: every response has at most 8 tokens and the expert scores all of them
+    (teacher token share 1), where the masked horizon generates up to 32 and scores a quarter."""
+    import json
+
+    from analysis_helpers import train_tiny_run
+
+    run = train_tiny_run(tmp_path / "t", "max_steps=2", "rollout.max_new_tokens=32",
+                         "algo.aux_losses=[{name: forward_ce, weight: 0.1, params: {horizon: 0.25, rollout: truncated}}]")
+    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in ln]
+    assert all(r["rollout/token_cap"] == 8 and r["distill/teacher_token_share"] == 1.0 for r in rows)
+    import pandas as pd
+
+    frame = pd.concat(pd.read_parquet(p) for p in sorted((run / "rollouts").glob("step-*.parquet")))
+    lengths = frame["response_token_ids"].map(len)
+    assert lengths.max() <= 8 and lengths.max() == 8
+
+
+@pytest.mark.parametrize("opts, text", [
+    (["algo.aux_losses=[{name: forward_ce, params: {rollout: truncated}}]"], "rollout: truncated needs a horizon"),
+    (["rollout.strategy=tree", "algo.aux_losses=[{name: forward_ce, params: {horizon: 0.5, rollout: truncated}}]"],
+     "rollout: truncated cuts flat groups' responses only; rollout.strategy: tree"),
+    (["algo.aux_losses=[{name: forward_ce, params: {horizon: 0.5, rollout: cut}}]"], "must be one of full, truncated"),
+])
+def test_truncated_rollout_problems_are_named(tmp_path, opts, text):
+    res = subprocess.run([sys.executable, "-m", "mmrlvr.cli", "train", "configs/demo-tiny.yaml", "--dry-run",
+                          "--config-only", f"output_dir={tmp_path}/r", *opts],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert res.returncode == 2 and text in res.stderr, res.stderr

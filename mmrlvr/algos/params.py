@@ -199,10 +199,20 @@ def _horizon_ok(v) -> bool:
 def _forward_ce_check(cfg, p) -> list[str]:
     """The privileged expert re-encodes the sample's own prompt with the hint: it cannot see what a multi-turn
     rollout added to the context (a ReSum segment's summary restart, a tool's returned images)."""
+    out = []
+    if p["rollout"] == "truncated":
+        if p["horizon"] == "full":
+            out.append("rollout: truncated needs a horizon below full (a share in (0, 1] or progressive): at full "
+                       "the rollout is not cut")
+        shape = [k for k, v in (("rollout.strategy: tree", cfg.rollout.strategy == "tree"),
+                                ("rollout.tools", cfg.rollout.tools), ("rollout.summarize", cfg.rollout.summarize))
+                 if v]
+        out += [f"rollout: truncated cuts flat groups' responses only; {k} builds its rollouts in segments or "
+                "turns of their own" for k in shape]
     if p["expert"] != "privileged":
-        return []
+        return out
     grown = [k for k, v in (("rollout.summarize", cfg.rollout.summarize), ("rollout.tools", cfg.rollout.tools)) if v]
-    return [f"expert: privileged re-encodes each sample's original prompt, so it would score a response whose "
+    return out + [f"expert: privileged re-encodes each sample's original prompt, so it would score a response whose "
             f"context {key} changed (a ReSum segment restarts from a summary; a tool turn adds images) against the "
             f"wrong prompt; use a model folder as the expert (it reads the student's own inputs) or unset {key}"
             for key in grown]
@@ -222,4 +232,8 @@ declare("aux_loss", "forward_ce", "forward cross-entropy to an expert's top-k ne
               lambda v: 0 < v <= 1),
         Param("horizon_steps", 0, "steps over which the progressive horizon grows to 1 (0: max_steps)", ">= 0",
               lambda v: v >= 0),
+        Param("rollout", "full", "full: the student generates whole responses and the horizon masks what the expert "
+              "scores | truncated: the student generates only ceil(share x rollout.max_new_tokens) tokens (the "
+              "paper's TOPD at a fixed share, POPD with progressive) and the expert scores all of them",
+              choices=("full", "truncated")),
         source="arXiv:2606.05152 (forward CE), arXiv:2605.31490 (horizon)", config_check=_forward_ce_check)

@@ -83,6 +83,25 @@ class TopKTarget:
         return self.weight * ce
 
 
+def rollout_token_cap(cfg: Any, step: int) -> int:
+    """How many tokens a response may have at ``step`` (0-based): ``rollout.max_new_tokens``, cut to
+    ceil(share · max_new_tokens) by every forward-CE entry with ``rollout: truncated`` (the horizon paper's truncated
+    rollouts, arXiv 2605.31490: the student only generates what the expert will score — where the time and
+    memory savings come from). The generate stage asks this before it samples."""
+    import math
+
+    from mmrlvr.algos.distill import horizon_share
+    from mmrlvr.methods import listed_entries
+
+    cap = int(cfg.rollout.max_new_tokens)
+    for name, _, params in listed_entries(cfg, "aux_loss")[0]:
+        if name == "forward_ce" and params.get("rollout") == "truncated":
+            steps = int(params["horizon_steps"]) or int(cfg.max_steps)
+            share = horizon_share(params["horizon"], step, steps, float(params["horizon_start"]))
+            cap = min(cap, max(1, math.ceil(share * cfg.rollout.max_new_tokens - 1e-9)))
+    return cap
+
+
 @AUX_LOSSES.register("forward_ce")
 class ForwardCE:
     """Forward cross-entropy to an expert on the student's own responses (``mmrlvr.algos.distill``).
@@ -101,8 +120,10 @@ class ForwardCE:
     """
 
     def __init__(self, rt: Any, weight: float = 1.0, expert: str = "privileged", context: str = "answer",
-                 top_k: int = 20, horizon: Any = "full", horizon_start: float = 0.25, horizon_steps: int = 0) -> None:
+                 top_k: int = 20, horizon: Any = "full", horizon_start: float = 0.25, horizon_steps: int = 0,
+                 rollout: str = "full") -> None:
         self.rt, self.weight = rt, float(weight)
+        self.truncated = rollout == "truncated"  # the generate stage cut the responses (``rollout_token_cap``)
         self.context, self.top_k = context, int(top_k)
         self.horizon, self.horizon_start = horizon, float(horizon_start)
         self.horizon_steps = int(horizon_steps) or int(rt.cfg.max_steps)  # a resumed run must keep the schedule
@@ -120,7 +141,8 @@ class ForwardCE:
 
         rollouts = b.rollouts
         share = horizon_share(self.horizon, b.step, self.horizon_steps, self.horizon_start)
-        mask = horizon_mask(rollouts.response_mask, share)
+        # truncated rollouts end at the horizon already: the expert scores every generated token
+        mask = rollouts.response_mask.clone() if self.truncated else horizon_mask(rollouts.response_mask, share)
         n, length = rollouts.response_ids.shape
         ids = torch.zeros(n, length, self.top_k, dtype=torch.long)
         probs = torch.zeros(n, length, self.top_k)

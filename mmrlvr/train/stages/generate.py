@@ -130,18 +130,28 @@ class FlatGroups(Stage):
     def load_state_dict(self, state) -> None:
         self.sampler.load_state_dict(state)
 
+    def sampling_params(self, b: StepBatch):
+        """The run's sampling settings for this step; a truncated-rollout distillation entry caps the length
+        (``rollout_token_cap``, logged as ``rollout/token_cap`` when it cuts)."""
+        from mmrlvr.rollout.base import SamplingParams
+        from mmrlvr.train.aux_losses import rollout_token_cap
+
+        r = self.cfg.rollout
+        cap = rollout_token_cap(self.cfg, b.step) if self.cfg.algo.aux_losses else r.max_new_tokens
+        if cap < r.max_new_tokens:
+            b.diagnostics["rollout/token_cap"] = float(cap)
+        return SamplingParams(max_new_tokens=cap, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
+
     def sample(self, samples: list, group_size: int, params, step_key: int):
         """``group_size`` responses to each of ``samples`` (a ``RolloutBatch``) from the rollout engine."""
         return self.rt.engine.generate(samples, group_size, params, seed=self.cfg.seed, step=step_key)
 
     def __call__(self, b: StepBatch) -> None:
-        from mmrlvr.rollout.base import SamplingParams
         from mmrlvr.train.forward import VisionFeatureCache
 
         cfg, rt = self.cfg, self.rt
         b.samples, sizes = self.prompts(b.step, b.round)
-        params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
-                                top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k)
+        params = self.sampling_params(b)
         rt.model.eval()
         t0 = time.perf_counter()
         step_key = b.step + b.round * self.ROUND_KEY
@@ -232,15 +242,13 @@ class TreeRollouts(FlatGroups):
         return out
 
     def __call__(self, b: StepBatch) -> None:
-        from mmrlvr.rollout.base import SamplingParams
         from mmrlvr.rollout.tree import generate_tree
         from mmrlvr.train.forward import VisionFeatureCache
 
         cfg, rt = self.cfg, self.rt
         b.samples, _ = self.prompts(b.step, b.round)
         p = tree_params(cfg)
-        params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
-                                top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k)
+        params = self.sampling_params(b)
         rt.model.eval()
         t0 = time.perf_counter()
         rollouts, b.tree = generate_tree(rt.engine, b.samples, params, depth=p["depth"], branching=p["branching"],
