@@ -464,9 +464,8 @@ class VLLMEngine:
         out = []
         for request, result in zip(requests, outputs):
             ran = list(result.prompt_token_ids or [])
-            if ran != list(request["ids"]):
-                first = next((k for k, (x, y) in enumerate(zip(ran, request["ids"])) if x != y),
-                             min(len(ran), len(request["ids"])))
+            first = first_difference(ran, list(request["ids"]))
+            if first is not None:
                 raise UserError(f"sample {request['sample_id']!r}: vLLM's sequence for the next turn ({len(ran)} "
                                 f"tokens) differs from the trainer's ({len(request['ids'])}) from token {first} on "
                                 "(an image placeholder expanded differently?)")
@@ -577,6 +576,14 @@ def _child_pids() -> set[int]:
         return set()
 
 
+def first_difference(got: list[int], want: list[int]) -> int | None:
+    """The first index where two token sequences differ (the shorter one's length when one extends the other), or
+    None when they are equal."""
+    if got == want:
+        return None
+    return next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+
+
 def check_prompt_tokens(samples: list[Sample], inputs: dict[str, Any], vllm_prompt_ids: list[list[int]]) -> None:
     """Each prompt as vLLM ran it (placeholders expanded from each image's grid) must be the sequence the trainer
     teacher-forces (the HF processor's, padding removed): otherwise the update scores tokens that were sampled after
@@ -584,8 +591,8 @@ def check_prompt_tokens(samples: list[Sample], inputs: dict[str, Any], vllm_prom
     ids, mask = inputs["input_ids"], inputs["attention_mask"]
     for sample, row, got in zip(samples, range(len(samples)), vllm_prompt_ids):
         want = ids[row][mask[row] > 0].tolist()
-        if list(got or []) != want:
-            first = next((i for i, (a, b) in enumerate(zip(got or [], want)) if a != b), min(len(got or []), len(want)))
+        first = first_difference(list(got or []), want)
+        if first is not None:
             raise UserError(f"sample {sample.id!r}: vLLM's prompt ({len(got or [])} tokens) differs from the "
                             f"trainer's ({len(want)} tokens) from token {first} on; the processor in "
                             "the model folder and the one the trainer uses must agree (image size limits, chat "
