@@ -1,32 +1,70 @@
-"""``mmrlvr analyze taskvec BASE SFT RL``: what RL added on top of SFT, as task vectors; optionally merge them.
+"""``mmrlvr analyze taskvec BASE SFT RL``: the SFT and the RL update as task vectors (DoTS); optionally merge them.
 
-The paper: DoTS (arXiv 2605.00610) compares the SFT and the RL stage of a model as task vectors — how large the
-RL update is next to the SFT one, how often the two pull single weights in opposite directions, where each
-puts its weight — and merges them back onto the base with sparsified, rescaled vectors and tuned coefficients.
+Paper: C. Yuan, C. Xiao, Y. Rong, H. Cheng, L.-K. Huang, "Decouple before Integration: Test-time Synthesis of
+SFT and RLVR Task Vectors" (DoTS), arXiv 2605.00610. It compares an SFT and an RLVR checkpoint of one base model as
+task vectors — a ~30× magnitude disparity, ~45 % sign interference, different modules updated — and merges them
+back onto the base with sparsified, norm-preserving rescaled vectors and searched coefficients.
 
-Task vectors (per parameter tensor; weights through the eval/export loader, a LoRA checkpoint merged):
-``τ_SFT = W_SFT − W_0`` and ``τ_RL = W_RL − W_SFT`` (RL continues from SFT).
+Official code: https://github.com/chaohaoyuan/DoTS at commit eb09ec701130ede07fe49b37438870ccd79062bf (its only
+commit, 2026-05-02): ``src/dots/task_vector.py`` (``TaskVector``: the vector, ``keep_top_k_abs``,
+``rescale_to_norm``; ``build_task_vector``), ``src/dots/search.py`` and ``src/dots/merge_eval.py`` (the merge).
+What it does, and so what we do by default:
+
+- Task vectors: each fine-tuned checkpoint against the base, ``τ = W_finetuned − W_0`` (float32); the SFT and the
+  RLVR checkpoint are trained independently from the same base. Ours: ``τ_SFT = W_SFT − W_0`` and
+  ``τ_RL = W_RL − W_0`` (``--rl-vector base``, the default). ``--rl-vector sft`` takes ``τ_RL = W_RL − W_SFT``
+  instead: the RL stage's own update when RL continued from SFT (mmrlvr's warm start → RL runs; then W_RL − W_0
+  contains τ_SFT, and a merge adds SFT's update twice). When we can tell that RL continued from SFT (a later
+  checkpoint of the same run as SFT, or an RL run whose ``model.path`` is the SFT folder) and ``base`` is used,
+  the command says so on stderr and in results.md / results.json (``note``); it does not switch by itself.
+- Sparsification, per tensor: ``k = int(keep · numel)`` (rounded down); every element whose |τ| is at least the
+  k-th largest |τ| of its tensor is kept (ties at that threshold all survive), the rest set to 0; a tensor with
+  k < 1 becomes all zeros; keep = 1 keeps everything. ``--keep`` defaults to 0.3, the README's and
+  ``build_task_vector``'s default (its fallback when a config sets no ``top_ratio`` reads the environment
+  variable ``DOTS_SPARSITY_RATIO`` with default "0.3" through ``int()``, which cannot parse "0.3"; we take the
+  documented 0.3).
+- Rescale (``rescale_to_norm``): the sparsified vector s(τ) is multiplied by one factor ‖τ‖₂ / ‖s(τ)‖₂, both
+  L2 norms of the whole vector (all its tensors together), per task vector, before the λ-weighted sum
+  (``--rescale global``, the default; factor 1 when s(τ) = 0). ``--rescale tensor`` rescales each tensor to its
+  own norm (what we did before); ``--rescale none`` leaves s(τ) as sparsified. In the official code this rescale
+  is opt-in per model (a config's ``rescale_to_original_norm``; unset, so off, in the configs it ships), while
+  the paper's method names norm-preserving rescaling as one of its parts: our default follows the paper, with the
+  code's formula; ``--rescale none`` is what the shipped configs run.
+- Merge: ``W = W_0 + λ_SFT·ŝ(τ_SFT) + λ_RL·ŝ(τ_RL)``.
+
+Where we still deviate, and why:
+
+- Coefficients. The official code searches (λ_SFT, λ_RL) in [0.5, 2]² with Optuna's multi-objective search (100
+  trials) on a small unlabelled query pool chosen by difficulty, maximising answer consistency over 7 samples and
+  minimising perplexity, and writes the Pareto front; its merge step takes the chosen pair as arguments. We score a
+  small grid (``--lambda-sft``, ``--lambda-rl``) on labelled held-out prompts with the eval command's functions
+  (greedy accuracy, avg@k, pass@k) and take the best by avg@k (greedy accuracy when k = 0; ties: greedy accuracy,
+  then the grid point closest to (1, 1)): an mmrlvr run has verifiable held-out data, a grid is reproducible and
+  needs no Optuna, and each point costs one eval on a CPU-sized budget.
+- The analysis numbers have no code in the official repository; their definitions below are ours. They are
+  computed on the two dense vectors ``--rl-vector`` chooses (results.json ``vectors`` names them); under
+  ``--merge`` the sign conflict and overlap of the two sparsified vectors (the paper reports that sparsification
+  lowers sign interference) are reported as well.
+- Inputs: the official code takes the keys both checkpoints hold (skipping integer tensors and shape mismatches);
+  we refuse checkpoints of different models, and read weights through the eval/export loader (a LoRA checkpoint
+  merged into its base first; a LoRA checkpoint against a full fine-tuning one is refused).
+
+The numbers (per parameter tensor, overall, per module family; τ_RL as ``--rl-vector`` says):
 
 - magnitude ratio ``‖τ_RL‖ / ‖τ_SFT‖`` (Frobenius), per tensor and overall (norms over all tensors together);
   null where τ_SFT = 0;
 - sign-conflict rate: among the elements where both vectors are non-zero, the share whose signs differ; the
-  ``overlap`` (share of all elements where both are non-zero) is reported beside it, so the issue's literal
-  reading (conflicts over all elements) is ``conflict × overlap``. Overall: pooled over the elements of all
-  tensors. Also the cosine ⟨τ_SFT, τ_RL⟩ / (‖τ_SFT‖‖τ_RL‖);
+  ``overlap`` (share of all elements where both are non-zero) is reported beside it, so conflicts over all
+  elements are ``conflict × overlap``. Overall: pooled over the elements of all tensors. Also the cosine
+  ⟨τ_SFT, τ_RL⟩ / (‖τ_SFT‖‖τ_RL‖);
 - per-module share of each vector's energy: Σ ‖τ‖² over a module family / Σ ‖τ‖² over all tensors, with the
   families ``attn.q``, ``attn.k``, ``attn.v``, ``attn.o`` (weights and biases of q/k/v/o_proj of the language
   model; a fused ``qkv`` is ``attn.qkv``), ``mlp``, ``embeddings`` (``embed_tokens`` and ``lm_head``), ``vision``
   (everything under the vision tower, its attention and MLP included) and ``other`` (norms, ...).
 
-``--merge`` (our reading of the paper's merge): each task vector is sparsified per tensor to its top-p
-fraction by magnitude (``k = ceil(p · numel)`` elements kept, ties broken by ``torch.topk``), rescaled to its
-original norm (ŝ(τ) = s(τ) · ‖τ‖ / ‖s(τ)‖, per tensor), and merged as ``W = W_0 + λ_SFT·ŝ(τ_SFT) +
-λ_RL·ŝ(τ_RL)`` for every (λ_SFT, λ_RL) in a small grid. Each merge is scored on held-out prompts with the eval
-command's functions (first ``--eval-limit`` prompts of the RL run's eval data, or ``--eval-data``; greedy
-accuracy, avg@k, pass@k); the best by avg@k (greedy accuracy when k = 0; ties: greedy accuracy, then the
-grid point closest to (1, 1)) is written as a checkpoint-shaped model folder ``merged-best/`` (``mmrlvr eval
---model`` and ``mmrlvr export`` take it), and SFT and RL themselves are scored on the same prompts for
-reference. The paper is not explicit to us about p, the grid or the selection metric; ours are flags.
+``--merge`` scores every grid point on the first ``--eval-limit`` prompts of the RL run's eval data (or
+``--eval-data``), scores SFT and RL themselves on the same prompts for reference, and writes the best merge as a
+checkpoint-shaped model folder ``merged-best/`` (``mmrlvr eval --model`` and ``mmrlvr export`` take it).
 
 Inputs: each of BASE, SFT, RL is a model folder (config.json), a checkpoint folder (state.json) or a run
 directory (its newest verified checkpoint). Checkpoints of different models are refused (names or shapes
@@ -42,6 +80,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +94,9 @@ FAMILIES = ("attn.q", "attn.k", "attn.v", "attn.o", "attn.qkv", "mlp", "embeddin
 _VISION = re.compile(r"(^|\.)(visual|vision_tower|vision_model|vision_encoder|image_encoder)\.")
 _ATTN = {"q_proj": "attn.q", "k_proj": "attn.k", "v_proj": "attn.v", "o_proj": "attn.o", "out_proj": "attn.o",
          "qkv_proj": "attn.qkv", "qkv": "attn.qkv"}
+RL_VECTORS = ("base", "sft")        # τ_RL against W_0 (the paper's) or against W_SFT
+RESCALES = ("global", "tensor", "none")
+DEFAULT_KEEP = 0.3                   # the official code's and README's top ratio
 _MLP = re.compile(r"(^|\.)(mlp|feed_forward|ffn)\.|(^|\.)(gate_proj|up_proj|down_proj|fc1|fc2|w1|w2|w3)\.")
 
 
@@ -74,10 +116,20 @@ def module_family(name: str) -> str:
     return "other"
 
 
-def task_vectors(w0: dict[str, "torch.Tensor"], w_sft: dict[str, "torch.Tensor"], w_rl: dict[str, "torch.Tensor"]
-                 ) -> tuple[dict[str, "torch.Tensor"], dict[str, "torch.Tensor"]]:
-    """(τ_SFT = W_SFT − W_0, τ_RL = W_RL − W_SFT), per name, shapes as the weights."""
-    return ({n: w_sft[n] - w0[n] for n in w0}, {n: w_rl[n] - w_sft[n] for n in w0})
+def task_vectors(w0: dict[str, "torch.Tensor"], w_sft: dict[str, "torch.Tensor"], w_rl: dict[str, "torch.Tensor"],
+                 rl_vector: str = "base") -> tuple[dict[str, "torch.Tensor"], dict[str, "torch.Tensor"]]:
+    """(τ_SFT = W_SFT − W_0, τ_RL = W_RL − W_0) per name (``rl_vector="base"``, the paper's), or
+    τ_RL = W_RL − W_SFT (``rl_vector="sft"``); shapes as the weights."""
+    if rl_vector not in RL_VECTORS:
+        raise UserError(f"--rl-vector {rl_vector!r}: one of {', '.join(RL_VECTORS)}")
+    ref = w0 if rl_vector == "base" else w_sft
+    return ({n: w_sft[n] - w0[n] for n in w0}, {n: w_rl[n] - ref[n] for n in w0})
+
+
+def vector_names(rl_vector: str) -> dict[str, str]:
+    """What τ_SFT and τ_RL are, in words (results.json ``vectors``)."""
+    return {"rl_vector": rl_vector, "tau_sft": "W_SFT − W_BASE",
+            "tau_rl": "W_RL − W_BASE" if rl_vector == "base" else "W_RL − W_SFT"}
 
 
 def sign_conflicts(a: "torch.Tensor", b: "torch.Tensor") -> tuple[int, int]:
@@ -100,20 +152,32 @@ def module_shares(energy: dict[str, float]) -> dict[str, float]:
     return {f: (per[f] / total if total > 0 else 0.0) for f in FAMILIES if f in per}
 
 
-def top_p_sparsify(tau: "torch.Tensor", p: float) -> "torch.Tensor":
-    """τ with all but its ``ceil(p · numel)`` largest-magnitude elements set to 0 (same shape)."""
+def _check_keep(keep: float) -> None:
+    if not 0 < keep <= 1:
+        raise UserError(f"--keep {keep}: must be in (0, 1]")
+
+
+def keep_top(tau: "torch.Tensor", keep: float) -> "torch.Tensor":
+    """τ sparsified as the official DoTS code does, per tensor: k = int(keep · numel) (rounded down); the elements
+    with |τ| ≥ the k-th largest |τ| are kept (ties at the threshold all kept), the rest set to 0; all zeros when
+    k < 1; unchanged (a copy) when keep = 1. Same shape."""
     import torch
 
-    if not 0 < p <= 1:
-        raise UserError(f"--top-p {p}: must be in (0, 1]")
-    flat = tau.reshape(-1)
-    k = min(flat.numel(), math.ceil(p * flat.numel() - 1e-9))
-    if k >= flat.numel():
+    _check_keep(keep)
+    n = tau.numel()
+    if keep >= 1 or n == 0:
         return tau.clone()
-    keep = torch.topk(flat.abs(), k, sorted=False).indices
-    out = torch.zeros_like(flat)
-    out[keep] = flat[keep]
-    return out.reshape(tau.shape)
+    k = int(n * keep)
+    if k < 1:
+        return torch.zeros_like(tau)
+    mag = tau.abs()
+    threshold = torch.kthvalue(mag.reshape(-1), n - k + 1).values  # the k-th largest |τ|
+    return torch.where(mag >= threshold, tau, torch.zeros_like(tau))
+
+
+def vector_norm(vec: dict[str, "torch.Tensor"]) -> float:
+    """The L2 norm of a whole task vector: sqrt of Σ over its tensors of Σ τ²."""
+    return math.sqrt(sum(float((t.double() ** 2).sum()) for t in vec.values()))
 
 
 def rescale_to_norm(sparse: "torch.Tensor", reference: "torch.Tensor") -> "torch.Tensor":
@@ -122,9 +186,22 @@ def rescale_to_norm(sparse: "torch.Tensor", reference: "torch.Tensor") -> "torch
     return sparse * (float(reference.norm()) / n) if n > 0 else sparse.clone()
 
 
-def sparsify_rescale(tau: "torch.Tensor", p: float) -> "torch.Tensor":
-    """ŝ(τ): top-p sparsified, then rescaled to τ's norm."""
-    return rescale_to_norm(top_p_sparsify(tau, p), tau)
+def sparsify_vector(tau: dict[str, "torch.Tensor"], keep: float, rescale: str = "global"
+                    ) -> tuple[dict[str, "torch.Tensor"], float | None]:
+    """(ŝ(τ) per name, the global factor): each tensor through ``keep_top``, then rescaled — ``global``: the whole
+    vector times ‖τ‖₂ / ‖s(τ)‖₂ (norms over all its tensors; 1 when s(τ) = 0), the official code's
+    ``rescale_to_norm``; ``tensor``: each tensor to its own norm; ``none``: not at all. The factor is None unless
+    ``global``."""
+    if rescale not in RESCALES:
+        raise UserError(f"--rescale {rescale!r}: one of {', '.join(RESCALES)}")
+    kept = {n: keep_top(t, keep) for n, t in tau.items()}
+    if rescale == "tensor":
+        return {n: rescale_to_norm(kept[n], tau[n]) for n in kept}, None
+    if rescale == "none":
+        return kept, None
+    current = vector_norm(kept)
+    factor = vector_norm(tau) / current if current > 0 else 1.0
+    return {n: s * factor for n, s in kept.items()}, factor
 
 
 def merged_weights(w0: dict[str, "torch.Tensor"], s_sft: dict[str, "torch.Tensor"], s_rl: dict[str, "torch.Tensor"],
@@ -214,6 +291,42 @@ def run_dir_of(path: Path) -> Path | None:
     return None
 
 
+def _step(folder: Path) -> int | None:
+    import json
+
+    try:
+        return int(json.loads((folder / "state.json").read_text(encoding="utf-8"))["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _start_model(run: Path) -> str | None:
+    """``model.path`` of a run's config.yaml (None when unreadable)."""
+    import yaml
+
+    try:
+        path = (yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8")) or {}).get("model", {}).get("path")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    return str(path) if path else None
+
+
+def continued_from_sft(sft_spec: str, sft_folder: Path, rl_folder: Path) -> str | None:
+    """Why RL looks trained from SFT rather than from BASE (then W_RL − W_0 contains τ_SFT), or None when we
+    cannot tell: SFT and RL are checkpoints of one run with RL the later one, or RL's run starts from
+    ``model.path`` = the SFT folder."""
+    sft_run, rl_run = run_dir_of(sft_folder), run_dir_of(rl_folder)
+    if sft_run is not None and rl_run is not None and sft_run.resolve() == rl_run.resolve():
+        a, b = _step(sft_folder), _step(rl_folder)
+        if a is not None and b is not None and a < b:
+            return f"SFT (step {a}) and RL (step {b}) are checkpoints of one run ({rl_run})"
+    if rl_run is not None:
+        start = _start_model(rl_run)
+        if start is not None and Path(start).resolve() in {Path(sft_spec).resolve(), sft_folder.resolve()}:
+            return f"RL's run ({rl_run}) starts from model.path {start}, the SFT model"
+    return None
+
+
 def skeleton_of(folder: Path, kind: str) -> Path:
     """A ``save_pretrained`` folder with the architecture (a LoRA checkpoint: its base model)."""
     from mmrlvr.train.export import base_model_folder
@@ -240,16 +353,31 @@ def _floats(text: str, flag: str) -> list[float]:
 
 # ---------------------------------------------------------------------------------------------- runner
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.epilog = ("Defaults follow DoTS (arXiv 2605.00610) and its official code (github.com/chaohaoyuan/DoTS @ "
+                "eb09ec7): both task vectors against BASE, top 30 % per tensor, one norm-preserving factor per "
+                "vector. The coefficients are picked on a grid by held-out accuracy, not by the paper's "
+                "consistency/perplexity search (docs/analysis.md).")
     p.add_argument("base", metavar="BASE", help="the base model: model folder, checkpoint or run directory")
     p.add_argument("sft", metavar="SFT", help="the SFT model (fine-tuned from BASE)")
-    p.add_argument("rl", metavar="RL", help="the RL model (trained from SFT); its run folder gets the output")
+    p.add_argument("rl", metavar="RL", help="the RL model (the paper: trained from BASE; if it continued from SFT, "
+                                            "see --rl-vector); its run folder gets the output")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="write DIR/analysis/taskvec/ (needed when RL is not a run; default: RL's run folder)")
     p.add_argument("--top", type=int, default=12, metavar="N", help="tensors in the table (largest τ_RL; default 12)")
+    p.add_argument("--rl-vector", choices=RL_VECTORS, default="base",
+                   help="τ_RL against BASE: W_RL − W_BASE (default; the paper's and its official code's, for an RL "
+                        "model trained from BASE independently of SFT) or against SFT: W_RL − W_SFT (the RL stage's "
+                        "own update when RL continued from SFT, as after an mmrlvr warm start). Every number of the "
+                        "report uses the vectors chosen here")
     p.add_argument("--merge", action="store_true",
                    help="merge sparsified, rescaled task vectors over a (λ_SFT, λ_RL) grid; write the best")
-    p.add_argument("--top-p", type=float, default=0.2, metavar="P",
-                   help="with --merge: fraction of each task vector's elements kept per tensor (default 0.2)")
+    p.add_argument("--keep", "--top-p", dest="keep", type=float, default=DEFAULT_KEEP, metavar="P",
+                   help="with --merge: fraction of each tensor's elements kept, by |τ| (int(P·numel), ties at the "
+                        "threshold kept; default 0.3, the official code's)")
+    p.add_argument("--rescale", choices=RESCALES, default="global",
+                   help="with --merge: after sparsifying, scale each vector back to its L2 norm over all tensors "
+                        "(global, default: the paper's norm-preserving rescale, the official code's formula), each "
+                        "tensor to its own norm (tensor), or not (none: the official shipped configs)")
     p.add_argument("--lambda-sft", default="0.5,1.0", metavar="L,...", help="λ_SFT grid (default 0.5,1.0)")
     p.add_argument("--lambda-rl", default="0.5,1.0,1.5", metavar="L,...", help="λ_RL grid (default 0.5,1.0,1.5)")
     p.add_argument("--eval-limit", type=int, default=8, metavar="N", help="held-out prompts per merge (default 8)")
@@ -279,8 +407,7 @@ def run(args: argparse.Namespace) -> Path:
     heldout = None
     if args.merge:
         lam_sft, lam_rl = _floats(args.lambda_sft, "--lambda-sft"), _floats(args.lambda_rl, "--lambda-rl")
-        if not 0 < args.top_p <= 1:
-            raise UserError(f"--top-p {args.top_p}: must be in (0, 1]")
+        _check_keep(args.keep)
         if args.eval_limit < 1:
             raise UserError(f"--eval-limit {args.eval_limit}: --merge picks its coefficients on held-out prompts, "
                             "give at least 1")
@@ -291,19 +418,25 @@ def run(args: argparse.Namespace) -> Path:
         check_same_model(w0, w_sft, f"BASE {args.base}", f"SFT {args.sft}")
         w_rl, _ = weights_of(resolved["RL"][0])
         check_same_model(w_sft, w_rl, f"SFT {args.sft}", f"RL {args.rl}")
-    tau_sft, tau_rl = task_vectors(w0, w_sft, w_rl)
+    tau_sft, tau_rl = task_vectors(w0, w_sft, w_rl, args.rl_vector)
     del w_sft
     result = compare(tau_sft, tau_rl)
     numbers: dict[str, Any] = {"inputs": {r: {"spec": roles[r], "folder": str(resolved[r][0]), "kind": resolved[r][1]}
-                                          for r in roles}, **result}
+                                          for r in roles}, "vectors": vector_names(args.rl_vector), **result}
+    if args.rl_vector == "base":
+        why = continued_from_sft(args.sft, resolved["SFT"][0], resolved["RL"][0])
+        if why:
+            numbers["note"] = (f"{why}: RL looks trained from SFT, so τ_RL = W_RL − W_BASE contains τ_SFT; "
+                               "--rl-vector sft takes the RL stage's own update W_RL − W_SFT")
+            print(f"note: {numbers['note']}", file=sys.stderr)
     merge_rows: list[dict[str, Any]] = []
     if args.merge:
         assert heldout is not None
-        merge_rows, best, folder = _merge(args, w0, w_rl, tau_sft, tau_rl, resolved, heldout, lam_sft, lam_rl,
+        merge_rows, best, folder, sparse = _merge(args, w0, w_rl, tau_sft, tau_rl, resolved, heldout, lam_sft, lam_rl,
                                           out_root)
-        numbers["merge"] = {"top_p": args.top_p, "lambda_sft": lam_sft, "lambda_rl": lam_rl,
-                            "eval": heldout.settings(), "selection": _selection_key(heldout), "grid": merge_rows,
-                            "best": best, "folder": str(folder)}
+        numbers["merge"] = {"keep": args.keep, "rescale": args.rescale, **sparse, "lambda_sft": lam_sft,
+                            "lambda_rl": lam_rl, "eval": heldout.settings(), "selection": _selection_key(heldout),
+                            "grid": merge_rows, "best": best, "folder": str(folder)}
     md = _markdown(numbers, args.top, heldout)
     plots = {"module_shares.png": lambda: _plot_shares(result),
              "tensors.png": lambda: _plot_tensors(result["tensors"])}
@@ -328,7 +461,8 @@ def _selection_key(heldout) -> str:
 
 
 def _merge(args, w0, w_rl, tau_sft, tau_rl, resolved, heldout, lam_sft, lam_rl, out_root: Path):
-    """Score every grid point (and SFT, RL themselves); write the best merge. Returns (rows, best, folder)."""
+    """Score every grid point (and SFT, RL themselves); write the best merge. Returns (rows, best, folder,
+    {rescale factors, sign conflict and overlap of the sparsified vectors})."""
     import torch
 
     from mmrlvr.analysis.trajectory import write_weights_checkpoint
@@ -347,12 +481,21 @@ def _merge(args, w0, w_rl, tau_sft, tau_rl, resolved, heldout, lam_sft, lam_rl, 
                 params[n].copy_(v)
         return heldout.score(model, processor)
 
-    s_sft = {n: sparsify_rescale(t, args.top_p) for n, t in tau_sft.items() if bool(t.any())}
-    s_rl = {n: sparsify_rescale(t, args.top_p) for n, t in tau_rl.items() if bool(t.any())}
+    # all-zero tensors (frozen ones) add nothing to a norm and sparsify to zeros: left out
+    s_sft, f_sft = sparsify_vector({n: t for n, t in tau_sft.items() if bool(t.any())}, args.keep, args.rescale)
+    s_rl, f_rl = sparsify_vector({n: t for n, t in tau_rl.items() if bool(t.any())}, args.keep, args.rescale)
+    conf = both = 0
+    for n in s_sft.keys() & s_rl.keys():
+        c, b = sign_conflicts(s_sft[n], s_rl[n])
+        conf, both = conf + c, both + b
+    numel = sum(w.numel() for w in w0.values())
+    sparse = {"rescale_factor": {"sft": f_sft, "rl": f_rl},
+              "sparse": {"sign_conflict": ratio(conf, both), "overlap": both / numel if numel else 0.0}}
     key = _selection_key(heldout)
+    # RL itself as (λ_SFT, λ_RL) of the dense vectors: W_0 + τ_RL (base) or W_0 + τ_SFT + τ_RL (sft)
     rows: list[dict[str, Any]] = [
         {"model": "SFT", "lambda_sft": 1.0, "lambda_rl": 0.0, **score({n: w0[n] + tau_sft[n] for n in w0})},
-        {"model": "RL", "lambda_sft": 1.0, "lambda_rl": 1.0, **score(w_rl)}]
+        {"model": "RL", "lambda_sft": 0.0 if args.rl_vector == "base" else 1.0, "lambda_rl": 1.0, **score(w_rl)}]
     for ls in lam_sft:
         for lr in lam_rl:
             rows.append({"model": "merge", "lambda_sft": ls, "lambda_rl": lr,
@@ -366,8 +509,22 @@ def _merge(args, w0, w_rl, tau_sft, tau_rl, resolved, heldout, lam_sft, lam_rl, 
         out_root / "analysis" / NAME / "merged-best", processor_from=processor_of(rl_folder, rl_kind), step=0,
         base_model=skeleton_of(*resolved["BASE"]),
         info={"analysis": {"name": "taskvec-merge", "base": args.base, "sft": args.sft, "rl": args.rl,
-                           "top_p": args.top_p, "lambda_sft": best["lambda_sft"], "lambda_rl": best["lambda_rl"]}})
-    return rows, best, folder
+                           "rl_vector": args.rl_vector, "keep": args.keep, "rescale": args.rescale,
+                           "lambda_sft": best["lambda_sft"], "lambda_rl": best["lambda_rl"]}})
+    return rows, best, folder, sparse
+
+
+def _merge_line(m: dict) -> str:
+    """How ŝ was made, in words (results.md)."""
+    f = m["rescale_factor"]
+    how = {"global": f"then each vector times one factor back to its L2 norm over all tensors (×{f['sft']:.4g} for "
+                     f"τ_SFT, ×{f['rl']:.4g} for τ_RL)" if m["rescale"] == "global" else "",
+           "tensor": "then each tensor rescaled to its own norm", "none": "not rescaled"}[m["rescale"]]
+    sp = m["sparse"]
+    conflict = "n/a" if sp["sign_conflict"] is None else f"{sp['sign_conflict']:.4g}"
+    return (f"ŝ = per tensor the elements with |τ| ≥ the int({m['keep']:g}·numel)-th largest, {how} "
+            f"(`--keep {m['keep']:g} --rescale {m['rescale']}`). The two sparsified vectors: sign conflict "
+            f"{conflict} of the elements both keep, overlap {sp['overlap']:.4g}.")
 
 
 def _fmt(x: float | None) -> Any:
@@ -379,21 +536,26 @@ def _markdown(numbers: dict, top: int, heldout) -> str:
 
     o = numbers["overall"]
     ins = numbers["inputs"]
+    v = numbers["vectors"]
     lines = ["# Task vectors: SFT vs RL (DoTS, arXiv 2605.00610)", "",
-             "τ_SFT = W_SFT − W_BASE, τ_RL = W_RL − W_SFT. " + "; ".join(
-                 f"{r}: `{ins[r]['folder']}` ({ins[r]['kind']})" for r in ins) + ".", "",
-             markdown_table(["overall", "value"], [
-                 ["‖τ_RL‖ / ‖τ_SFT‖", _fmt(o["magnitude_ratio"])],
-                 ["‖τ_SFT‖", o["norm_sft"]], ["‖τ_RL‖", o["norm_rl"]],
-                 ["sign conflict (of elements both move)", _fmt(o["sign_conflict"])],
-                 ["overlap (elements both move / all)", o["overlap"]],
-                 ["cosine(τ_SFT, τ_RL)", _fmt(o["cosine"])]]), "",
-             "## Per module family", "",
-             "Share = the family's Σ‖τ‖² over the whole vector's (each column adds up to 1).", "",
-             markdown_table(["family", "share of ‖τ_SFT‖²", "share of ‖τ_RL‖²", "‖τ_RL‖/‖τ_SFT‖", "sign conflict",
-                             "params"],
-                            [[f, d["share_sft"], d["share_rl"], _fmt(d["magnitude_ratio"]), _fmt(d["sign_conflict"]),
-                              d["numel"]] for f, d in numbers["families"].items()]), ""]
+             f"τ_SFT = {v['tau_sft']}, τ_RL = {v['tau_rl']} (`--rl-vector {v['rl_vector']}`"
+             + (", the paper's" if v["rl_vector"] == "base" else "") + "); every number below is of these two "
+             "vectors. " + "; ".join(f"{r}: `{ins[r]['folder']}` ({ins[r]['kind']})" for r in ins) + ".", ""]
+    if numbers.get("note"):
+        lines += [f"**Note:** {numbers['note']}.", ""]
+    lines += [markdown_table(["overall", "value"], [
+                  ["‖τ_RL‖ / ‖τ_SFT‖", _fmt(o["magnitude_ratio"])],
+                  ["‖τ_SFT‖", o["norm_sft"]], ["‖τ_RL‖", o["norm_rl"]],
+                  ["sign conflict (of elements both move)", _fmt(o["sign_conflict"])],
+                  ["overlap (elements both move / all)", o["overlap"]],
+                  ["cosine(τ_SFT, τ_RL)", _fmt(o["cosine"])]]), "",
+              "## Per module family", "",
+              f"Share = the family's Σ‖τ‖² over the whole vector's (each column adds up to 1); τ_RL = {v['tau_rl']}.",
+              "",
+              markdown_table(["family", "share of ‖τ_SFT‖²", "share of ‖τ_RL‖²", "‖τ_RL‖/‖τ_SFT‖", "sign conflict",
+                              "params"],
+                             [[f, d["share_sft"], d["share_rl"], _fmt(d["magnitude_ratio"]), _fmt(d["sign_conflict"]),
+                               d["numel"]] for f, d in numbers["families"].items()]), ""]
     rows = sorted(numbers["tensors"], key=lambda r: -r["norm_rl"])[:top]
     lines += [f"## Top {len(rows)} tensors by ‖τ_RL‖", "",
               markdown_table(["tensor", "family", "‖τ_SFT‖", "‖τ_RL‖", "ratio", "sign conflict", "overlap", "cosine"],
@@ -403,7 +565,7 @@ def _markdown(numbers: dict, top: int, heldout) -> str:
     if m:
         s = m["eval"]
         lines += ["", "## Merge: W_0 + λ_SFT·ŝ(τ_SFT) + λ_RL·ŝ(τ_RL)", "",
-                  f"ŝ = top-{m['top_p']:g} fraction per tensor, rescaled to the original norm. Held-out: first "
+                  _merge_line(m) + " Held-out: first "
                   f"{s['n']} prompts of `{s['data']}`, k={s['k']}, temperature {s['temperature']}, max "
                   f"{s['max_new_tokens']} new tokens, seed {s['seed']}; picked by {m['selection']}. Best: "
                   f"λ_SFT={m['best']['lambda_sft']:g}, λ_RL={m['best']['lambda_rl']:g} → `{m['folder']}`.", "",
