@@ -250,7 +250,8 @@ class StagesConfig:
     generate: str | None = _f(None, "sampler + rollout strategy (groups, tree, multi_turn)")
     score: str | None = _f(None, "rewards for every rollout (rewards)")
     shape: str | list[str] | None = _f(None, "reward transforms / row filters, added to the automatic ones, run in "
-                                       "priority order (guide, drop_unscored, overlong, mask_truncated, dynamic_sampling)")
+                                       "priority order (guide, vote_split, drop_unscored, overlong, mask_truncated, "
+                                       "dynamic_sampling)")
     advantages: str | None = _f(None, "advantage stage (group, consistency_split, poise, popo, tree, opd)")
     reference: str | list[str] | None = _f(None, "pi_old recompute and pi_ref for the KL term, added to the automatic "
                                            "ones (old_policy, frozen, aux_losses, teacher)")

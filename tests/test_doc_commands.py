@@ -253,6 +253,11 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         ("the option trains 20 steps (tiny run, same keys)",
          ("tests/test_seed_methods_train.py::test_poise_trains_20_steps_with_group_size_two_and_logs_probe_quality",
           T_DRY)),
+    'mmrlvr train configs/demo-tiny.yaml rewards.1.name=majority_vote "rewards.1.params={votes: 16}"':
+        ("the option trains 2 steps (tiny run, same keys, votes 8 for G 4: 4 rows per prompt trained, the vote "
+         "over 8) and resumes exactly; 2 processes train as 1",
+         ("tests/test_ttrl_votes.py::test_two_steps_train_group_size_rows_and_resume_exactly",
+          "tests/test_ttrl_votes.py::test_two_processes_train_as_one", T_DRY)),
     "mmrlvr train configs/demo-tiny.yaml rewards.1.name=cocov":
         ("the documented pairing moves the explorer's advantage (hand-computed group) and trains (tiny run)",
          ("tests/test_methods_combined.py::test_cocov_bonus_moves_the_documented_pairings_advantages",

@@ -14,6 +14,16 @@ does not vote (``majority/unparsable``); a group with no parsable answer has no 
 The gold answer is read in one place only: to log the pseudo-label's accuracy (``majority/pseudo_label_accuracy``
 over groups whose rows carry a gold answer). The rewards themselves never read it (a test strips it and checks the
 scores do not move). ``group_aware = True``: the trainer hands the reward whole groups and their group index.
+
+``votes`` (TTRL's vote/train split): 0 (default) votes over the G rows that train. An integer V > G
+(``rollout.group_size``) makes the generate stage sample V responses per prompt (``samples_per_prompt`` in
+``mmrlvr.train.reward_setup``); this reward takes the majority over all V and scores every one of them against it,
+and the ``vote_split`` shape stage then keeps G rows per prompt for training (``mmrlvr.train.stages.shape``). TTRL's
+official code votes over 64 samples and trains on 32 (``n_votes_per_prompt`` / ``n_samples_per_prompt``). The
+``majority/*`` metrics are over the V votes; ``majority/votes`` (logged only when ``votes`` is set) is the
+samples voted on per prompt. The parameter belongs on a top-level ``rewards`` entry, where the generate stage
+reads it: a reward that is handed groups of any other size than V refuses them (a nested ``majority_vote`` with
+``votes``, or an integration that is no trainer).
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
+from mmrlvr.errors import UserError
 from mmrlvr.rewards.base import REWARDS
 from mmrlvr.rewards.parsing import locate_answer
 from mmrlvr.types import Completion, RewardResult, Sample
@@ -32,8 +43,11 @@ class MajorityVote:
 
     group_aware = True
 
-    def __init__(self, template: str = "r1", think_prefilled: bool = False) -> None:
-        self.template, self.think_prefilled = template, think_prefilled
+    def __init__(self, template: str = "r1", think_prefilled: bool = False, votes: int = 0) -> None:
+        if isinstance(votes, bool) or not isinstance(votes, int) or votes < 0:
+            raise ValueError(f"votes must be 0 (vote over the G rows that train) or an integer > rollout.group_size "
+                             f"(samples per prompt the pseudo-label is voted over), got {votes!r}")
+        self.template, self.think_prefilled, self.votes = template, think_prefilled, votes
         self._counts = {"groups": 0, "tie_groups": 0, "unparsable": 0, "rows": 0, "judged": 0, "pseudo_correct": 0}
 
     def __call__(self, completion: Completion | str, sample: Sample) -> RewardResult:
@@ -71,6 +85,11 @@ class MajorityVote:
         out: list[RewardResult | None] = [None] * len(answers)
         for g in dict.fromkeys(group_index):
             rows = [i for i, gi in enumerate(group_index) if gi == g]
+            if self.votes and len(rows) != self.votes:
+                raise UserError(f"{type(self).__name__}: votes={self.votes} but a group of {len(rows)} rows came to "
+                                "be scored; votes works on a top-level rewards entry (rewards[i].params.votes), "
+                                "whose samples per prompt the generate stage draws (not nested in another reward, "
+                                "nor outside the trainer)")
             clusters = self.clusters(answers, rows, samples)
             top = max((len(c) for c in clusters), default=0)
             majority = next((c for c in clusters if len(c) == top), [])
@@ -114,12 +133,15 @@ class MajorityVote:
 
     def metrics(self) -> dict[str, Any]:
         """Since the last call: ``majority/pseudo_label_accuracy`` (groups with a gold answer), ``tie_share`` (of
-        groups), ``unparsable`` (share of rows) — means, so several processes average them."""
+        groups), ``unparsable`` (share of rows) — means, so several processes average them — and, with ``votes``,
+        ``majority/votes`` (rows per group voted on)."""
         c = self._counts
         out: dict[str, Any] = {"majority/tie_share": c["tie_groups"] / c["groups"] if c["groups"] else 0.0,
                "majority/unparsable": c["unparsable"] / c["rows"] if c["rows"] else 0.0}
         if c["judged"]:
             out["majority/pseudo_label_accuracy"] = c["pseudo_correct"] / c["judged"]
+        if self.votes and c["groups"]:  # samples voted on per prompt (only with the vote/train split: today's
+            out["majority/votes"] = c["rows"] / c["groups"]  # runs log what they logged)
         for k in c:
             c[k] = 0
         return out
@@ -149,11 +171,13 @@ class CoCoV(MajorityVote):
     ``majority/pseudo_label_accuracy``. Metrics: ``cocov/low_share``, ``cocov/high_share`` (of groups),
     ``cocov/verifier_changed`` (low groups whose verifier chose another cluster than the plain majority).
     Pairs with the ``pass_at_k`` advantage for pass@k-aware label-free training (the paper's setting).
+    ``votes`` as for ``majority_vote`` (TTRL's vote/train split): the share, the modes, the verifier and the bonus
+    are decided over the V votes, and G of the scored rows train.
     """
 
     def __init__(self, template: str = "r1", think_prefilled: bool = False, low: float = 0.5, high: float = 0.75,
-                 bonus: float = 0.2, verifier: dict[str, Any] | str | None = None) -> None:
-        super().__init__(template=template, think_prefilled=think_prefilled)
+                 bonus: float = 0.2, verifier: dict[str, Any] | str | None = None, votes: int = 0) -> None:
+        super().__init__(template=template, think_prefilled=think_prefilled, votes=votes)
         if not 0.0 <= float(low) <= float(high) <= 1.0:
             raise ValueError(f"cocov: need 0 <= low <= high <= 1, got low={low}, high={high}")
         if not 0.0 <= float(bonus) < 1.0:

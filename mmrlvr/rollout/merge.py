@@ -107,3 +107,24 @@ def concat_rollouts(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
         row_images=([im for b in batches for im in b.row_images] if all(b.row_images is not None for b in batches)
                     else None),
     )
+
+
+def trim_responses(batch: RolloutBatch) -> RolloutBatch:
+    """``batch`` without the trailing response positions no row uses (every row padding there): a subset of a
+    batch's rows needs only its own longest response, not the longest of the rows it was taken from. Per-token
+    vision entries ([N, P+L]) are cut with the ids; ``batch`` itself when nothing can go."""
+    import dataclasses
+
+    P, width = batch.prompt_length, batch.response_ids.shape[1]
+    used = ((batch.attention_mask[:, P:] > 0) | (batch.response_mask > 0)).any(dim=0).nonzero()
+    length = max(int(used[-1]) + 1 if len(used) else 0, 1)
+    if length >= width:
+        return batch
+    n = batch.num_rows
+    vision = {k: (v[:, :P + length] if torch.is_tensor(v) and v.dim() == 2 and tuple(v.shape) == (n, P + width)
+                  else v) for k, v in batch.vision.items()}
+    return dataclasses.replace(batch, input_ids=batch.input_ids[:, :P + length],
+                               attention_mask=batch.attention_mask[:, :P + length],
+                               response_ids=batch.response_ids[:, :length],
+                               response_mask=batch.response_mask[:, :length],
+                               old_logprobs=batch.old_logprobs[:, :length], vision=vision)

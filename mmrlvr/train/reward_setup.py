@@ -42,3 +42,27 @@ def run_reward_settings(cfg: RunConfig) -> dict:
     from mmrlvr.data.prompts import answer_format
 
     return {"template": answer_format(cfg.data), "group_size": cfg.rollout.group_size}
+
+
+def vote_entries(cfg: RunConfig) -> list[tuple[int, str, object]]:
+    """``(index, name, votes)`` of every top-level ``rewards`` entry that is a majority vote (``majority_vote``,
+    ``cocov``, a plug-in subclass of ``MajorityVote``) and sets ``params.votes`` (the value as given, unchecked)."""
+    import mmrlvr.rewards.majority  # noqa: F401  (registers majority_vote and cocov)
+    from mmrlvr.rewards.base import REWARDS
+    from mmrlvr.rewards.majority import MajorityVote
+
+    out = []
+    for i, spec in enumerate(cfg.rewards or []):
+        params = spec.params or {}
+        factory = REWARDS.get(spec.name) if spec.name and spec.name in REWARDS else None
+        if "votes" in params and isinstance(factory, type) and issubclass(factory, MajorityVote):
+            out.append((i, spec.name, params["votes"]))
+    return out
+
+
+def samples_per_prompt(cfg: RunConfig) -> int:
+    """How many responses the generate stage samples per prompt: ``rollout.group_size``, or the ``votes`` of a
+    majority-vote reward (TTRL's vote/train split: the pseudo-label is voted over all of them, and the ``vote_split``
+    shape stage keeps ``rollout.group_size`` per prompt for training)."""
+    votes = [v for _, _, v in vote_entries(cfg) if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+    return max(votes) if votes else cfg.rollout.group_size

@@ -3,8 +3,10 @@
 ``groups`` (the default) takes this process's contiguous share of the step's global prompt batch (the sampler
 ``rollout.sampler``, ``mmrlvr.train.samplers``; the default ``shuffle`` is a pure function of seed and step),
 samples G responses per prompt with the rollout engine (seeded per seed, step, prompt and sample), and starts the
-loss weights as the response mask. After the step the sampler observes every prompt's rewards (gathered from
-every process) and its state goes into checkpoints.
+loss weights as the response mask. A majority-vote reward with ``votes: V`` asks for V per prompt instead
+(``mmrlvr.train.reward_setup.samples_per_prompt``; TTRL's vote/train split): all V are scored, and the
+``vote_split`` shape stage keeps G of them for training. After the step the sampler observes every prompt's rewards
+(all V with votes; gathered from every process) and its state goes into checkpoints.
 With a frozen vision tower it also builds the step's ``VisionFeatureCache``: the tower runs once per distinct
 prompt and every later pass (credit, reference, update) reuses its features (exact while the tower is frozen).
 """
@@ -36,7 +38,16 @@ class FlatGroups(Stage):
         return {"rollout.sampler": name, **{f"rollout.sampler_params.{k}": v for k, v in params.items()},
                 "rollout.prompts_per_step": r.prompts_per_step, "rollout.group_size": r.group_size,
                 "rollout.engine": r.engine, "rollout.max_new_tokens": r.max_new_tokens,
-                "rollout.temperature": r.temperature}
+                "rollout.temperature": r.temperature, **cls._votes_setting(cfg)}
+
+    @staticmethod
+    def _votes_setting(cfg) -> dict[str, Any]:
+        """The samples drawn per prompt when a majority vote's ``votes`` asks for more than ``rollout.group_size``."""
+        from mmrlvr.train.reward_setup import samples_per_prompt
+
+        n = samples_per_prompt(cfg)
+        return {"samples per prompt (votes)": n} if n != cfg.rollout.group_size else {}
+
 
     @classmethod
     def validate(cls, cfg) -> list[str]:
@@ -74,6 +85,11 @@ class FlatGroups(Stage):
         name, params = configured(self.cfg, "sampler")
         self.sampler = build_sampler(name, len(rt.train_samples), self.cfg.rollout.prompts_per_step, self.cfg.seed,
                                      params, group_size=self.cfg.rollout.group_size)
+        from mmrlvr.train.reward_setup import samples_per_prompt
+
+        # rollout.group_size, or a majority vote's `votes` (TTRL: vote over more samples than train; the
+        # vote_split shape stage keeps rollout.group_size of them after scoring)
+        self.per_prompt = samples_per_prompt(self.cfg)
         self._index = {id(s): i for i, s in enumerate(rt.train_samples)}  # sample -> dataset index
 
     def prompts(self, step: int, round: int = 0) -> tuple[list, list[int] | None]:
@@ -156,7 +172,7 @@ class FlatGroups(Stage):
         t0 = time.perf_counter()
         step_key = b.step + b.round * self.ROUND_KEY
         if sizes is None:
-            rollouts = self.sample(b.samples, cfg.rollout.group_size, params, step_key)
+            rollouts = self.sample(b.samples, self.per_prompt, params, step_key)
         else:  # one engine call per group size, joined (samples are seeded per prompt and index: order-free)
             from mmrlvr.rollout.merge import concat_rollouts
 

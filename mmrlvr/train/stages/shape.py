@@ -6,6 +6,9 @@
 - ``dynamic_sampling`` (DAPO §3.2): groups whose rewards are all equal carry no signal and leave the loss
   and its normaliser.
 
+- ``vote_split`` (TTRL's vote/train split, a majority vote's ``votes``): of the V samples per prompt that voted,
+  G train; the others leave the batch.
+
 Group-aware reward transforms (majority-vote labels, gating, normalisation) register here too: they read
 ``batch.results`` / ``batch.rewards`` and ``batch.rollouts.group_index`` and write ``batch.rewards``.
 """
@@ -163,17 +166,14 @@ class DynamicSampling(Stage):
         import copy
 
         # every round's groups, kept or dropped, as generated: what a sampler observes after the step (round 0 is
-        # ``b`` as it stands now; _assemble rebinds b's fields, so the shallow copy keeps round 0's)
-        b.generated = [copy.copy(b)] + [src for src, _ in parts[1:]]
+        # ``b`` as it stands now; _assemble rebinds b's fields, so the shallow copy keeps round 0's). A round an
+        # earlier shaping stage already rebuilt (the vote/train split) brings what it generated instead
+        b.generated = (list(b.generated) or [copy.copy(b)]) + [rb for src, _ in parts[1:]
+                                                               for rb in src.generated_rounds()]
         self._assemble(b, selected)
 
     def _assemble(self, b: StepBatch, selected: list) -> None:
         """Rebuild ``b`` from whole groups of several rounds' batches (kept groups first, then fill)."""
-        from mmrlvr.rollout.merge import concat_rollouts, select_rows
-        from mmrlvr.train.forward import VisionFeatureCache
-
-        rt = self.rt
-        pieces, results, rewards, weights, keep_rows = [], [], [], [], []
         # consecutive groups from the same source batch are selected together
         by_src: list[tuple[StepBatch, list[int], list[bool]]] = []
         for src, g, kept in selected:
@@ -182,29 +182,164 @@ class DynamicSampling(Stage):
                 by_src[-1][2].append(kept)
             else:
                 by_src.append((src, [g], [kept]))
-        length = max(src.rollouts.response_ids.shape[1] for src, _, _ in by_src)
+        parts, keep_rows = [], []
         for src, groups, kept in by_src:
             spans = src.rollouts.group_slices()
-            rows = [r for g in groups for r in range(spans[g].start, spans[g].stop)]
-            pieces.append(select_rows(src.rollouts, rows, rt.vision_start_id))
-            results.extend(src.results[r] for r in rows)
-            rewards.append(src.rewards[rows])
-            w = src.token_weights[rows]
-            weights.append(torch.nn.functional.pad(w, (0, length - w.shape[1])))
+            parts.append((src, [r for g in groups for r in range(spans[g].start, spans[g].stop)]))
             keep_rows.extend(k for g, k in zip(groups, kept) for _ in range(spans[g].stop - spans[g].start))
-        tok = getattr(rt.processor, "tokenizer", rt.processor)
-        rollouts = concat_rollouts(pieces, pad_id=tok.pad_token_id if tok.pad_token_id is not None else 0)
-        rollouts.timings = dict(b.rollouts.timings)
-        b.rollouts, b.results, b.rewards = rollouts, results, torch.cat(rewards)
-        b.samples = [rollouts.samples[s.start] for s in rollouts.group_slices()]
+        assemble_rows(self.rt, b, parts)
         b.row_mask = torch.tensor(keep_rows)
-        b.token_weights = torch.cat(weights)
         b.token_weights[~b.row_mask] = 0.0
-        b.images_per_row = rollouts.images_per_row(rt.vision_start_id)
-        if b.vision is not None:
-            vision = VisionFeatureCache(rt.policy, rollouts.vision, b.images_per_row, rollouts.rows_sharing_images(),
-                                        features=rollouts.image_features)
-            b.vision = vision if vision.ok else None
+
+
+def assemble_rows(rt, b: StepBatch, parts: list[tuple[StepBatch, list[int]]], trim: bool = False) -> None:
+    """Rebuild ``b`` from rows of scored batches, in order: ``parts`` = ``(source batch, its rows)``, each part's
+    rows group-contiguous (whole groups — dynamic sampling's refill — or a subset of every group: the vote/train
+    split). Sets the rollouts (groups renumbered in order), results, rewards, token weights (padded to the widest
+    source), prompts, images per row and, when ``b`` has one, the vision cache (the engine's or the sources' cached
+    features: no second vision-tower pass). ``row_mask`` is the caller's (it says which rows count). ``trim``: cut the
+    response positions none of the chosen rows uses (``mmrlvr.rollout.merge.trim_responses``), so the passes after
+    shaping cost what the chosen rows need."""
+    from mmrlvr.rollout.merge import concat_rollouts, select_rows, trim_responses
+    from mmrlvr.train.forward import VisionFeatureCache
+
+    pieces, results, rewards, weights = [], [], [], []
+    length = max(src.rollouts.response_ids.shape[1] for src, _ in parts)
+    for src, rows in parts:
+        pieces.append(select_rows(src.rollouts, rows, rt.vision_start_id))
+        results.extend(src.results[r] for r in rows)
+        rewards.append(src.rewards[rows])
+        w = src.token_weights[rows]
+        weights.append(torch.nn.functional.pad(w, (0, length - w.shape[1])))
+    tok = getattr(rt.processor, "tokenizer", rt.processor)
+    rollouts = concat_rollouts(pieces, pad_id=tok.pad_token_id if tok.pad_token_id is not None else 0)
+    rollouts.timings = dict(b.rollouts.timings)
+    if trim:
+        rollouts = trim_responses(rollouts)
+        weights = [w[:, :rollouts.response_ids.shape[1]] for w in weights]
+    features = rollouts.image_features
+    if features is None and all(getattr(src.vision, "ok", False) for src, _ in parts):
+        features = [f for src, rows in parts for r in rows
+                    for f in src.vision.features[src.vision.first_image[r]:src.vision.first_image[r + 1]]]
+    b.rollouts, b.results, b.rewards = rollouts, results, torch.cat(rewards)
+    b.samples = [rollouts.samples[s.start] for s in rollouts.group_slices()]
+    b.token_weights = torch.cat(weights)
+    b.images_per_row = rollouts.images_per_row(rt.vision_start_id)
+    if b.vision is not None:
+        vision = VisionFeatureCache(rt.policy, rollouts.vision, b.images_per_row, rollouts.rows_sharing_images(),
+                                    features=features)
+        b.vision = vision if vision.ok else None
+
+
+@register_stage("shape", "vote_split", priority=45)
+class VoteSplit(Stage):
+    """TTRL's vote/train split (Zuo et al. 2025, arXiv 2504.16084; official code github.com/PRIME-RL/TTRL, which
+    votes over ``n_votes_per_prompt`` = 64 samples and trains on ``n_samples_per_prompt`` = 32): a majority-vote
+    reward (``majority_vote``, ``cocov``) with ``votes: V`` > G made the generate stage sample V responses per
+    prompt, and the score stage voted each prompt's pseudo-label over all V and scored every row against it. This
+    stage keeps G = ``rollout.group_size`` rows of every group for training; the others leave the batch (rollouts,
+    results, rewards, token weights, vision cache — ``assemble_rows``, as dynamic sampling rebuilds a batch — and
+    the response positions only they used), so every later pass costs G rows per prompt.
+
+    Which G: the first G of each group, as TTRL's code does (``_select_top_k_per_prompt`` in
+    ``verl/verl/trainer/ppo/ray_trainer.py``: rows ``[0, n_samples)`` of every prompt's ``n_votes``). The V
+    responses are independent draws, each seeded per (seed, step, prompt, sample index), so the first G are a
+    uniformly random G of the V in distribution, and a run and its resume keep the same rows without a generator
+    of their own; they are seeded as the G rows of a run without ``votes`` are. (No separate random draw seeded by
+    (seed, step, prompt) is made: TTRL's first-G rule is one already, in distribution.)
+
+    Runs first among the shaping stages (after ``guide``, which ``votes`` refuses): the later transforms and
+    dynamic sampling see the trained batch, as without votes (a refill round runs this stage too). The sampler
+    observes all V rows of every group, with the rewards they were scored (``StepBatch.generated``). Metrics: the
+    reward's ``majority/*`` are over the V votes, ``majority/votes`` is V; ``rollout/samples`` and
+    ``rollout/decoded_tokens`` count what was generated, ``group_size/*`` and the rollout records what trained.
+    """
+
+    reads = ("rewards",)
+    when_text = "a majority_vote or cocov reward sets params.votes"
+
+    @classmethod
+    def when(cls, cfg) -> bool:
+        from mmrlvr.train.reward_setup import vote_entries
+
+        return any(v != 0 for _, _, v in vote_entries(cfg))
+
+    @classmethod
+    def reason(cls, cfg) -> str:
+        from mmrlvr.train.reward_setup import vote_entries
+
+        return ", ".join(f"rewards[{i}].params.votes: {v}" for i, _, v in vote_entries(cfg) if v != 0)
+
+    @classmethod
+    def plan_params(cls, cfg) -> dict[str, Any]:
+        from mmrlvr.train.reward_setup import vote_entries
+
+        out: dict[str, Any] = {f"rewards[{i}].params.votes": v for i, _, v in vote_entries(cfg) if v != 0}
+        out["rollout.group_size"] = cfg.rollout.group_size
+        out["kept per prompt"] = f"the first {cfg.rollout.group_size} (as TTRL's code)"
+        return out
+
+    @classmethod
+    def validate(cls, cfg) -> list[str]:
+        from mmrlvr.train.reward_setup import vote_entries
+        from mmrlvr.train.tool_setup import multi_turn
+
+        g, out = cfg.rollout.group_size, []
+        ints = [(i, v) for i, _, v in vote_entries(cfg) if isinstance(v, int) and not isinstance(v, bool)]
+        for i, v in ints:  # other types: the reward's own check names them
+            if 0 < v <= g:  # a negative one: the reward's own check
+                out.append(f"rewards[{i}].params.votes: {v} must be 0 (vote over the rows that train) or more than "
+                           f"rollout.group_size ({g}): the pseudo-label is voted over `votes` samples per prompt and "
+                           f"rollout.group_size of them train")
+        active = [(i, v) for i, v in ints if v > g]
+        if len({v for _, v in active}) > 1:
+            out.append(" and ".join(f"rewards[{i}].params.votes ({v})" for i, v in active) + " differ: the "
+                       "generate stage draws one number of samples per prompt; give them the same votes")
+        if not active:
+            return out
+        key = f"rewards[{active[0][0]}].params.votes: {active[0][1]}"
+        r = cfg.rollout
+        if r.sampler == "budget":
+            out.append(f"{key} and rollout.sampler: budget cannot be combined: the budget sampler sizes every group "
+                       f"itself, the vote/train split samples `votes` per prompt and trains {g}; choose one")
+        if r.strategy == "tree":
+            out.append(f"{key} and rollout.strategy: tree cannot be combined: a tree's leaves are its group "
+                       "(branching^depth of them, sharing segments); the vote/train split needs independent samples")
+        if multi_turn(cfg):
+            which = "rollout.tools" if r.tools else "rollout.summarize"
+            out.append(f"{key} and {which} cannot be combined: multi-turn trajectories (and ReSum's segment rows) "
+                       "are not split into votes and trained rows yet; use single-turn rollouts")
+        if r.guide:
+            out.append(f"{key} and rollout.guide cannot be combined: NPO's guide replaces a row of a group and "
+                       "scores the group again, which would vote over the trained rows only")
+        named = cfg.stages.generate if cfg.stages is not None else None
+        if named and named != "groups":
+            out.append(f"{key} and stages.generate: {named} cannot be combined: only the groups stage draws "
+                       "`votes` samples per prompt")
+        return out
+
+    def __init__(self, rt) -> None:
+        super().__init__(rt)
+        from mmrlvr.train.reward_setup import samples_per_prompt
+
+        self.votes = samples_per_prompt(self.cfg)
+
+    def __call__(self, b: StepBatch) -> None:
+        import copy
+
+        g, v = self.cfg.rollout.group_size, self.votes
+        spans = b.rollouts.group_slices()
+        sizes = sorted({s.stop - s.start for s in spans} - {v})
+        if sizes:
+            raise RuntimeError(f"vote_split: every prompt should have votes={v} samples, got groups of {sizes} rows "
+                               "(a generate stage that does not draw rewards[i].params.votes per prompt)")
+        rows = [r for s in spans for r in range(s.start, s.start + g)]  # the first G of each group (TTRL's code)
+        if not b.generated:  # what the step generated, every vote: the sampler observes it after the step
+            b.generated = [copy.copy(b)]
+        mask = b.row_mask
+        assemble_rows(self.rt, b, [(b, rows)], trim=True)
+        if mask is not None:
+            b.row_mask = mask[rows]
 
 
 #: the keys ``rollout.guide`` takes, with their defaults (``from`` has none: it names the guide)
