@@ -111,8 +111,9 @@ class RolloutConfig:
     vllm_sync: str = _f("weights", "vLLM weight sync after each optimizer step: weights (the whole model, any LoRA "
                         "merged in) | lora (the adapter as a vLLM LoRA, vision-tower modules included)")
     sampler: str = _f("uniform", "which prompts each step draws (parameters: rollout.sampler_params): uniform (a fresh "
-                      "permutation per epoch; also called shuffle) | disagreement (SGAC: prompts whose answers "
-                      "disagree most) | budget (TRACE: group sizes by p(1 - p) within a sample budget) | plug-ins")
+                      "permutation per epoch; also called shuffle) | disagreement (SGAC: a selector ranks prompts by "
+                      "answer disagreement, success rate, reward variance and difficulty) | budget (TRACE: group sizes "
+                      "by p(1 - p) within a sample budget) | plug-ins")
     sampler_params: dict[str, Any] = _f({}, "parameters of rollout.sampler")
     strategy: str = _f("groups", "how a group is built: groups (G independent samples per prompt) | tree (TreeRPO: "
                        "branching^depth leaves sharing segments; parameters: rollout.strategy_params)")

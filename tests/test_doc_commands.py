@@ -109,6 +109,13 @@ JUDGE_URL = "base_url=http://127.0.0.1:41221/v1"
 ON_8_GPUS = GPU + "; the 2-process CPU twin runs"
 
 # command (as extracted) -> (how it is exercised, the tests that do it: "tests/file.py::test_name[case]")
+T_STEP1 = "tests/test_sampler_methods.py::test_a_fresh_curriculum_chooses_at_step_0_with_the_probe_and_not_without"
+STEP1_SGAC = ("the step-1 measurement (run by hand); its finding tested at step 0 and over 20 steps",
+              (T_STEP1, "tests/test_sampler_methods.py::test_disagreement_trains_20_steps_and_resumes_exactly", T_DRY))
+STEP1_TRACE = ("the step-1 measurement (run by hand); its finding tested at step 0 and over 20 steps",
+               (T_STEP1, "tests/test_sampler_methods.py::"
+                "test_budget_trains_20_steps_with_groups_of_several_sizes_and_resumes_exactly", T_DRY))
+
 COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     'mmrlvr train configs/demo-tiny.yaml "algo.aux_losses=[{name: forward_ce, weight: 0.1, params: {horizon: 0.25, '
     'rollout: truncated}}]"':
@@ -287,9 +294,31 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         ("the option trains 20 steps (tiny run, G 4) with groups of several sizes and resumes exactly; 2 ranks in "
          "the matrix", ("tests/test_sampler_methods.py::"
                         "test_budget_trains_20_steps_with_groups_of_several_sizes_and_resumes_exactly", T_DRY)),
-    'mmrlvr train configs/demo-tiny.yaml rollout.sampler=disagreement "rollout.sampler_params={floor: 0.05}"':
-        ("the option trains 20 steps (tiny run) and resumes exactly; 2 ranks in the matrix",
-         ("tests/test_sampler_methods.py::test_disagreement_trains_20_steps_and_resumes_exactly", T_DRY)),
+    'mmrlvr train configs/demo-tiny.yaml rollout.sampler=disagreement "rollout.sampler_params={selector: learned, '
+    'pool: 2, probe_samples: 2}"':
+        ("the defaults train 20 steps (tiny run), choose from step 1 and resume exactly; 2 ranks in the matrix; the "
+         "selector by hand", ("tests/test_sampler_methods.py::test_disagreement_trains_20_steps_and_resumes_exactly",
+                              "tests/test_sampler_methods.py::test_selector_features_and_the_learned_ranking_by_hand",
+                              T_DRY)),
+    'mmrlvr train configs/demo-tiny.yaml rollout.sampler=disagreement "rollout.sampler_params={selector: entropy, '
+    'floor: 0.05, probe_samples: 0}"':
+        ("the entropy draw's probabilities counted, state and refill rounds (the same parameters)",
+         ("tests/test_sampler_methods.py::test_unseen_prompts_come_first_then_draws_follow_the_normalised_entropy",
+          "tests/test_sampler_methods.py::test_state_round_trip_and_refill_rounds_draw_other_prompts", T_DRY)),
+    # the step-1 measurement of docs/methods.md (run by hand, 2 CPU cores): what it shows — the curriculum chooses
+    # from step 1 with the probe and not at all without it — is tested at step 0 and in 20-step runs
+    'mmrlvr train configs/demo-tiny.yaml output_dir=runs/probe-sgac data.train_size=2000 max_steps=20 '
+    'eval.at_start=false eval.every=0 eval.at_end=false progress=false '
+    'rollout.sampler=disagreement': STEP1_SGAC,
+    'mmrlvr train configs/demo-tiny.yaml output_dir=runs/noprobe-sgac data.train_size=2000 max_steps=20 '
+    'eval.at_start=false eval.every=0 eval.at_end=false progress=false '
+    'rollout.sampler=disagreement "rollout.sampler_params={probe_samples: 0}"': STEP1_SGAC,
+    'mmrlvr train configs/demo-tiny.yaml output_dir=runs/probe-trace data.train_size=2000 max_steps=20 '
+    'eval.at_start=false eval.every=0 eval.at_end=false progress=false '
+    'rollout.sampler=budget': STEP1_TRACE,
+    'mmrlvr train configs/demo-tiny.yaml output_dir=runs/noprobe-trace data.train_size=2000 max_steps=20 '
+    'eval.at_start=false eval.every=0 eval.at_end=false progress=false '
+    'rollout.sampler=budget "rollout.sampler_params={probe_samples: 0}"': STEP1_TRACE,
     "mmrlvr train configs/demo-tiny.yaml output_dir=runs/opd-teacher max_steps=60":
         ("the recipe's first run (a tiny run; the test trains its teacher 2 steps)",
          ("tests/test_opd.py::test_two_steps_with_the_students_own_earlier_checkpoint_as_teacher", T_DRY)),

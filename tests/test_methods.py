@@ -31,6 +31,7 @@ def _cli(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     ("advantage", "mmrlvr.algos.advantages", lambda reg, n: reg.get(n)),
     ("loss", "mmrlvr.algos.losses", lambda reg, n: reg.get(n)),
     ("clip", "mmrlvr.algos.clipping", lambda reg, n: reg.get(n)),
+    ("sampler", "mmrlvr.train.samplers", lambda reg, n: reg.get(n)),  # the class: its constructor's keywords
 ])
 def test_every_declared_parameter_is_the_implementations_keyword_with_the_same_default(kind, module, fn_of):
     """The torch-free declarations (mmrlvr.algos.params) and the functions' keyword defaults cannot drift apart."""

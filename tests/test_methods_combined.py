@@ -37,10 +37,11 @@ def test_a_sampler_observes_every_group_of_every_refill_round(tmp_path, sampler,
 
     run = train_tiny_run(tmp_path / "r", "max_steps=1", "save_every=1", f"rollout.sampler={sampler}",
                          "algo.dynamic_sampling=true", "algo.dynamic_sampling_max_rounds=3", "rollout.group_size=2",
-                         "rollout.max_new_tokens=2", "log_rollouts=false")
+                         "rollout.max_new_tokens=2", "log_rollouts=false", "rollout.sampler_params={probe_samples: 0}")
     (row,) = _metrics(run)
     assert row["dynamic_sampling/rounds"] == 3.0 and row["dynamic_sampling/kept_groups"] == 0.0
-    replay = build_sampler(sampler, 16, 2, 0, {}, group_size=2)  # FAST_RUN: 16 prompts, 2 per step; seed 0
+    # FAST_RUN: 16 prompts, 2 per step; seed 0; no probe (its table would hold the probed prompts too)
+    replay = build_sampler(sampler, 16, 2, 0, {"probe_samples": 0}, group_size=2)
     drawn = {i for r in range(3) for i in replay.indices(0, r)}
     assert len(drawn) > 2  # the refill rounds drew other prompts than round 0's
     seen = _stage_state(run, 1)[table]

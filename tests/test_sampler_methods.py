@@ -1,6 +1,7 @@
-"""Seed methods that choose the prompts: the SGAC disagreement curriculum (``rollout.sampler: disagreement``) and
-the default ``uniform`` sampler's name. The formula by hand, the draw's probabilities, state, refill rounds, and
-20 training steps with an exact resume (one process here; two ranks in the matrix marker's test below)."""
+"""Seed methods that choose the prompts: the SGAC disagreement curriculum (``rollout.sampler: disagreement``: its
+learned selector and its entropy draw, the probe that lets it act from step 1), TRACE's budget allocation and the
+default ``uniform`` sampler's name. The formulas by hand, the draw's probabilities, state, refill rounds, and 20
+training steps with an exact resume (one process here; two ranks in the matrix marker's tests below)."""
 
 from __future__ import annotations
 
@@ -41,8 +42,11 @@ def _observe(sampler, answers_by_prompt: dict[int, list]) -> None:
                                 list(answers_by_prompt.values())))
 
 
+ENTROPY = {"selector": "entropy", "probe_samples": 0, "floor": 0.05}  # the draw before the selector, no probe
+
+
 def test_unseen_prompts_come_first_then_draws_follow_the_normalised_entropy():
-    s = build_sampler("disagreement", 5, 2, 3, {"floor": 0.05})
+    s = build_sampler("disagreement", 5, 2, 3, ENTROPY)
     first = s.indices(0)
     assert len(first) == 2 and len(set(first)) == 2
     _observe(s, {i: ["1", "1", "1", "1"] for i in first})  # agreed: entropy 0
@@ -53,7 +57,7 @@ def test_unseen_prompts_come_first_then_draws_follow_the_normalised_entropy():
                  4: ["z"] * 4})
     assert s.entropy == pytest.approx({0: 1.0, 1: 1.0, 2: 0.5, 3: 0.0, 4: 0.0})
     # one prompt per step: the draw picks prompt i with probability w_i / sum w (Efraimidis-Spirakis, k = 1)
-    one = build_sampler("disagreement", 5, 1, 3, {"floor": 0.05})
+    one = build_sampler("disagreement", 5, 1, 3, ENTROPY)
     one.load_state_dict(s.state_dict())
     n = 6000
     counts = Counter(one.indices(step)[0] for step in range(n))
@@ -74,6 +78,128 @@ def test_state_round_trip_and_refill_rounds_draw_other_prompts():
     assert not set(r0) & set(r1)
 
 
+# ------------------------------------------------------------------------- SGAC's learned selector, the probe
+def _observe_table(sampler, step: int, table: dict[int, tuple[list, list]]) -> None:
+    """``table``: prompt -> (the verifier's 1/0 per sample, the final answers)."""
+    sampler.observe(StepOutcome(step, list(table), [list(map(float, a)) for a, _ in table.values()],
+                                [list(map(float, a)) for a, _ in table.values()], [ans for _, ans in table.values()]))
+
+
+def test_selector_features_and_the_learned_ranking_by_hand():
+    import torch
+
+    from mmrlvr.train.samplers import group_features
+
+    # p = 3/4 right, v = p(1 - p) (a 1/0 verifier's population variance), h = entropy of (3 x "2", 1 x "3") / ln 4
+    p, v, h = group_features([1, 0, 1, 1], ["2", "3", "2", "2"])
+    assert (p, v) == (0.75, 0.1875)
+    assert h == pytest.approx(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25)) / math.log(4))
+    assert group_features([0, 0], [None, None]) == (0.0, 0.0, 0.0)  # unparsable twice: one answer, no spread
+
+    s = build_sampler("disagreement", 6, 2, 0, {"probe_samples": 0, "l2": 0.5})
+    d = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    s.set_difficulty(d)
+    step0 = {0: ([1, 0, 0, 0], ["1", "2", "3", "3"]), 1: ([1, 1, 1, 1], ["4"] * 4),
+             2: ([0, 0, 1, 1], ["a", "a", "b", "b"]), 3: ([0, 0, 0, 0], [None] * 4)}
+    step1 = {0: ([1, 1, 0, 0], ["1", "1", "3", "2"]), 2: ([1, 1, 1, 1], ["b"] * 4), 4: ([0, 1, 0, 1], ["x", "y"] * 2)}
+    _observe_table(s, 0, step0)
+    assert s.pairs == 0 and s.weights() == [0.0, 0.0, 0.0, 1.0, 0.0]  # no prompt came back: the entropy prior
+    _observe_table(s, 1, step1)
+    # prompts 0 and 2 came back: x = [1, p, v, h, d] at step 0, y = p(step 1) - p(step 0)
+    feats = {i: group_features(*step0[i]) for i in step0}
+    X = torch.tensor([[1.0, *feats[i], d[i]] for i in (0, 2)], dtype=torch.float64)
+    y = torch.tensor([group_features(*step1[i])[0] - feats[i][0] for i in (0, 2)], dtype=torch.float64)
+    assert y.tolist() == [0.25, 0.5]
+    w0 = torch.tensor([0.0, 0.0, 0.0, 1.0, 0.0], dtype=torch.float64)
+    w = torch.linalg.solve(X.T @ X + 0.5 * torch.eye(5, dtype=torch.float64), X.T @ y + 0.5 * w0)
+    assert s.pairs == 2 and s.weights() == pytest.approx(w.tolist(), abs=1e-12)
+    # each prompt scored from its last group: 0, 2, 4 from step 1, 1 and 3 from step 0
+    last = {**{i: step0[i] for i in (1, 3)}, **step1}
+    scores = {i: float(w @ torch.tensor([1.0, *group_features(*last[i]), d[i]], dtype=torch.float64)) for i in last}
+    assert {i: s.score(i) for i in last} == pytest.approx(scores, abs=1e-12)
+    ranked = sorted(scores, key=scores.get, reverse=True)
+    assert s.choose(list(last), 3, 9, 0) == ranked[:3]  # the ranking: the highest scores
+    # a step: prompt 5 never seen comes first (no probe), then the best of a seeded pool of pool x B = 4 seen
+    pool = s.candidate_pool(9, 0, among=[0, 1, 2, 3, 4])
+    assert len(pool) == 4 and s.indices(9) == [5, max(pool, key=scores.get)]
+    assert s.step_metrics(9) == {"sampler/weighted_draws": 0.5, "sampler/selector_pairs": 2.0}
+    # state round trip (plain data: JSON survives it): the same weights, the same draws
+    t = build_sampler("disagreement", 6, 2, 0, {"probe_samples": 0, "l2": 0.5})
+    t.set_difficulty(d)
+    t.load_state_dict(json.loads(json.dumps(s.state_dict())))
+    assert t.weights() == s.weights() and [t.indices(k) for k in range(20)] == [s.indices(k) for k in range(20)]
+    # a prompt seen twice within one step makes no pair (no update between the two groups)
+    _observe_table(s, 1, {4: ([1, 1, 1, 1], ["x"] * 4)})
+    assert s.pairs == 2
+
+
+def test_prompt_difficulty_is_the_datasets_level_else_the_prompt_length_percentile():
+    from types import SimpleNamespace
+
+    from mmrlvr.train.samplers import prompt_difficulty
+
+    def sample(text, **meta):
+        return SimpleNamespace(meta=meta, messages=[{"role": "user", "content": [{"type": "image"},
+                                                                                 {"type": "text", "text": text}]}])
+
+    levels = [sample("a", level="Level 1"), sample("b", level=3), sample("c", difficulty="5")]
+    assert prompt_difficulty(levels) == [0.0, 0.5, 1.0]  # (x - min) / (max - min)
+    # no level on one row: lengths in words 3, 5, 5, 9 -> ranks 0, 1.5 (tied 1 and 2), 1.5, 3 -> / (n - 1) = 3
+    plain = [sample("one two three"), sample("a b c d e", level=2), sample("v w x y z"), sample(" ".join("x" * 9))]
+    assert prompt_difficulty(plain) == [0.0, 0.5, 0.5, 1.0]
+    assert prompt_difficulty([sample("same length"), sample("same words")]) == [0.0, 0.0]
+
+
+def test_a_fresh_curriculum_chooses_at_step_0_with_the_probe_and_not_without():
+    # SGAC: a pool of pool x B = 8 candidates, all unknown, is probed; the 4 whose two samples disagree rank
+    # first under the entropy prior (w0). Without the probe the step is the first 4 of the unseen permutation.
+    fresh = build_sampler("disagreement", 40, 4, 0, {})
+    cands = fresh.probe_candidates(0)
+    assert cands == fresh.candidate_pool(0, 0) and len(cands) == 8
+    acc = [[1.0, 0.0] if j % 2 == 0 else [1.0, 1.0] for j in range(8)]
+    answers = [["1", "2"] if j % 2 == 0 else ["1", "1"] for j in range(8)]
+    fresh.observe_probe(StepOutcome(0, cands, acc, acc, answers))
+    assert fresh.probed[cands[0]] == [0.5, 0.25, 1.0] and fresh.probed[cands[1]] == [1.0, 0.0, 0.0]
+    assert sorted(fresh.indices(0)) == cands[0::2]
+    assert fresh.step_metrics(0)["sampler/weighted_draws"] == 1.0  # all 4 chosen by the selector
+    assert fresh.pairs == 0  # a probe makes no training pair
+    plain = build_sampler("disagreement", 40, 4, 0, {"probe_samples": 0})
+    assert plain.probe_candidates(0) == [] and plain.indices(0) == plain._order[:4]
+    assert plain.step_metrics(0)["sampler/weighted_draws"] == 0.0
+
+    # TRACE: the step's 4 prompts probed twice: p = (right + 1) / (k + 2) = 1/4, 2/4, 3/4, 2/4; scores p(1 - p)
+    # 0.1875, 0.25, 0.1875, 0.25; budget 16 in [2, 8]: lambda = 16 / 0.875 -> 3.43, 4.57, 3.43, 4.57 -> floors
+    # 3, 4, 3, 4 (14) and the two units left to the largest remainders (.57): 3, 5, 3, 5
+    b = build_sampler("budget", 40, 4, 0, {}, group_size=4)
+    step = b.indices(0)
+    assert b.probe_candidates(0) == step
+    right = [[0.0, 0.0], [1.0, 0.0], [1.0, 1.0], [0.0, 1.0]]
+    b.observe_probe(StepOutcome(0, step, right, right, [["0", "0"]] * 4))
+    assert [b.pass_rate[i] for i in step] == [0.25, 0.5, 0.75, 0.5]
+    assert b.group_sizes(step) == [3, 5, 3, 5] and b.step_metrics(0) == {"sampler/weighted_draws": 1.0}
+    assert b.probe_candidates(0) == []  # probed once
+    none = build_sampler("budget", 40, 4, 0, {"probe_samples": 0}, group_size=4)
+    assert none.probe_candidates(0) == [] and none.group_sizes(step) == [4, 4, 4, 4]
+    assert none.step_metrics(0) == {"sampler/weighted_draws": 0.0}
+
+
+@pytest.mark.parametrize("override, fragments", [
+    ("rollout.sampler_params={selector: rank, pool: 0.5}",
+     ["rollout.sampler_params.selector: prompt sampler 'disagreement': must be one of learned, entropy, got 'rank'",
+      "rollout.sampler_params.pool: prompt sampler 'disagreement': must be >= 1, got 0.5"]),
+    ("rollout.sampler_params={probe_tokens: 64}",
+     ["rollout.sampler_params.probe_tokens=64 exceeds rollout.max_new_tokens=32"]),
+])
+def test_selector_and_probe_settings_out_of_range_are_config_errors_naming_the_key(tmp_path, override, fragments):
+    from analysis_helpers import cli
+
+    res = cli("train", "configs/demo-tiny.yaml", "--dry-run", "--config-only", f"output_dir={tmp_path}/r",
+              "rollout.sampler=disagreement", override)
+    assert res.returncode == 2, res.stderr
+    for f in fragments:
+        assert f in res.stderr, res.stderr
+
+
 def test_floor_out_of_range_is_a_config_error(tmp_path):
     from analysis_helpers import cli
 
@@ -87,8 +213,13 @@ def _metrics(run: Path) -> list[dict]:
 
 
 def test_disagreement_trains_20_steps_and_resumes_exactly(tmp_path):
+    """The defaults: the learned selector, the pool probed before each step. It chooses from step 1 and fits
+    pairs once prompts come back (16 prompts, 2 a step, a pool of 4)."""
     opts = ["rollout.sampler=disagreement", "log_rollouts=false", "save_every=10"]
     straight = _metrics(train_tiny_run(tmp_path / "a", "max_steps=20", *opts))
+    assert straight[0]["sampler/weighted_draws"] == 1.0 and straight[0]["sampler/probe_samples"] == 4 * 2
+    assert all(r["sampler/weighted_draws"] == 1.0 for r in straight)
+    assert straight[-1]["sampler/selector_pairs"] > 0 and straight[-1]["sampler/probe_samples"] < 8
     interrupted_copy(tmp_path / "a", tmp_path / "b", 10)
     resumed = _metrics(train_tiny_run(tmp_path / "b", "max_steps=20", "--resume", *opts))
     clean = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in straight[10:]]
@@ -171,6 +302,8 @@ def test_budget_trains_20_steps_with_groups_of_several_sizes_and_resumes_exactly
     assert_same_final_state(tmp_path / "a", tmp_path / "b")  # parameters and the sampler's pass rates
     assert all(r["sampler/samples"] == 16 for r in straight)  # 4 prompts x G 4: the default budget, every step
     assert any(r["group_size/max"] > r["group_size/min"] for r in straight)  # sizes differ once prompts are seen
+    assert straight[0]["sampler/weighted_draws"] == 1.0  # the probe sized step 1's prompts
+    assert straight[0]["sampler/probe_samples"] == 4 * 2 and straight[-1]["sampler/probe_samples"] == 0
     from mmrlvr.store.reader import RolloutReader
 
     frame = RolloutReader(tmp_path / "a").index

@@ -48,7 +48,6 @@ class FlatGroups(Stage):
         n = samples_per_prompt(cfg)
         return {"samples per prompt (votes)": n} if n != cfg.rollout.group_size else {}
 
-
     @classmethod
     def validate(cls, cfg) -> list[str]:
         """A sampler that sizes groups splits its budget evenly across processes: the budget must divide."""
@@ -91,17 +90,77 @@ class FlatGroups(Stage):
         # vote_split shape stage keeps rollout.group_size of them after scoring)
         self.per_prompt = samples_per_prompt(self.cfg)
         self._index = {id(s): i for i, s in enumerate(rt.train_samples)}  # sample -> dataset index
+        if hasattr(self.sampler, "set_difficulty"):  # SGAC's fourth feature, from the data (not checkpointed)
+            from mmrlvr.train.samplers import prompt_difficulty
 
-    def prompts(self, step: int, round: int = 0) -> tuple[list, list[int] | None]:
+            self.sampler.set_difficulty(prompt_difficulty(rt.train_samples))
+
+    def prompts(self, step: int, round: int = 0, diagnostics: dict[str, float] | None = None
+                ) -> tuple[list, list[int] | None]:
         """This process's share of step ``step``'s prompts (round r > 0: a refill round's), and their group sizes
         when the sampler sizes groups (``group_sizes``; each process allocates its even share of the budget, so
-        every rank holds the same number of rows), else None (``rollout.group_size`` each)."""
+        every rank holds the same number of rows), else None (``rollout.group_size`` each). A sampler that
+        probes (``probe_candidates``) has its candidates probed first; its ``step_metrics`` go to
+        ``diagnostics``."""
         rt = self.rt
+        probed = self.probe(step, round, diagnostics)
         idx = shard(self.sampler.indices(step, round), rt.accel.process_index, rt.accel.num_processes)
         sizes = None
         if getattr(self.sampler, "group_sizes", None) is not None:
             sizes = self.sampler.group_sizes(idx, self.sampler.budget // rt.accel.num_processes)
+        if diagnostics is not None:
+            diagnostics.update(self.sampler.step_metrics(step, round))
+            if probed is not None:
+                diagnostics["sampler/probe_samples"] = float(probed)
         return [rt.train_samples[i] for i in idx], sizes
+
+    #: a probe samples with the engine's seed key step + PROBE_KEY: its responses never repeat a step's own
+    PROBE_KEY = 1_000_000_000_000
+
+    def probe(self, step: int, round: int, diagnostics: dict[str, float] | None = None) -> int | None:
+        """Probe the sampler's candidates before the step: ``probe_samples`` responses each (at most
+        ``probe_tokens`` new tokens), judged by the verifier alone (no reward call: no reward counters move, a
+        group-aware reward is not handed groups of another size), their outcomes gathered from every process (in
+        rank order) for ``observe_probe``. The global list is padded to a multiple of the processes (the padding
+        repeats candidates, observed once), so every rank makes the same engine call. Returns the samples drawn
+        (over every process, padding left out), or None for a sampler that does not probe."""
+        from mmrlvr.train.samplers import Sampler, StepOutcome
+
+        k = int(getattr(self.sampler, "probe_samples", 0) or 0)
+        if k <= 0 or type(self.sampler).probe_candidates is Sampler.probe_candidates:
+            return None
+        cands = list(dict.fromkeys(self.sampler.probe_candidates(step, round)))
+        if not cands:
+            return 0
+        import torch
+
+        from mmrlvr.rollout.base import SamplingParams
+        from mmrlvr.train.batch import StepBatch
+        from mmrlvr.train.distributed import _all_gather
+
+        rt, r = self.rt, self.cfg.rollout
+        world, rank = rt.accel.num_processes, rt.accel.process_index
+        padded = cands + [cands[j % len(cands)] for j in range(-len(cands) % world)]
+        mine = shard(padded, rank, world)
+        t0 = time.perf_counter()
+        rt.model.eval()
+        params = SamplingParams(max_new_tokens=int(getattr(self.sampler, "probe_tokens", 0) or 0) or r.max_new_tokens,
+                                temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
+        rollouts = self.sample([rt.train_samples[i] for i in mine], k, params, step + self.PROBE_KEY)
+        pb = StepBatch(step=step, rollouts=rollouts, rewards=torch.zeros(rollouts.num_rows))
+        prompts, _, accuracy, answers = self._outcome([pb])
+        parts = _all_gather((prompts, accuracy, answers), world)
+        gold = all(p[1] is not None for p in parts)  # every rank's rows carry a gold answer
+        groups: dict[int, tuple[list, list]] = {}
+        for p_idx, acc, ans in parts:
+            for j, i in enumerate(p_idx):
+                groups.setdefault(i, (acc[j] if gold else [0.0] * len(ans[j]), ans[j]))  # the padding's repeat: once
+        accs = [a for a, _ in groups.values()]
+        self.sampler.observe_probe(StepOutcome(step, list(groups), accs, accs if gold else None,
+                                               [ans for _, ans in groups.values()]))
+        if diagnostics is not None:
+            diagnostics["time/probe_s"] = time.perf_counter() - t0
+        return len(cands) * k
 
     def after_step(self, b: StepBatch) -> None:
         """The sampler observes every group the step generated — each refill round's too, kept or dropped by
@@ -166,7 +225,7 @@ class FlatGroups(Stage):
         from mmrlvr.train.forward import VisionFeatureCache
 
         cfg, rt = self.cfg, self.rt
-        b.samples, sizes = self.prompts(b.step, b.round)
+        b.samples, sizes = self.prompts(b.step, b.round, b.diagnostics)
         params = self.sampling_params(b)
         rt.model.eval()
         t0 = time.perf_counter()
@@ -262,7 +321,7 @@ class TreeRollouts(FlatGroups):
         from mmrlvr.train.forward import VisionFeatureCache
 
         cfg, rt = self.cfg, self.rt
-        b.samples, _ = self.prompts(b.step, b.round)
+        b.samples, _ = self.prompts(b.step, b.round, b.diagnostics)
         p = tree_params(cfg)
         params = self.sampling_params(b)
         rt.model.eval()
