@@ -43,8 +43,9 @@ ARMS: dict[str, list[str]] = {
     "gated_process": ["rewards.1.name=gated_process"],
     "forward_ce": ["algo.aux_losses=[{name: forward_ce, weight: 0.1, params: {expert: privileged}}]"],
     # which prompts, how many samples, how a group is built: at the same 128 samples per step
-    "disagreement": ["rollout.sampler=disagreement"],
-    "budget": ["rollout.sampler=budget"],
+    # (as the documented study ran them: before the learned selector and the probe, now the samplers' defaults)
+    "disagreement": ["rollout.sampler=disagreement", "rollout.sampler_params={selector: entropy, probe_samples: 0}"],
+    "budget": ["rollout.sampler=budget", "rollout.sampler_params={probe_samples: 0}"],
     "tree": ["rollout.strategy=tree", "rollout.strategy_params={depth: 3, branching: 2}"],  # 8 leaves per prompt
     "tree@2xprompts": ["rollout.strategy=tree", "rollout.strategy_params={depth: 3, branching: 2}",
                        "rollout.prompts_per_step=32"],  # twice the samples, about as many decoded tokens as flat
