@@ -218,3 +218,32 @@ def test_a_model_expert_scores_half_of_each_zoom_trajectory(tmp_path):
     (row,) = _metrics(run)
     assert row["tools/calls"] > 0 and row["distill/teacher_tokens"] > 0 and row["distill/ce"] > 0
     assert row["distill/teacher_token_share"] == pytest.approx(0.5, abs=0.02)  # ceil per row: just above 0.5
+
+
+def test_zero_std_group_fraction_counts_equal_rewards_exactly():
+    """Six rewards of 1.2 are all equal, yet their float32 std is 1.19e-7, above the 1e-8 cutoff the metric used:
+    groups of sizes other than powers of two were missed (a budget run logged 0.003 where its records gave 0.178).
+    The metric now compares each group's max and min, as the estimators' spread test does; groups of one size and
+    of several sizes alike."""
+    import torch
+
+    from mmrlvr.rewards.base import RewardResult
+    from mmrlvr.rollout.base import Completion, RolloutBatch
+    from mmrlvr.train.step_metrics import rollout_metrics
+    from mmrlvr.types import Sample
+
+    assert float(torch.full((6,), 1.2).std(unbiased=False)) > 1e-8  # the premise: the std misses
+
+    def metrics(rewards: list[float], groups: list[int]) -> dict:
+        n = len(rewards)
+        z = torch.zeros(n, 2)
+        batch = RolloutBatch(samples=[Sample(id=f"q{g}", messages=[], images=[], answer="1", answer_type="number")
+                                      for g in groups],
+                             group_index=torch.tensor(groups), sample_index=torch.arange(n), input_ids=z.long(),
+                             attention_mask=z.long(), response_ids=z.long(), response_mask=torch.ones(n, 2),
+                             old_logprobs=z, vision={}, prompt_length=1,
+                             completions=[Completion(text="<answer>1</answer>", finish_reason="stop")] * n)
+        return rollout_metrics(batch, torch.tensor(rewards), [RewardResult(score=r) for r in rewards], 6)
+
+    assert metrics([1.2] * 6 + [1.2] * 5 + [0.2], [0] * 6 + [1] * 6)["zero_std_group_fraction"] == 0.5
+    assert metrics([1.2] * 6 + [1.2] * 3, [0] * 6 + [1] * 3)["zero_std_group_fraction"] == 1.0  # sizes 6 and 3
