@@ -90,7 +90,7 @@ def test_doc_dry_run_reports_every_problem(tmp_path):
     assert res.stderr.splitlines() == [
         "mmrlvr train: error: 3 problems found before loading the model:",
         f"  {cfg}: rollout.top_p: must be in (0, 1], got 2.0",
-        f"  {cfg}: algo.loss: unknown policy loss 'ppo'; allowed: cispo, gspo, nsr, popo, ppo_clip (did you mean 'ppo_clip'?)",
+        f"  {cfg}: algo.loss: unknown policy loss 'ppo'; allowed: cispo, clip_cov, gspo, kl_cov, nsr, popo, ppo_clip (did you mean 'ppo_clip'?)",
         f"  {cfg}: credit.scheme: unknown credit scheme 'vep'; allowed: delta, entropy_topk, none, papo, rsi, vepo, vppo "
         "(did you mean 'vepo'?)",
     ]
