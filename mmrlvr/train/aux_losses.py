@@ -176,32 +176,26 @@ class ForwardCE:
 
         rollouts = b.rollouts
         P = rollouts.prompt_length
+        scored = cols  # response positions the forward computes logits for (cut to cols at the end)
         if self.model is None:
             inputs, model = self.privileged_inputs(b, rows, cols), self.rt.policy
         else:
             from mmrlvr.train.forward import slice_inputs
 
-            full = slice_inputs(rollouts.model_inputs(), rows, b.images_per_row)
-            seq = full["input_ids"].shape[1]
-            model = self.model
-            if (full["input_ids"][:, P + cols:] == self.rt.vision_start_id).any():
+            inputs, model = slice_inputs(rollouts.model_inputs(), rows, b.images_per_row), self.model
+            seq = inputs["input_ids"].shape[1]
+            if (inputs["input_ids"][:, P + cols:] == self.rt.vision_start_id).any():
                 # a tool turn's image lies past the kept prefix: cutting its tokens would leave its pixels without
                 # placeholders, so the expert reads the whole sequence and the logits are cut instead
-                with torch.no_grad():
-                    was_training = model.training
-                    model.eval()
-                    try:
-                        return response_logits(model, full, seq - P)[:, :cols]
-                    finally:
-                        model.train(was_training)
-            # per-token entries (ids, mask, mm_token_type_ids) end where the kept response prefix ends
-            inputs = {k: (v[:, :P + cols] if isinstance(v, torch.Tensor) and v.dim() == 2 and v.shape[1] == seq
-                          else v) for k, v in full.items()}
+                scored = seq - P
+            else:  # per-token entries (ids, mask, mm_token_type_ids) end where the kept response prefix ends
+                inputs = {k: (v[:, :P + cols] if isinstance(v, torch.Tensor) and v.dim() == 2 and v.shape[1] == seq
+                              else v) for k, v in inputs.items()}
         was_training = model.training
         model.eval()
         try:
             with torch.no_grad():
-                return response_logits(model, inputs, cols)
+                return response_logits(model, inputs, scored)[:, :cols]
         finally:
             model.train(was_training)
 
