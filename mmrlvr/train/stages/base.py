@@ -274,6 +274,8 @@ class Pipeline:
         and return the batch. ``round`` > 0 is a refill round: the sampler draws other prompts."""
         import time
 
+        from torch.profiler import record_function
+
         from mmrlvr.train.batch import StepBatch
 
         batch = StepBatch(step=step, round=round)
@@ -282,7 +284,8 @@ class Pipeline:
             for stage in stages:
                 if stage is stop_before:
                     return batch
-                stage(batch)
+                with record_function(f"stage {kind}/{stage.name}"):  # names the stage in torch's profiler
+                    stage(batch)
             batch.timings[kind] = time.perf_counter() - t0
             if kind == upto:
                 return batch
