@@ -9,7 +9,8 @@ import pytest
 from PIL import Image
 
 from mmrlvr.errors import DataError
-from mmrlvr.rewards.grounding import GroundingReward, iou, location_boxes, match_boxes, parse_boxes, to_frame
+from mmrlvr.boxes import iou, to_frame
+from mmrlvr.rewards.grounding import GroundingReward, location_boxes, match_boxes, parse_boxes
 from mmrlvr.types import Sample
 
 

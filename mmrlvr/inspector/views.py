@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image, ImageDraw
 
+from mmrlvr.boxes import best_ious, iou, zoom_box
 from mmrlvr.store.images import VIDEO_FPS_KEY, VIDEO_FRAMES_KEY, UnsafePathError, resolve_in_run
 from mmrlvr.store.record import RolloutRecord
 
@@ -566,22 +567,6 @@ def heatmap_html(tokens: Sequence[HeatToken], signal: str, peak: float | None = 
 
 
 # -- images and boxes ---------------------------------------------------------------------------------
-def box_iou(a: Sequence[float], b: Sequence[float]) -> float:
-    """IoU of [x1, y1, x2, y2] boxes (0 for empty or invalid boxes)."""
-    ix = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
-    iy = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-    inter = ix * iy
-    area_a = max(0.0, a[2] - a[0]) * max(0.0, a[3] - a[1])
-    area_b = max(0.0, b[2] - b[0]) * max(0.0, b[3] - b[1])
-    union = area_a + area_b - inter
-    return inter / union if union > 0 else 0.0
-
-
-def best_ious(pred: Sequence[Sequence[float]], gt: Sequence[Sequence[float]]) -> list[float | None]:
-    """For each predicted box, its IoU with the best-matching ground-truth box (None without GT)."""
-    return [max((box_iou(p, g) for g in gt), default=None) if gt else None for p in pred]
-
-
 def _clip_box(box: Sequence[float], size: tuple[int, int]) -> tuple[int, int, int, int]:
     w, h = size
     x1, y1, x2, y2 = (float(v) for v in box)
@@ -1056,12 +1041,10 @@ def load_turn_images(run_dir: Any, rec: RolloutRecord) -> list[Image.Image | Non
 
 def _zoom_source(images: Sequence[Image.Image | None], args: dict[str, Any]) -> tuple[Image.Image, list[float]] | None:
     """The image a zoom call looked into, with its box in that image's pixels (None when it cannot be drawn)."""
-    from mmrlvr.rewards.grounding import to_frame
-
     try:
         src = images[int(args.get("image", 0))]
-        (box,) = to_frame([tuple(float(v) for v in args["box"])], args.get("coords", "absolute"), src.size, src.size)
-    except (IndexError, KeyError, TypeError, ValueError, AttributeError):
+        box = zoom_box(args, src.size)  # the region the tool cropped
+    except (IndexError, TypeError, ValueError, AttributeError):
         return None
     return (src, list(box)) if src is not None else None
 
@@ -1120,7 +1103,7 @@ def turns_html(rec: RolloutRecord, prompt_images: Sequence[Image.Image], returne
                 ImageDraw.Draw(shown).rectangle([round(v) for v in box], outline=(233, 30, 99), width=width)
                 if region and int(args.get("image", 0)) == 0:
                     ImageDraw.Draw(shown).rectangle([round(v) for v in region], outline=(0, 172, 193), width=width)
-                score = f" · IoU with the gold region {fmt(box_iou(box, region))}" if region and int(
+                score = f" · IoU with the gold region {fmt(iou(box, region))}" if region and int(
                     args.get("image", 0)) == 0 else ""
                 figures.append(f'<figure style="margin:0"><figcaption style="font-size:11px">zoom box (magenta) on '
                                f'image {esc(args.get("image", 0))}{" · gold region (cyan)" if region else ""}'

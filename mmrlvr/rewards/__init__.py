@@ -27,7 +27,8 @@ from mmrlvr.rewards.format import FormatReward
 from mmrlvr.rewards.accuracy import AccuracyReward
 from mmrlvr.rewards.choice import ChoiceReward, extract_choice, options_from_meta
 from mmrlvr.rewards.numeric import NumericReward, read_number, within_tolerance
-from mmrlvr.rewards.grounding import GroundingReward, iou, match_boxes, parse_boxes
+from mmrlvr.boxes import iou
+from mmrlvr.rewards.grounding import GroundingReward, match_boxes, parse_boxes
 from mmrlvr.rewards.text import TextReward
 from mmrlvr.rewards.auto import ANSWER_TYPES, AutoAccuracyReward, same_answer
 from mmrlvr.rewards.combine import CombinedReward, RewardSpec, answer_judge, make_answer_judge

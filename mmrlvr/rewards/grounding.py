@@ -52,15 +52,11 @@ from typing import Any, Sequence
 
 from mmrlvr.errors import DataError
 from mmrlvr.rewards.base import REWARDS
+from mmrlvr.boxes import COORD_ALIASES, Box, box_area, iou, to_frame
 from mmrlvr.rewards.common import AnswerReward, require_answer
 from mmrlvr.rewards.parsing import fold_unicode
 from mmrlvr.types import RewardResult, Sample
 
-Box = tuple[float, float, float, float]  # x1, y1, x2, y2
-COORD_FORMATS = ("abs", "norm1000", "norm1")
-#: the names ``grounding.coords`` uses, as the frames above
-COORD_ALIASES = {"absolute": "abs", "normalized_1000": "norm1000", "normalized_1": "norm1",
-                 "abs": "abs", "norm1000": "norm1000", "norm1": "norm1"}
 MATCHINGS = ("hungarian", "greedy")
 _BOX_KEYS = ("bbox_2d", "bbox", "box_2d", "box", "Position", "position", "bounding_box", "xyxy")
 #: keys whose four numbers are (y1, x1, y2, x2): Gemini's ``box_2d`` ([ymin, xmin, ymax, xmax]; its 0-1000 frame is
@@ -317,21 +313,6 @@ def why_no_box(text: str) -> tuple[str, str]:
     return "box_unparsed", "box-like text that is not a box, a JSON/Python list of boxes or two (x, y) corners"
 
 
-def box_area(b: Box) -> float:
-    return max(0.0, b[2] - b[0]) * max(0.0, b[3] - b[1])
-
-
-def iou(a: Box, b: Box) -> float:
-    """Intersection over union; a degenerate box (x2 ≤ x1 or y2 ≤ y1) has IoU 0 with everything.
-
-    >>> iou((0, 0, 10, 10), (5, 0, 15, 10))  # overlap 5x10 = 50; union 100 + 100 - 50 = 150
-    0.3333333333333333
-    """
-    inter = box_area((max(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3])))
-    union = box_area(a) + box_area(b) - inter
-    return inter / union if union > 0 and inter > 0 else 0.0
-
-
 def _hungarian_min(cost: list[list[float]]) -> list[int]:
     """Minimum-cost perfect assignment of a square matrix; returns column index per row. O(n³)."""
     n = len(cost)
@@ -419,30 +400,6 @@ def frame_sizes(sample: Sample) -> tuple[tuple[float, float] | None, tuple[float
         resized = tuple(float(x) for x in sample.images[0].size)  # type: ignore[assignment]
     target = _size(meta.get("orig_size"), "orig_size", sample.id) or resized
     return resized, target
-
-
-def to_frame(boxes: Sequence[Box], fmt: str, seen: tuple[float, float] | None,
-             target: tuple[float, float] | None) -> list[Box]:
-    """Map boxes given in ``fmt`` (relative to the image the model ``seen``) into the ``target`` frame.
-
-    >>> to_frame([(500, 0, 1000, 500)], "norm1000", (100, 100), (640, 480))
-    [(320.0, 0.0, 640.0, 240.0)]
-    >>> to_frame([(10, 10, 20, 20)], "abs", (100, 100), (200, 300))  # resized 100x100 -> original 200x300
-    [(20.0, 30.0, 40.0, 60.0)]
-    """
-    fmt = COORD_ALIASES.get(fmt, fmt)
-    if fmt not in COORD_FORMATS:
-        raise ValueError(f"unknown coordinate format {fmt!r}; known: {', '.join(COORD_ALIASES)}")
-    if fmt == "abs":
-        if seen is None or target is None:
-            return list(boxes)
-        sx, sy = target[0] / seen[0], target[1] / seen[1]
-    else:
-        if target is None:
-            raise ValueError(f"{fmt} coordinates need the image size (an image or meta['orig_size'])")
-        scale = 1000.0 if fmt == "norm1000" else 1.0
-        sx, sy = target[0] / scale, target[1] / scale
-    return [(b[0] * sx, b[1] * sy, b[2] * sx, b[3] * sy) for b in boxes]
 
 
 def _clip(b: Box, frame: tuple[float, float] | None) -> Box:

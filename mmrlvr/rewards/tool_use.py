@@ -69,7 +69,7 @@ class ZoomIoUReward:
         self.hit_iou = float(hit_iou)
 
     def __call__(self, completion: Completion | str, sample: Sample | None) -> RewardResult:
-        from mmrlvr.rewards.grounding import iou, to_frame
+        from mmrlvr.boxes import iou, zoom_box
 
         region = (sample.meta or {}).get("region") if sample is not None else None
         zooms = [c for c in trajectory_calls(completion) if c.get("name") == "zoom" and not c.get("error")
@@ -79,10 +79,9 @@ class ZoomIoUReward:
         size = sample.images[0].size
         best = 0.0
         for c in zooms:
-            args = c["arguments"]
             try:
-                (box,) = to_frame([tuple(float(v) for v in args["box"])], args.get("coords", "absolute"), size, size)
-            except (KeyError, TypeError, ValueError):
+                box = zoom_box(c["arguments"], size)  # the region the tool cropped
+            except (TypeError, ValueError):
                 continue
             best = max(best, iou(box, tuple(float(v) for v in region)))
         return RewardResult(best, {}, {"zooms": len(zooms), "zoom_hit": best >= self.hit_iou})

@@ -30,7 +30,8 @@ import regex as _regex
 from mmrlvr.rewards import parsing
 from mmrlvr.rewards.auto import same_answer
 from mmrlvr.rewards.choice import extract_choice
-from mmrlvr.rewards.grounding import iou, parse_boxes
+from mmrlvr.boxes import iou
+from mmrlvr.rewards.grounding import parse_boxes
 from mmrlvr.rubric.jsonscan import OPEN_RE, json_span
 from mmrlvr.rubric.schema import ANSWER_REF, Check
 from mmrlvr.types import Sample

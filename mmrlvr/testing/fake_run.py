@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+from mmrlvr.boxes import iou
 from mmrlvr.store.atomic import atomic_write_text
 from mmrlvr.store.images import VIDEO_FRAMES_KEY, ImageStore
 from mmrlvr.store.reader import METRICS_FILE
@@ -41,15 +42,6 @@ def tokenize(text: str) -> list[str]:
     tokens = _TOKEN_RE.findall(text)
     assert "".join(tokens) == text, "fake tokenizer must be lossless"
     return tokens
-
-
-def box_iou(a: list[float], b: list[float]) -> float:
-    """Intersection over union of two [x1, y1, x2, y2] boxes."""
-    ix = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
-    iy = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-    inter = ix * iy
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return inter / union if union > 0 else 0.0
 
 
 def _draw_scene(rng: np.random.Generator, size: int) -> tuple[Image.Image, list[tuple[str, list[float]]]]:
@@ -166,9 +158,9 @@ def _fake_record(rng: np.random.Generator, run_id: str, step: int, p: dict, i: i
         comps = {"format": format_ok, "accuracy": acc}
         gt_boxes: list[list[float]] = []
     else:
-        iou = box_iou(pred_boxes[0], p["gt_boxes"][0]) if pred_boxes else 0.0
-        comps = {"format": format_ok, "iou": round(iou, 4)}
-        acc = float(iou >= 0.5)
+        overlap = iou(pred_boxes[0], p["gt_boxes"][0]) if pred_boxes else 0.0
+        comps = {"format": format_ok, "iou": round(overlap, 4)}
+        acc = float(overlap >= 0.5)
         gt_boxes = p["gt_boxes"]
     answer_correct = bool(acc)
     m = re.search(r"<answer>(.*?)</answer>", text)

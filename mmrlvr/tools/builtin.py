@@ -34,17 +34,10 @@ def zoom(image: int, box: list[float], coords: str = "absolute", context: ToolCo
         box: [x1, y1, x2, y2]
         coords: absolute (pixels), normalized_1000 or normalized_1
     """
-    from mmrlvr.rewards.grounding import to_frame
+    from mmrlvr.boxes import zoom_box
 
     src = _image(context or ToolContext(), image)
-    if not isinstance(box, (list, tuple)) or len(box) != 4 or not all(isinstance(v, (int, float)) for v in box):
-        raise ValueError(f"box must be four numbers [x1, y1, x2, y2], got {box!r}")
-    w, h = src.size
-    (x1, y1, x2, y2), = to_frame([tuple(float(v) for v in box)], coords, (w, h), (w, h))
-    x1, x2 = sorted((max(0.0, min(w, x1)), max(0.0, min(w, x2))))
-    y1, y2 = sorted((max(0.0, min(h, y1)), max(0.0, min(h, y2))))
-    if x2 - x1 < 1 or y2 - y1 < 1:
-        raise ValueError(f"the box {box!r} ({coords}) covers no pixels of the {w}x{h} image")
+    x1, y1, x2, y2 = zoom_box({"box": box, "coords": coords}, src.size)
     crop = src.crop((int(x1), int(y1), int(round(x2)), int(round(y2))))
     scale = ZOOM_SIDE / max(crop.size)
     out = crop.resize((max(1, round(crop.size[0] * scale)), max(1, round(crop.size[1] * scale))))
