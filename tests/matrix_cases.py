@@ -151,7 +151,7 @@ def options() -> list[tuple[str, str]]:
             + [("reward", n) for n in REWARDS.names()]
             + [("lora_init", n) for n in INITS]
             + [("aux_loss", n) for n in AUX_LOSSES.names()]
-            + [("sampler", n) for n in SAMPLERS.names() if n not in ("uniform", "shuffle")])
+            + [("sampler", n) for n in SAMPLERS.names() if n != "uniform"])
 
 
 def cases() -> list[Case]:

@@ -28,12 +28,20 @@ def test_answer_entropy_by_hand():
     assert answer_entropy(["x", "x", "x", "y"]) == pytest.approx(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25)))
 
 
-def test_uniform_is_the_default_and_shuffle_its_old_name():
+def test_uniform_is_the_default_and_sizes_no_groups():
     from mmrlvr.config import RunConfig
+    from mmrlvr.train.samplers import Sampler, sampler_class
 
-    assert RunConfig().rollout.sampler == "uniform"
-    a, b = build_sampler("uniform", 10, 3, 0, {}), build_sampler("shuffle", 10, 3, 0, {})
-    assert [a.indices(s) for s in range(5)] == [b.indices(s) for s in range(5)]
+    cfg = RunConfig()
+    assert cfg.rollout.sampler == "uniform" and "shuffle" not in SAMPLERS
+    uniform = build_sampler("uniform", 10, 3, 0, {})
+    assert not uniform.sizes_groups and uniform.group_sizes([0, 1, 2], 24) is None
+    assert sampler_class(cfg).step_budget(cfg, {}) is None and sampler_class(cfg).smallest_group(cfg, {}) is None
+    cfg.rollout.sampler = "budget"
+    assert sampler_class(cfg).sizes_groups and sampler_class(cfg).step_budget(cfg, {}) == 16 * 8
+    assert sampler_class(cfg).smallest_group(cfg, {"g_min": 3})[0] == 3
+    cfg.rollout.sampler = "nonesuch"  # validation names it; the traits read as the base class's
+    assert sampler_class(cfg) is Sampler
 
 
 def _observe(sampler, answers_by_prompt: dict[int, list]) -> None:
@@ -350,3 +358,40 @@ def test_budget_on_two_ranks_keeps_the_budget_and_resumes_exactly(tmp_path):
     clean = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in straight[10:]]
     assert clean == [{k: v for k, v in r.items() if not k.startswith("time/")} for r in resumed[-10:]]
     assert_same_final_state(tmp_path / "a", tmp_path / "b")  # parameters and the samplers' pass rates
+
+
+def test_a_plugin_sampler_that_sizes_groups_gets_the_same_checks_as_budget(monkeypatch):
+    """No check recognises the built-in budget sampler by name: a plug-in that sizes groups declares it and is
+    checked alike (pass@k against its smallest group, the tree strategy, the process split of its budget)."""
+    from mmrlvr.algos.params import smallest_groups
+    from mmrlvr.config import RunConfig
+    from mmrlvr.train.samplers import Sampler
+    from mmrlvr.train.stages.generate import FlatGroups, TreeRollouts
+
+    @SAMPLERS.register("pairs_test")
+    class Pairs(Sampler):
+        sizes_groups = True
+
+        def indices(self, step, round=0):
+            return list(range(self.batch_size))
+
+        def group_sizes(self, prompts, budget=None):
+            return [2] * len(prompts)
+
+        @classmethod
+        def step_budget(cls, cfg, params):
+            return 2 * cfg.rollout.prompts_per_step + 1  # odd: cannot split over two processes
+
+        @classmethod
+        def smallest_group(cls, cfg, params):
+            return 2, "the pairs_test sampler's pairs"
+
+    cfg = RunConfig()
+    cfg.rollout.sampler = "pairs_test"
+    assert (2, "the pairs_test sampler's pairs") in smallest_groups(cfg)
+    cfg.rollout.strategy = "tree"
+    assert any("rollout.sampler: pairs_test sizes groups" in p for p in TreeRollouts.validate(cfg))
+    cfg.rollout.strategy = "flat"
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    problems = FlatGroups.validate(cfg)
+    assert any("do not split evenly over 2" in p for p in problems), problems

@@ -126,7 +126,7 @@ def test_tree_config_problems(tmp_path):
               "rollout.sampler=budget")
     assert res.returncode == 2
     for text in ("rollout.strategy_params.depth: an integer >= 1", "rollout.strategy_params.branching: an integer >= 2",
-                 "unknown key(s) width", "the budget sampler sizes groups"):
+                 "unknown key(s) width", "rollout.sampler: budget sizes groups"):
         assert text in res.stderr, res.stderr
     ok = cli("train", "configs/demo-tiny.yaml", "--dry-run", f"output_dir={tmp_path}/r2", "rollout.strategy=tree")
     assert ok.returncode == 0 and "generate" in ok.stdout and "tree" in ok.stdout, ok.stderr

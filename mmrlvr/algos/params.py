@@ -110,11 +110,14 @@ def smallest_groups(cfg) -> list[tuple[int, str]]:
 
         b = tree_params(cfg)["branching"]
         out.append((b, f"rollout.strategy_params.branching={b} (a tree node's siblings)"))
-    if cfg.rollout.sampler == "budget":
+    from mmrlvr.train.samplers import sampler_class
+
+    if (cls := sampler_class(cfg)).sizes_groups:
         from mmrlvr.methods import configured
 
-        g_min = configured(cfg, "sampler")[1]["g_min"]
-        out.append((g_min, f"rollout.sampler_params.g_min={g_min} (the budget sampler's smallest group)"))
+        smallest = cls.smallest_group(cfg, configured(cfg, "sampler")[1])
+        if smallest is not None:
+            out.append(smallest)
     return out
 
 

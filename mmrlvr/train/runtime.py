@@ -17,7 +17,7 @@ import torch
 
 from mmrlvr.config import RunConfig
 from mmrlvr.errors import UserError
-from mmrlvr.train.data import DataOrder, load_split
+from mmrlvr.train.data import load_split
 from mmrlvr.train.forward import slice_inputs
 from mmrlvr.train.reward_setup import build_run_reward
 
@@ -36,7 +36,6 @@ class Runtime:
     reward: Any  # CombinedReward
     train_samples: list
     eval_samples: list
-    order: DataOrder  # the sampler: which prompts make up each step
     vision_start_id: int
     metrics_writer: Any = None  # MetricsWriter (metrics.jsonl + trackers); writes on the main process only
     rollout_writer: Any = None  # RolloutWriter (Parquet per step) on the main process, or None
@@ -292,10 +291,9 @@ def build_runtime(cfg: RunConfig) -> Runtime:
     eval_samples = load_split(cfg.data.eval, cfg.data, "test", processor=processor) if cfg.data.eval else []
     if cfg.eval.limit:
         eval_samples = eval_samples[: cfg.eval.limit]
-    order = DataOrder(len(train_samples), cfg.rollout.prompts_per_step, cfg.seed)
     tok = getattr(processor, "tokenizer", processor)
     return Runtime(cfg=cfg, accel=accel, model=prepared, policy=policy, ref_model=ref_model, processor=processor,
                    optimizer=optimizer, scheduler=scheduler, engine=engine, reward=reward,
-                   train_samples=train_samples, eval_samples=eval_samples, order=order,
+                   train_samples=train_samples, eval_samples=eval_samples,
                    vision_start_id=tok.convert_tokens_to_ids("<|vision_start|>"), topology=topology,
                    data_reports=data_reports)

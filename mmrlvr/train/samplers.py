@@ -5,8 +5,11 @@ A sampler is a registered class built once per run with ``(n, batch_size, seed, 
 - ``indices(step, round)`` returns the *global* batch of step ``step`` (``batch_size`` dataset indices; round r > 0
   is a dynamic-sampling refill round and should draw other prompts). Every process calls it with the same
   arguments and must get the same answer: each takes its contiguous share.
-- ``group_sizes(prompts)`` (optional) gives each of the step's prompts its own group size (the whole global
-  batch, in order; every process gets the same answer); without it every prompt gets ``rollout.group_size``.
+- ``group_sizes(prompts, budget)``: a sampler that sizes groups (``sizes_groups = True``) gives each of a
+  process's prompts its own group size, ``budget`` samples in all (its share of the sampler's ``budget`` per step);
+  the default returns None and every prompt gets ``rollout.group_size``. Such a sampler also says, for config
+  checks, its per-step budget and smallest group (``step_budget``, ``smallest_group``: class methods reading the
+  config, no sampler built).
 - ``observe(outcome)`` is called after every step with every group the step generated and their rewards
   (``StepOutcome``: a dynamic-sampling refill step's every round, kept or dropped groups alike; gathered from
   every process, so every rank's sampler sees the same numbers and stays identical). A curriculum or a budget
@@ -18,7 +21,7 @@ A sampler is a registered class built once per run with ``(n, batch_size, seed, 
 - ``state_dict()`` / ``load_state_dict(state)`` put what it learned in checkpoints, so a resumed run draws exactly
   what an uninterrupted one would.
 
-The built-in ``uniform`` (also registered as ``shuffle``, its old name) draws a fresh permutation of the data per
+The built-in ``uniform`` draws a fresh permutation of the data per
 epoch, a pure function of (seed, step): it has no state. ``disagreement`` (SGAC) ranks prompts with a selector
 learned over their success rate, reward variance, answer disagreement and difficulty; ``budget`` (TRACE) sizes
 groups by p(1 − p). Both probe unseen prompts so they act from step 1. No torch here: the sampler's names and
@@ -28,7 +31,7 @@ parameters are checked at config load.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import math
 import random
@@ -52,8 +55,28 @@ class StepOutcome:
 class Sampler:
     """Base class: a stateless sampler needs only ``indices``."""
 
+    #: True when the sampler sizes each prompt's group itself (``group_sizes``) within ``budget`` samples per step
+    sizes_groups: ClassVar[bool] = False
+
     def __init__(self, n: int, batch_size: int, seed: int) -> None:
         self.n, self.batch_size, self.seed = n, batch_size, seed
+        self.budget = 0  # samples per step over every process, for a sampler that sizes groups
+
+    def group_sizes(self, prompts: list[int], budget: int | None = None) -> list[int] | None:
+        """The group size of each of ``prompts`` (a process's share of the step, in order) within ``budget``
+        samples (default: the whole ``budget``); None: every prompt gets ``rollout.group_size``."""
+        return None
+
+    @classmethod
+    def step_budget(cls, cfg: Any, params: dict[str, Any]) -> int | None:
+        """Samples per step over every process that this sampler would be given by ``cfg`` (None: not sizing)."""
+        return None
+
+    @classmethod
+    def smallest_group(cls, cfg: Any, params: dict[str, Any]) -> tuple[int, str] | None:
+        """The smallest group this sampler can make under ``cfg``, with the setting that fixes it (None: it makes
+        ``rollout.group_size`` groups)."""
+        return None
 
     def indices(self, step: int, round: int = 0) -> list[int]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -86,8 +109,7 @@ SAMPLERS: Registry[type[Sampler]] = Registry("prompt sampler")
 
 
 @SAMPLERS.register("uniform")
-@SAMPLERS.register("shuffle")
-class ShuffleSampler(Sampler):
+class UniformSampler(Sampler):
     """A fresh permutation of the data per epoch, seeded by (seed, epoch); refill round r > 0 walks an order of its
     own (seeded by seed and r), so its prompts differ from round 0's and every process and a resumed run agree."""
 
@@ -102,7 +124,6 @@ class ShuffleSampler(Sampler):
 
 
 declare("sampler", "uniform", "a fresh permutation of the training data per epoch (stateless; the default)")
-declare("sampler", "shuffle", "the old name of uniform")
 
 
 def answer_entropy(answers: list[str | None]) -> float:
@@ -505,7 +526,7 @@ def allocate_budget(scores: list[float], budget: int, g_min: int, g_max: int) ->
 
 
 @SAMPLERS.register("budget")
-class BudgetSampler(ShuffleSampler):
+class BudgetSampler(UniformSampler):
     """Reward-contrast budget allocation (TRACE, arXiv 2606.11119, its prompt-level part; no official code is
     public): how many responses each prompt gets.
 
@@ -532,6 +553,8 @@ class BudgetSampler(ShuffleSampler):
     given the default G. Rows without a gold answer are not probed (no reward call). State in checkpoints:
     every seen prompt's p̂.
     """
+
+    sizes_groups = True
 
     def __init__(self, n: int, batch_size: int, seed: int, group_size: int = 8, budget: int = 0, g_min: int = 2,
                  g_max: int = 0, ema: float = 0.5, probe_samples: int = 2, probe_tokens: int = 0) -> None:
@@ -586,6 +609,15 @@ class BudgetSampler(ShuffleSampler):
                 sizes[i] = g
         return sizes
 
+    @classmethod
+    def step_budget(cls, cfg: Any, params: dict[str, Any]) -> int | None:
+        return int(params.get("budget") or 0) or cfg.rollout.prompts_per_step * cfg.rollout.group_size
+
+    @classmethod
+    def smallest_group(cls, cfg: Any, params: dict[str, Any]) -> tuple[int, str] | None:
+        g_min = int(params.get("g_min", 2))
+        return g_min, f"rollout.sampler_params.g_min={g_min} (the budget sampler's smallest group)"
+
     def observe(self, outcome: StepOutcome) -> None:
         rates = outcome.accuracy if outcome.accuracy is not None else outcome.rewards
         for i, group in zip(outcome.prompts, rates):
@@ -630,6 +662,12 @@ declare("sampler", "budget", "TRACE: uniform prompts, group sizes proportional t
         Param("probe_tokens", 0, "new tokens of a probe sample (0: rollout.max_new_tokens)", ">= 0",
               lambda v: v >= 0),
         source="arXiv:2606.11119", config_check=_budget_check)
+
+
+def sampler_class(cfg: Any) -> type[Sampler]:
+    """The class ``rollout.sampler`` names (the base class for a name not registered: validation reports it)."""
+    name = cfg.rollout.sampler
+    return SAMPLERS.get(name) if name in SAMPLERS else Sampler
 
 
 def build_sampler(name: str, n: int, batch_size: int, seed: int, params: dict[str, Any],

@@ -1,7 +1,7 @@
 """Generate: which prompts (the sampler), their G responses each (the rollout strategy), the vision cache.
 
 ``groups`` (the default) takes this process's contiguous share of the step's global prompt batch (the sampler
-``rollout.sampler``, ``mmrlvr.train.samplers``; the default ``shuffle`` is a pure function of seed and step),
+``rollout.sampler``, ``mmrlvr.train.samplers``; the default ``uniform`` is a pure function of seed and step),
 samples G responses per prompt with the rollout engine (seeded per seed, step, prompt and sample), and starts the
 loss weights as the response mask. A majority-vote reward with ``votes: V`` asks for V per prompt instead
 (``mmrlvr.train.reward_setup.samples_per_prompt``; TTRL's vote/train split): all V are scored, and the
@@ -51,13 +51,16 @@ class FlatGroups(Stage):
     @classmethod
     def validate(cls, cfg) -> list[str]:
         """A sampler that sizes groups splits its budget evenly across processes: the budget must divide."""
-        if cfg.rollout.sampler != "budget":
+        from mmrlvr.train.samplers import sampler_class
+
+        cls = sampler_class(cfg)
+        if not cls.sizes_groups:
             return []
         from mmrlvr.methods import configured
         from mmrlvr.train.distributed import expected_world_size
 
         world, how = expected_world_size()
-        budget = configured(cfg, "sampler")[1]["budget"] or cfg.rollout.prompts_per_step * cfg.rollout.group_size
+        budget = cls.step_budget(cfg, configured(cfg, "sampler")[1])
         out = []
         if world > 1 and budget % world:
             out.append(f"rollout.sampler_params.budget: {budget} samples per step do not split evenly over {world} "
@@ -67,7 +70,7 @@ class FlatGroups(Stage):
         if world > 1 and refills:
             from mmrlvr.train.distributed import one_process_only
 
-            out += one_process_only("rollout.sampler: budget with dynamic-sampling refill rounds",
+            out += one_process_only(f"rollout.sampler: {cfg.rollout.sampler} with dynamic-sampling refill rounds",
                                     "refilled groups of other sizes would leave the processes with different row "
                                     "counts; set algo.dynamic_sampling_max_rounds: 1")
         return out
@@ -106,7 +109,7 @@ class FlatGroups(Stage):
         probed = self.probe(step, round, diagnostics)
         idx = shard(self.sampler.indices(step, round), rt.accel.process_index, rt.accel.num_processes)
         sizes = None
-        if getattr(self.sampler, "group_sizes", None) is not None:
+        if self.sampler.sizes_groups:
             sizes = self.sampler.group_sizes(idx, self.sampler.budget // rt.accel.num_processes)
         if diagnostics is not None:
             diagnostics.update(self.sampler.step_metrics(step, round))
@@ -311,9 +314,11 @@ class TreeRollouts(FlatGroups):
         if cfg.rollout.engine != "hf":
             out.append(f"rollout.strategy: tree samples with the hf engine's shared KV cache; rollout.engine "
                        f"{cfg.rollout.engine!r} is not supported with it yet")
-        if cfg.rollout.sampler == "budget":
-            out.append("rollout.strategy: tree fixes each prompt's group (branching^depth leaves); the budget sampler "
-                       "sizes groups: choose one")
+        from mmrlvr.train.samplers import sampler_class
+
+        if sampler_class(cfg).sizes_groups:
+            out.append(f"rollout.strategy: tree fixes each prompt's group (branching^depth leaves); rollout.sampler: "
+                       f"{cfg.rollout.sampler} sizes groups: choose one")
         return out
 
     def __call__(self, b: StepBatch) -> None:

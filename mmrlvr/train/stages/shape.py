@@ -299,8 +299,10 @@ class VoteSplit(Stage):
             return out
         key = f"rewards[{active[0][0]}].params.votes: {active[0][1]}"
         r = cfg.rollout
-        if r.sampler == "budget":
-            out.append(f"{key} and rollout.sampler: budget cannot be combined: the budget sampler sizes every group "
+        from mmrlvr.train.samplers import sampler_class
+
+        if sampler_class(cfg).sizes_groups:
+            out.append(f"{key} and rollout.sampler: {r.sampler} cannot be combined: that sampler sizes every group "
                        f"itself, the vote/train split samples `votes` per prompt and trains {g}; choose one")
         if r.strategy == "tree":
             out.append(f"{key} and rollout.strategy: tree cannot be combined: a tree's leaves are its group "
