@@ -187,14 +187,16 @@ class HFEngine:
         return inputs
 
     # -- generation ------------------------------------------------------------------------------------
-    def _generation_config(self, params: SamplingParams) -> GenerationConfig:
-        # a fresh config: a checkpoint's own defaults (repetition penalty, top_p, ...) would change the
-        # distribution we sample from without changing the log-probs we record
+    def generation_config(self, params: SamplingParams) -> GenerationConfig:
+        """A fresh ``GenerationConfig`` for ``params`` (greedy fields; sampling is done by our own seeded loop):
+        a checkpoint's own defaults (repetition penalty, top_p, ...) would change the distribution sampled from
+        without changing the log-probs recorded. Rollout loops that call ``model.generate`` themselves (tree
+        segments, tool turns) use it with ``own_generation_defaults``."""
         return GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=params.max_new_tokens,
                                 eos_token_id=self.eos_ids, pad_token_id=self.pad_id, use_cache=True)
 
     @contextlib.contextmanager
-    def _own_generation_defaults(self) -> Iterator[None]:
+    def own_generation_defaults(self) -> Iterator[None]:
         """Hide the checkpoint's generation_config while we generate.
 
         ``generate`` fills every field our config leaves unset from ``model.generation_config`` (a real Qwen
@@ -215,8 +217,8 @@ class HFEngine:
         """(response ids [n, l], log-probs [n, l]) for one chunk of rows."""
         inputs = to_model(inputs, self.model)
         sampler = RowSampler(seeds, params, device=model_device(self.model), banned_ids=self.banned_ids)
-        with self._own_generation_defaults(), onednn_linears(self.model), cached_rope_index(self.model):
-            out = self.model.generate(**inputs, generation_config=self._generation_config(params),
+        with self.own_generation_defaults(), onednn_linears(self.model), cached_rope_index(self.model):
+            out = self.model.generate(**inputs, generation_config=self.generation_config(params),
                                       logits_processor=LogitsProcessorList([sampler]))
         sequences = out if isinstance(out, torch.Tensor) else out.sequences
         response = sequences[:, inputs["input_ids"].shape[1]:]  # [n, l]

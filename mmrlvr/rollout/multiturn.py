@@ -307,7 +307,7 @@ def _run_turns(engine: Any, rows: list[_Row], samples: list[Sample], params: Sam
         room = [use.max_tokens - rows[i].used for i in active]
         seeds = [_turn_seed(seed, step, samples[rows[i].sample_index], rows[i], turn) for i in active]
         sampler = RowSampler(seeds, params, device=device, banned_ids=engine.banned_ids)
-        config = engine._generation_config(SamplingParams(max_new_tokens=max(1, min(params.max_new_tokens, max(room)))))
+        config = engine.generation_config(SamplingParams(max_new_tokens=max(1, min(params.max_new_tokens, max(room)))))
         config.return_dict_in_generate = True
         kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
         if types is not None:
@@ -328,7 +328,7 @@ def _run_turns(engine: Any, rows: list[_Row], samples: list[Sample], params: Sam
                 cache = None
         if cache is not None:
             kwargs.update(with_cache(model, cache))
-        with engine._own_generation_defaults():
+        with engine.own_generation_defaults():
             out = model.generate(**to_model(kwargs, model), generation_config=config,
                                  logits_processor=LogitsProcessorList([sampler]))
         cache = output_cache(out)

@@ -102,11 +102,11 @@ def generate_tree(engine: Any, samples: list, params: SamplingParams, *, depth: 
                 seeds = [row_seed(seed, step, f"{s.id}/tree/{'.'.join(map(str, p))}", d)
                          for s, ps in zip(samples, paths) for p in ps]
                 sampler = RowSampler(seeds, params, device=device, banned_ids=engine.banned_ids)
-                config = engine._generation_config(SamplingParams(max_new_tokens=segment_length,
+                config = engine.generation_config(SamplingParams(max_new_tokens=segment_length,
                                                                   temperature=params.temperature,
                                                                   top_p=params.top_p, top_k=params.top_k))
                 config.return_dict_in_generate = True  # the cache comes back with the sequences
-                with engine._own_generation_defaults():
+                with engine.own_generation_defaults():
                     out = model.generate(input_ids=ids, attention_mask=mask, **with_cache(model, cache),
                                          generation_config=config, logits_processor=LogitsProcessorList([sampler]))
                 new = out.sequences[:, ids.shape[1]:]

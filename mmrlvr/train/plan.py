@@ -37,20 +37,18 @@ class Plan:
 
     def lines(self) -> list[str]:
         """The plan as text: one block per kind, a line per setting (``key = value  (source)``)."""
+        from mmrlvr.train.stages.base import show_value
+
         out = ["plan (stages in step order; why each runs; settings in force and where they come from):"]
         for st in self.stages:
             out.append(f"  {st.kind:<10} {st.name:<22} {st.reason}")
             for k, v in st.settings.items():
-                out.append(f"      {k} = {_show(v)}  ({st.sources.get(k, 'default')})")
+                out.append(f"      {k} = {show_value(v)}  ({st.sources.get(k, 'default')})")
         out += [f"note: {n}" for n in self.notes]
         return out
 
     def to_json(self) -> str:
         return json.dumps({"stages": [asdict(s) for s in self.stages], "notes": self.notes}, indent=2, default=str)
-
-
-def _show(v: Any) -> str:
-    return json.dumps(v, default=str) if isinstance(v, (dict, list, bool)) or v is None else str(v)
 
 
 def _source(cfg: Any, key: str) -> str:

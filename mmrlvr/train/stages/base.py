@@ -26,6 +26,7 @@ any model load); ``mmrlvr.train.plan`` turns the selection into the plan a run p
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from mmrlvr.errors import UserError
@@ -94,7 +95,7 @@ class Stage:
         """Why this stage runs, in config terms (``algo.loss: popo``)."""
         if not cls.selected_by:
             return "always" if not cls.fallback else "default"
-        return ", ".join(f"{k}: {_show(_value(cfg, k))}" for k in cls.selected_by)
+        return ", ".join(f"{k}: {show_value(_value(cfg, k))}" for k in cls.selected_by)
 
     @classmethod
     def plan_params(cls, cfg: "RunConfig") -> dict[str, Any]:
@@ -126,8 +127,9 @@ def _value(cfg: Any, key: str) -> Any:
     return cfg
 
 
-def _show(v: Any) -> str:
-    return "true" if v is True else "false" if v is False else "null" if v is None else str(v)
+def show_value(v: Any) -> str:
+    """A setting's value as the plan prints it: YAML-like (true, false, null; mappings and lists as JSON)."""
+    return json.dumps(v, default=str) if isinstance(v, (dict, list, bool)) or v is None else str(v)
 
 
 STAGES: dict[str, Registry[type[Stage]]] = {kind: Registry(f"{kind} stage") for kind in STAGE_KINDS}
