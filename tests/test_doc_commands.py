@@ -260,6 +260,9 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         ("the option trains 20 steps (tiny run, same keys)",
          ("tests/test_seed_methods_train.py::test_poise_trains_20_steps_with_group_size_two_and_logs_probe_quality",
           T_DRY)),
+    'mmrlvr train configs/grounding-tiny.yaml rewards.1.name=majority_vote "rewards.1.params={coords: absolute}"':
+        ("the option trains 2 steps on box votes and resumes exactly (tiny run, same keys)",
+         ("tests/test_majority_boxes.py::test_the_grounding_config_trains_on_box_votes_and_resumes_exactly", T_DRY)),
     'mmrlvr train configs/demo-tiny.yaml rewards.1.name=majority_vote "rewards.1.params={votes: 16}"':
         ("the option trains 2 steps (tiny run, same keys, votes 8 for G 4: 4 rows per prompt trained, the vote "
          "over 8) and resumes exactly; 2 processes train as 1",

@@ -296,5 +296,7 @@ def test_answers_in_location_tokens_agree_by_iou_in_the_image_frame():
     assert not same_answer(near, "<loc0600><loc0600><loc1000><loc1000>", s)
     assert same_answer(near, "[20, 10, 100, 50]", s)  # the same box in pixels of the 200 x 100 image
     texts = [r1(a) for a in (near, "<loc0100><loc0100><loc0510><loc0510>", "<loc0600><loc0600><loc1000><loc1000>")]
-    scores = [r.score for r in MajorityVote().score_batch(texts, [s] * 3, group_index=[0, 0, 0])]
+    scores = [r.score for r in MajorityVote(box_score="agree").score_batch(texts, [s] * 3, group_index=[0, 0, 0])]
     assert scores == [1.0, 1.0, 0.0]
+    graded = [r.score for r in MajorityVote().score_batch(texts, [s] * 3, group_index=[0, 0, 0])]
+    assert graded[0] == 1.0 and 0.95 < graded[1] < 1.0 and graded[2] == 0.0  # the IoU with the label, in pixels

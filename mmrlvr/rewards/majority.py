@@ -24,11 +24,29 @@ official code votes over 64 samples and trains on 32 (``n_votes_per_prompt`` / `
 samples voted on per prompt. The parameter belongs on a top-level ``rewards`` entry, where the generate stage
 reads it: a reward that is handed groups of any other size than V refuses them (a nested ``majority_vote`` with
 ``votes``, or an integration that is no trainer).
+
+**Boxes** (rows with ``answer_type: box``; ours — TTRL votes on final answers of math problems; grounding has no
+label-free precedent we know of). The group's answers are read as box sets in the response's own frame (``coords``,
+as the ``grounding`` reward's), so two answers need no image to be compared (location tokens excepted: their grid
+needs the image's size). Two answers agree when their boxes match one to one with IoU ≥ ``box_iou`` (Hungarian
+matching, ``same_answer``); the clusters form as above and the pseudo-label is the largest cluster's *medoid* (the
+member with the highest summed overlap with the others — a representative that does not depend on which member
+came first). With ``box_score: iou`` (default) every parsable row scores the ``grounding`` reward's mean IoU against
+the pseudo-label — matched IoUs summed over max(own boxes, label's boxes), so an answer that hedges with k boxes
+earns at most 1/k — and with ``box_score: agree``, 1[in the label's cluster] as for any answer. Hedges are stopped
+at the vote itself: a set of several boxes agrees only with the same set (it cannot join every cluster one of its
+boxes touches); an answer naming k boxes casts 1/k of a vote (the largest cluster is the one with the most votes, so
+identical k-box hedges need k times as many rows as plain answers to win; where every answer names k boxes — a
+task with k targets — the weights are equal and the vote is the plain majority); and an answer with a box covering more than ``max_area_fraction`` of the image (default 0.8; None: no
+guard) neither votes nor scores (``majority/oversized``, a share of rows), so a group that collapses onto "the whole
+image" has no pseudo-label at all instead of rewarding itself. Multiple-choice rows vote through the ``choice``
+verifier, which already refuses an answer naming several options.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Sequence
 
 from mmrlvr.errors import UserError
@@ -43,12 +61,26 @@ class MajorityVote:
 
     group_aware = True
 
-    def __init__(self, template: str = "r1", think_prefilled: bool = False, votes: int = 0) -> None:
+    def __init__(self, template: str = "r1", think_prefilled: bool = False, votes: int = 0, box_iou: float = 0.5,
+                 box_score: str = "iou", max_area_fraction: float | None = 0.8, coords: str = "absolute") -> None:
+        from mmrlvr.boxes import COORD_ALIASES
+
         if isinstance(votes, bool) or not isinstance(votes, int) or votes < 0:
             raise ValueError(f"votes must be 0 (vote over the G rows that train) or an integer > rollout.group_size "
                              f"(samples per prompt the pseudo-label is voted over), got {votes!r}")
+        if not 0.0 < float(box_iou) <= 1.0:
+            raise ValueError(f"box_iou must be in (0, 1], got {box_iou!r}")
+        if box_score not in ("iou", "agree"):
+            raise ValueError(f"box_score must be 'iou' or 'agree', got {box_score!r}")
+        if max_area_fraction is not None and not 0.0 < float(max_area_fraction) <= 1.0:
+            raise ValueError(f"max_area_fraction must be in (0, 1] or null, got {max_area_fraction!r}")
+        if coords not in COORD_ALIASES:
+            raise ValueError(f"unknown coords {coords!r}; known: {', '.join(COORD_ALIASES)}")
         self.template, self.think_prefilled, self.votes = template, think_prefilled, votes
-        self._counts = {"groups": 0, "tie_groups": 0, "unparsable": 0, "rows": 0, "judged": 0, "pseudo_correct": 0}
+        self.box_iou, self.box_score, self.coords = float(box_iou), box_score, coords
+        self.max_area_fraction = None if max_area_fraction is None else float(max_area_fraction)
+        self._counts = {"groups": 0, "tie_groups": 0, "unparsable": 0, "rows": 0, "judged": 0, "pseudo_correct": 0,
+                        "oversized": 0, "box_rows": 0}
 
     def __call__(self, completion: Completion | str, sample: Sample) -> RewardResult:
         return self.score_batch([completion], [sample], group_index=[0])[0]
@@ -58,12 +90,63 @@ class MajorityVote:
         answer = locate_answer(text, self.template, self.think_prefilled)[0]
         return answer.strip() if answer and answer.strip() else None
 
-    @staticmethod
-    def _agree(a: str, b: str, sample: Sample) -> bool:
+    def _agree(self, a: str, b: str, sample: Sample) -> bool:
         from mmrlvr.rewards.auto import same_answer
 
         # the row without its gold answer: equivalence is the verifier's, by answer type, and reads no label
-        return same_answer(a, b, dataclasses.replace(sample, answer=None))
+        return same_answer(a, b, dataclasses.replace(sample, answer=None), iou_threshold=self.box_iou)
+
+    def _oversized(self, answer: str, sample: Sample) -> bool:
+        """Does a box of ``answer`` cover more than ``max_area_fraction`` of the image the model saw? (False when
+        the guard is off or the image's size is unknown for an absolute-pixel answer.)"""
+        from mmrlvr.boxes import box_area, to_frame
+        from mmrlvr.rewards.grounding import frame_sizes, read_boxes
+
+        if self.max_area_fraction is None:
+            return False
+        boxes, fmt = read_boxes(answer, self.coords)
+        seen = frame_sizes(sample)[0]
+        if not boxes or seen is None:
+            return False
+        try:
+            pixels = to_frame(boxes, fmt, seen, seen)
+        except ValueError:
+            return False
+        return any(box_area(b) / (seen[0] * seen[1]) > self.max_area_fraction for b in pixels)
+
+    def _box_overlap(self, answer: str, label: str, sample: Sample) -> float:
+        """The ``grounding`` reward's mean IoU of ``answer`` against ``label``, both in the response's frame (matched
+        IoUs over max(len(answer's boxes), len(label's boxes))): 0 where ``answer`` holds no box."""
+        from mmrlvr.errors import DataError
+        from mmrlvr.rewards.grounding import GroundingReward, location_boxes
+
+        probe = dataclasses.replace(sample, answer=label)
+        if not (location_boxes(answer) or location_boxes(label)):
+            probe = dataclasses.replace(probe, meta={}, images=[])  # one frame: no resizing, no clipping
+        try:
+            # IoU does not change when both boxes are scaled alike: the numbers as written are compared
+            return GroundingReward(max_area_fraction=None).check(answer, probe).score
+        except DataError:
+            return 0.0
+
+    def _weight(self, answer: str | None, sample: Sample) -> float:
+        """A row's vote: 1, or for a box answer naming k boxes 1/k (a hedge across k regions is a k-th of a claim)."""
+        if answer is None or sample.answer_type != "box":
+            return 1.0
+        from mmrlvr.rewards.grounding import read_boxes
+
+        return 1.0 / max(1, len(read_boxes(answer, self.coords)[0]))
+
+    def _votes_of(self, completions: Sequence[Completion | str], samples: Sequence[Sample]) -> list[str | None]:
+        """Each row's answer, None where it does not vote: unparsable, or (box rows) a box over the area guard."""
+        answers = [self._answer(c) for c in completions]
+        for i, s in enumerate(samples):
+            if s.answer_type == "box":
+                self._counts["box_rows"] += 1
+                if answers[i] is not None and self._oversized(answers[i], s):
+                    self._counts["oversized"] += 1
+                    answers[i] = None
+        return answers
 
     def clusters(self, answers: Sequence[str | None], rows: Sequence[int], samples: Sequence[Sample]) -> list[list[int]]:
         """The rows of one group grouped by equivalent answers, in order of first appearance (unparsable rows
@@ -81,7 +164,7 @@ class MajorityVote:
 
     def score_batch(self, completions: Sequence[Completion | str], samples: Sequence[Sample], *,
                     group_index: Sequence[int]) -> list[RewardResult]:
-        answers = [self._answer(c) for c in completions]
+        answers = self._votes_of(completions, samples)
         out: list[RewardResult | None] = [None] * len(answers)
         for g in dict.fromkeys(group_index):
             rows = [i for i, gi in enumerate(group_index) if gi == g]
@@ -91,9 +174,10 @@ class MajorityVote:
                                 "whose samples per prompt the generate stage draws (not nested in another reward, "
                                 "nor outside the trainer)")
             clusters = self.clusters(answers, rows, samples)
-            top = max((len(c) for c in clusters), default=0)
-            majority = next((c for c in clusters if len(c) == top), [])
-            tie = sum(len(c) == top for c in clusters) > 1
+            mass = [sum(self._weight(answers[i], samples[i]) for i in c) for c in clusters]
+            top = max(mass, default=0.0)
+            majority = next((c for c, m in zip(clusters, mass) if math.isclose(m, top)), [])
+            tie = sum(math.isclose(m, top) for m in mass) > 1
             share = top / len(rows)
             chosen, scores, extra = self.choose(clusters, majority, share, rows, answers, completions, samples)
             label = answers[chosen[0]] if chosen else None
@@ -109,9 +193,26 @@ class MajorityVote:
     def choose(self, clusters: list[list[int]], majority: list[int], share: float, rows: list[int],
                answers: list[str | None], completions: Sequence[Completion | str], samples: Sequence[Sample],
                ) -> tuple[list[int], dict[int, float], dict[str, Any]]:
-        """The pseudo-label's cluster, any row scores other than 1[agrees], and extra ``parsed`` fields: the
-        majority, plainly (CoCoV overrides this by confidence)."""
-        return majority, {}, {}
+        """The pseudo-label's cluster (its first member is the label), any row scores other than 1[agrees], and
+        extra ``parsed`` fields: the majority, plainly (CoCoV overrides this by confidence); for box rows the
+        cluster's medoid leads, and with ``box_score: iou`` every parsable row scores its overlap with it."""
+        if not majority or samples[rows[0]].answer_type != "box":
+            return majority, {}, {}
+        medoid = self._medoid(majority, answers, samples)
+        chosen = [medoid] + [i for i in majority if i != medoid]
+        if self.box_score == "agree":
+            return chosen, {}, {}
+        label = answers[medoid]
+        scores = {i: self._box_overlap(answers[i], label, samples[i]) for i in rows if answers[i] is not None}
+        return chosen, scores, {}
+
+    def _medoid(self, cluster: list[int], answers: list[str | None], samples: Sequence[Sample]) -> int:
+        """The member with the highest summed overlap with the others (the first among equals)."""
+        if len(cluster) <= 2:
+            return cluster[0]
+        total = {i: sum(self._box_overlap(answers[i], answers[j], samples[i]) for j in cluster if j != i)
+                 for i in cluster}
+        return max(cluster, key=lambda i: (total[i], -cluster.index(i)))
 
     def _pseudo_label_correct(self, label: str | None, sample: Sample) -> bool | None:
         """The one read of the gold answer: is the pseudo-label right? (None when the row has no gold)."""
@@ -142,6 +243,8 @@ class MajorityVote:
             out["majority/pseudo_label_accuracy"] = c["pseudo_correct"] / c["judged"]
         if self.votes and c["groups"]:  # samples voted on per prompt (only with the vote/train split: today's
             out["majority/votes"] = c["rows"] / c["groups"]  # runs log what they logged)
+        if c["box_rows"] and self.max_area_fraction is not None:  # box answers over the area guard, of all rows
+            out["majority/oversized"] = c["oversized"] / c["rows"] if c["rows"] else 0.0
         for k in c:
             c[k] = 0
         return out
