@@ -42,6 +42,7 @@ class Runtime:
     data_reports: list = field(default_factory=list)  # data load / length reports (their metrics() are logged)
     extra_metrics: dict[str, float] = field(default_factory=dict)  # logged with the next step's row, then cleared
     pipeline: Any = None  # the step's stages (set by Pipeline), for stages that run earlier kinds again
+    padding: Any = None  # mmrlvr.train.padding.PaddingMeter on the policy and reference (set by the Trainer)
     topology: Any = None  # mmrlvr.train.distributed.Topology: world size, nodes, strategy, prompts per rank
     counters: dict[str, int] = field(default_factory=lambda: {"bad_steps": 0, "skipped_steps": 0,
                                                               "optimizer_steps": 0})

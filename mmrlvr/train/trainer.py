@@ -50,6 +50,9 @@ class Trainer:
         self.plan = build_plan(cfg)
         self.rt = build_runtime(cfg)
         self.pipeline = Pipeline(self.rt)
+        from mmrlvr.train.padding import PaddingMeter
+
+        self.rt.padding = PaddingMeter().attach(self.rt.policy, self.rt.ref_model)  # tokens/padding_share
         self.rt.metrics_writer = MetricsWriter(self.run_dir, tensorboard=cfg.tensorboard, enabled=self.is_main)
         if cfg.log_rollouts and self.is_main:
             from mmrlvr.store.writer import RolloutWriter

@@ -279,6 +279,7 @@ class Pipeline:
         from torch.profiler import record_function
 
         from mmrlvr.train.batch import StepBatch
+        from mmrlvr.train.padding import in_stage
 
         batch = StepBatch(step=step, round=round)
         for kind, stages in self.stages:
@@ -286,7 +287,8 @@ class Pipeline:
             for stage in stages:
                 if stage is stop_before:
                     return batch
-                with record_function(f"stage {kind}/{stage.name}"):  # names the stage in torch's profiler
+                # names the stage in torch's profiler, and its model calls for the padding meter
+                with record_function(f"stage {kind}/{stage.name}"), in_stage(kind):
                     stage(batch)
             batch.timings[kind] = time.perf_counter() - t0
             if kind == upto:

@@ -47,6 +47,10 @@ class Record(Stage):
         m.update(b.reward_metrics)
         m.update(b.credit_stats)
         m.update(b.diagnostics)
+        if self.rt.padding is not None:  # the padded share of the reference, credit and update passes
+            padding, positions = self.rt.padding.take()
+            m.update(padding)
+            b.metric_weights.update(positions)
         return m
 
     def denominators(self, b: StepBatch, metrics: dict[str, Any]) -> dict[str, float]:
