@@ -110,3 +110,12 @@ def test_calls_outside_a_training_pass_and_unmasked_calls():
                        "tokens/padding_share": 24.0}
     assert meter.take() == ({}, {})  # reset
     meter.detach()
+
+
+def test_several_processes_combine_to_the_global_batchs_share():
+    """Each rank's share is weighted by the positions it computed (declared with the metric), not by its rows."""
+    from mmrlvr.train.metric_reduce import combine
+
+    rank0 = ({"tokens/padding_share": 0.5}, {"tokens/padding_share": 10.0, "rows": 6.0})  # 5 of 10 padded
+    rank1 = ({"tokens/padding_share": 0.0}, {"tokens/padding_share": 30.0, "rows": 2.0})  # 0 of 30
+    assert combine([rank0, rank1])["tokens/padding_share"] == pytest.approx(5 / 40)
