@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from script_module import load_script
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "credit_overhead.py"
@@ -31,3 +32,20 @@ def test_every_arm_runs_the_same_rollouts_with_its_credit(tmp_path):
     # VEPO keeps ceil(20%) and VPPO ceil(40%) of each response's tokens
     assert 0.2 <= rows["vepo"][-1]["credit/selected_fraction"] < 0.3
     assert 0.4 <= rows["vppo"][-1]["credit/selected_fraction"] < 0.5
+
+
+def test_a_measured_step_reports_the_tensor_peak_and_where_it_was(tmp_path):
+    """The memory worker's figures for one arm: the tensor peak above the step's start (MiB), its spread over the
+    steps, the resident high-water mark, and the stage where the peak was reached."""
+    mod = load_script(BENCH)
+    mod.SETTINGS["tiny"]["overrides"] = ["rollout.prompts_per_step=2"]
+    trainer = mod.make_trainer("tiny", "vepo", tmp_path)
+    mod.timed_step(trainer, 0)
+    runs = [mod.measured_step(trainer, s) for s in (1, 2)]
+    for r in runs:
+        assert r["tensor_mib"] > 0 and r["peak_mib"] > 0 and r["cpu"] > 0
+        assert r["where"].startswith("stage ")  # e.g. "stage update/policy_gradient > ..."
+    summary = mod.median_spread(runs)
+    a, b = (r["tensor_mib"] for r in runs)
+    assert summary["tensor_mib"] == pytest.approx((a + b) / 2)
+    assert summary["tensor_spread"] == pytest.approx(abs(a - b) / ((a + b) / 2))

@@ -365,6 +365,10 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "python benchmarks/zoom_no_tool.py":  # docs/multiturn.md: run by hand (its figures are there); ~8 min on 2 cores
         ("the one-turn warm start of a tool task it builds is tested (2 steps)",
          ("tests/test_models_warmstart.py::test_a_short_tool_task_warm_start_samples_with_its_tool",)),
+    "python benchmarks/credit_overhead.py --settings shape_true":  # 40 min on 2 cores: run by hand
+        ("its measured steps run for every arm and the memory figure moves by a planted tensor's size",
+         ("tests/test_credit_benchmark.py::test_a_measured_step_reports_the_tensor_peak_and_where_it_was",
+          "tests/test_tensor_memory.py::test_a_planted_tensor_moves_a_real_trainer_steps_peak_by_its_size")),
     "python benchmarks/credit_overhead.py":  # the harness (one subprocess per arm for memory) is run by hand
         ("its timed trainer steps run for every arm",
          ("tests/test_credit_benchmark.py::test_every_arm_runs_the_same_rollouts_with_its_credit",)),
