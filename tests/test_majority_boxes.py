@@ -151,3 +151,10 @@ def test_the_grounding_config_trains_on_box_votes_and_resumes_exactly(tmp_path):
     for r in rows:
         assert 0.0 <= r["majority/pseudo_label_accuracy"] <= 1.0 and "majority/oversized" in r
     assert max(r["reward/majority_vote"] for r in rows) > 0  # votes were cast and scored
+
+
+def test_cocov_votes_on_boxes_by_the_same_rules():
+    reward = build_reward("cocov", low=0.0, high=1.0)  # every group in the plain-majority mode
+    comps, samples = group([box_text([0, 0, 100, 100])] * 3 + [box_text(A), box_text(B)])
+    results = score_batch(reward, comps, samples, [0] * 5)
+    assert [r.score for r in results] == [0.0, 0.0, 0.0, 1.0, 1.0]  # the whole-image boxes do not vote

@@ -275,12 +275,16 @@ class CoCoV(MajorityVote):
     ``cocov/verifier_changed`` (low groups whose verifier chose another cluster than the plain majority).
     Pairs with the ``pass_at_k`` advantage for pass@k-aware label-free training (the paper's setting).
     ``votes`` as for ``majority_vote`` (TTRL's vote/train split): the share, the modes, the verifier and the bonus
-    are decided over the V votes, and G of the scored rows train.
+    are decided over the V votes, and G of the scored rows train. On box rows the vote is ``majority_vote``'s
+    (``box_iou``, ``max_area_fraction``, ``coords``: clusters by IoU, a k-box answer casts 1/k of a vote, a
+    whole-image box does not vote) and rows score as above, 1 in the chosen cluster (``box_score: agree``).
     """
 
     def __init__(self, template: str = "r1", think_prefilled: bool = False, low: float = 0.5, high: float = 0.75,
-                 bonus: float = 0.2, verifier: dict[str, Any] | str | None = None, votes: int = 0) -> None:
-        super().__init__(template=template, think_prefilled=think_prefilled, votes=votes)
+                 bonus: float = 0.2, verifier: dict[str, Any] | str | None = None, votes: int = 0,
+                 box_iou: float = 0.5, max_area_fraction: float | None = 0.8, coords: str = "absolute") -> None:
+        super().__init__(template=template, think_prefilled=think_prefilled, votes=votes, box_iou=box_iou,
+                         box_score="agree", max_area_fraction=max_area_fraction, coords=coords)
         if not 0.0 <= float(low) <= float(high) <= 1.0:
             raise ValueError(f"cocov: need 0 <= low <= high <= 1, got low={low}, high={high}")
         if not 0.0 <= float(bonus) < 1.0:
