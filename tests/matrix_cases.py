@@ -158,6 +158,9 @@ def cases() -> list[Case]:
     out = [Case(f"config-{c.stem}", c, [], ("ddp", "fsdp2")) for c in [*TINY_CONFIGS, DEMO_CONFIG]]
     out.append(Case("split-advantage", ROOT / "configs" / "consistency-tiny.yaml",
                     ["consistency.split_advantage=true"]))  # the consistency_split advantages stage
+    # label-free votes on boxes (majority_vote on the grounding config): a group's votes stay on one rank
+    out.append(Case("box-votes", ROOT / "configs" / "grounding-tiny.yaml",
+                    ["rewards.1.name=majority_vote", "rewards.1.params={coords: absolute}"]))
     # dynamic sampling without refill rounds: the rank-agreed filtering alone, held to equality
     out.append(Case("dynamic-sampling-no-refill", ROOT / "configs" / "demo-tiny.yaml",
                     ["stages.shape=[dynamic_sampling]", "algo.dynamic_sampling_max_rounds=1"]))
