@@ -79,6 +79,7 @@ class MajorityVote:
         self.template, self.think_prefilled, self.votes = template, think_prefilled, votes
         self.box_iou, self.box_score, self.coords = float(box_iou), box_score, coords
         self.max_area_fraction = None if max_area_fraction is None else float(max_area_fraction)
+        self._overlap: Any = None  # the grounding reward that scores box overlaps, built on first use
         self._counts = {"groups": 0, "tie_groups": 0, "unparsable": 0, "rows": 0, "judged": 0, "pseudo_correct": 0,
                         "oversized": 0, "box_rows": 0}
 
@@ -123,9 +124,11 @@ class MajorityVote:
         probe = dataclasses.replace(sample, answer=label)
         if not (location_boxes(answer) or location_boxes(label)):
             probe = dataclasses.replace(probe, meta={}, images=[])  # one frame: no resizing, no clipping
+        if self._overlap is None:  # one verifier for every comparison (its counters are never read)
+            self._overlap = GroundingReward(max_area_fraction=None)
         try:
             # IoU does not change when both boxes are scaled alike: the numbers as written are compared
-            return GroundingReward(max_area_fraction=None).check(answer, probe).score
+            return self._overlap.check(answer, probe).score
         except DataError:
             return 0.0
 

@@ -56,7 +56,9 @@ class PaddingMeter:
     """Counts computed and real positions per pass (module docstring); ``take()`` returns and resets them."""
 
     def __init__(self) -> None:
-        self.counts: dict[str, list[int]] = {}  # pass -> [real positions, computed positions]
+        # pass -> [real positions, computed positions]; real ones as a tensor sum until ``take`` (no device sync
+        # per forward call on a GPU)
+        self.counts: dict[str, list[Any]] = {}
         self._handles: list[Any] = []
 
     def attach(self, *models: torch.nn.Module | None) -> PaddingMeter:
@@ -89,7 +91,7 @@ class PaddingMeter:
         rows, new = int(x.shape[0]), int(x.shape[1])
         mask = kwargs.get("attention_mask")
         if torch.is_tensor(mask) and mask.dim() == 2 and mask.shape[0] == rows:
-            real = int(mask[:, -new:].sum())
+            real: Any = mask[:, -new:].detach().sum()
         else:  # no 2D mask (an unpadded call): every position is real
             real = rows * new
         c = self.counts.setdefault(kind, [0, 0])
@@ -102,6 +104,7 @@ class PaddingMeter:
         weights: dict[str, float] = {}
         total_real = total = 0
         for kind, (real, positions) in sorted(self.counts.items()):
+            real = int(real)
             if positions:
                 key = f"tokens/padding_share/{kind}"
                 metrics[key], weights[key] = 1.0 - real / positions, float(positions)
