@@ -22,7 +22,7 @@ from mmrlvr.inspector.app import build_app, launch  # noqa: E402
 from mmrlvr.store import RolloutReader, RolloutWriter  # noqa: E402
 from mmrlvr.testing.fake_run import HOSTILE_TEXT, make_fake_run  # noqa: E402
 
-# outputs of every Browse event, in order (see app.build_app: browse_out)
+# outputs of every Browse event, in order (see mmrlvr.inspector.app._Browse.outputs)
 (STEP, GROUP, SAMPLE_RADIO, SAMPLE, CARDS, PROMPT, ANNOTATED, GALLERY, COMPARE, SLIDER, TA, REWARD, HEAT, HEAT_HTML,
  SIGNAL, FRAMES) = range(16)
 

@@ -52,6 +52,8 @@ from mmrlvr.errors import UserError
 if TYPE_CHECKING:
     import torch
 
+    from mmrlvr.analysis.checkpoints import RunCheckpoints
+
 NAME = "trajectory"
 CHANGED_TOL = 1e-9  # a tensor changed when max_t ‖ΔW_t‖ > CHANGED_TOL · ‖W_0‖ (and > 0)
 _CHUNK = 1 << 22  # columns per Gram-matrix block
@@ -303,16 +305,13 @@ def collect_deltas(base: dict[str, "torch.Tensor"], folders: list[Path], steps: 
 
 
 def run(args: argparse.Namespace) -> Path:
-    import torch
-
+    """``mmrlvr analyze trajectory``: the rank-1 trajectory of every changed tensor and of the whole model,
+    optionally extrapolated to ``--extrapolate`` and scored on held-out prompts; writes the report."""
     from mmrlvr.analysis.checkpoints import base_weights, run_checkpoints
     from mmrlvr.analysis.report import write_report
-    from mmrlvr.train.checkpoint import quiet_progress, read_state
+    from mmrlvr.train.checkpoint import quiet_progress
 
-    if args.top < 1:
-        raise UserError(f"--top {args.top}: must be at least 1")
-    if args.extrapolate is not None and args.extrapolate <= 0:
-        raise UserError(f"--extrapolate {args.extrapolate}: must be a positive step")
+    _check_args(args)
     run_dir = Path(args.run)
     ckpts = run_checkpoints(run_dir, at_least=2)
     steps = ckpts.steps
@@ -326,6 +325,44 @@ def run(args: argparse.Namespace) -> Path:
     if not deltas:
         raise UserError(f"{run_dir}: no weight differs from the base model {base_folder} at any saved step")
 
+    rows, trajs, g_total = _tensor_rows(base, deltas, steps, with_direction=args.extrapolate is not None)
+    whole, _ = trajectory_of_gram(g_total, steps)
+    summary = _summary(rows, base, whole, ckpts, base_folder)
+    numbers: dict[str, Any] = {"summary": summary, "tensors": rows}
+
+    out_dir = run_dir / "analysis" / NAME
+    evals: list[dict[str, Any]] = []
+    if args.extrapolate is not None:
+        step = int(args.extrapolate)
+        folder, numbers["extrapolated"] = _write_extrapolated(base, trajs, step, ckpts, base_folder, run_dir,
+                                                              out_dir, cfg)
+        if heldout is not None:
+            evals = _evaluate_all(heldout, base_folder, ckpts.folders, steps, folder, step, cfg)
+            numbers["eval"] = {"settings": heldout.settings(), "results": evals}
+
+    top = sorted(rows, key=lambda r: -r["energy"])[: args.top]
+    md = _markdown(summary, top, numbers, heldout, evals, len(rows))
+    plots = {"explained_variance.png": lambda: _plot_ev(rows),
+             "coefficients.png": lambda: _plot_coefficients(top, whole, steps, args.extrapolate)}
+    return write_report(run_dir, NAME, numbers, md, plots)
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """UserError for a ``--top`` below 1 or an ``--extrapolate`` step that is not positive (checked before
+    any checkpoint is read)."""
+    if args.top < 1:
+        raise UserError(f"--top {args.top}: must be at least 1")
+    if args.extrapolate is not None and args.extrapolate <= 0:
+        raise UserError(f"--extrapolate {args.extrapolate}: must be a positive step")
+
+
+def _tensor_rows(base: dict[str, "torch.Tensor"], deltas: dict[str, list["torch.Tensor"]], steps: list[int], *,
+                 with_direction: bool) -> tuple[list[dict[str, Any]], dict[str, Trajectory], "torch.Tensor"]:
+    """(one report row per changed tensor, its ``Trajectory`` by name, the sum of the per-tensor Gram
+    matrices: the whole model's Gram matrix). Each trajectory carries its direction v_1 only
+    ``with_direction`` (extrapolation needs it; it costs a pass over the deltas)."""
+    import torch
+
     rows: list[dict[str, Any]] = []
     trajs: dict[str, Trajectory] = {}
     g_total = torch.zeros(len(steps), len(steps), dtype=torch.float64)
@@ -333,26 +370,42 @@ def run(args: argparse.Namespace) -> Path:
         g = gram(ds)
         g_total += g
         traj, u1 = trajectory_of_gram(g, steps)
-        if args.extrapolate is not None:
+        if with_direction:
             traj.direction = first_direction(ds, u1, math.sqrt(traj.sigma2[0])).reshape(ds[0].shape)
         trajs[name] = traj
-        energy = float(torch.diagonal(g).sum())
-        w0_norm = float(base[name].norm())
-        last = math.sqrt(float(g[-1, -1]))
-        rows.append({"name": name, "numel": base[name].numel(), "energy": energy, "delta_norm_last": last,
-                     "relative_change_last": finite(last / w0_norm) if w0_norm > 0 else None,
-                     "explained_variance": traj.explained,
-                     "second_variance": traj.sigma2[1] / sum(traj.sigma2) if len(traj.sigma2) > 1 and energy > 0
-                     else 0.0,
-                     "r2": traj.r2, "intercept": traj.intercept, "slope": traj.slope,
-                     "coefficients": traj.coefficients})
-    whole, _ = trajectory_of_gram(g_total, steps)
+        rows.append(_tensor_row(name, base[name], g, traj))
+    return rows, trajs, g_total
+
+
+def _tensor_row(name: str, w0: "torch.Tensor", g: "torch.Tensor", traj: Trajectory) -> dict[str, Any]:
+    """The report row of one changed tensor: its size, update energy (trace of its Gram matrix ``g``), the
+    last saved update's norm (absolute and relative to ‖W_0‖) and its rank-1 trajectory."""
+    import torch
+
+    energy = float(torch.diagonal(g).sum())
+    w0_norm = float(w0.norm())
+    last = math.sqrt(float(g[-1, -1]))
+    return {"name": name, "numel": w0.numel(), "energy": energy, "delta_norm_last": last,
+            "relative_change_last": finite(last / w0_norm) if w0_norm > 0 else None,
+            "explained_variance": traj.explained,
+            "second_variance": traj.sigma2[1] / sum(traj.sigma2) if len(traj.sigma2) > 1 and energy > 0
+            else 0.0,
+            "r2": traj.r2, "intercept": traj.intercept, "slope": traj.slope,
+            "coefficients": traj.coefficients}
+
+
+def _summary(rows: list[dict[str, Any]], base: dict[str, "torch.Tensor"], whole: Trajectory,
+             ckpts: "RunCheckpoints", base_folder: str) -> dict[str, Any]:
+    """The report's summary: counts, EV weighted by update energy and by numel, the median EV, the
+    energy-weighted R² (None when no tensor has one) and the whole model's trajectory."""
+    import torch
+
     energies = [r["energy"] for r in rows]
     numels = [r["numel"] for r in rows]
     evs = [r["explained_variance"] for r in rows]
     with_r2 = [(r["r2"], r["energy"]) for r in rows if r["r2"] is not None]
-    summary = {
-        "steps": steps, "base_model": base_folder, "lora": ckpts.lora,
+    return {
+        "steps": ckpts.steps, "base_model": base_folder, "lora": ckpts.lora,
         "tensors": len(base), "changed_tensors": len(rows),
         "changed_params": sum(numels), "total_params": sum(t.numel() for t in base.values()),
         "explained_variance_energy_weighted": sum(e * v for e, v in zip(energies, evs)) / sum(energies),
@@ -364,34 +417,29 @@ def run(args: argparse.Namespace) -> Path:
                         "slope": whole.slope, "coefficients": whole.coefficients},
         "weighting": "energy = sum over saved steps of ||W_t - W_0||_F^2 per tensor",
     }
-    numbers: dict[str, Any] = {"summary": summary, "tensors": rows}
 
-    out_dir = run_dir / "analysis" / NAME
-    evals: list[dict[str, Any]] = []
-    if args.extrapolate is not None:
-        step = int(args.extrapolate)
-        new = {name: extrapolate(base[name], trajs[name], step) for name in trajs}
-        last_state = read_state(ckpts.folders[-1])
-        from mmrlvr.train.export import processor_source
 
-        folder = write_weights_checkpoint(
-            new, base_folder, out_dir / f"extrapolated-step-{step}",
-            processor_from=processor_source(ckpts.folders[-1], last_state), step=step,
-            dtype=cfg.model.dtype if cfg is not None else "float32",
-            info={"analysis": {"name": "trajectory", "run": str(run_dir.resolve()), "extrapolated_step": step,
-                               "from_steps": steps, "lora_run": ckpts.lora}})
-        numbers["extrapolated"] = {"step": step, "folder": str(folder), "tensors_moved": len(new),
-                                   "beyond_last_saved_step": step > steps[-1]}
-        del new
-        if heldout is not None:
-            evals = _evaluate_all(heldout, base_folder, ckpts.folders, steps, folder, step, cfg)
-            numbers["eval"] = {"settings": heldout.settings(), "results": evals}
+def _write_extrapolated(base: dict[str, "torch.Tensor"], trajs: dict[str, Trajectory], step: int,
+                        ckpts: "RunCheckpoints", base_folder: str, run_dir: Path, out_dir: Path,
+                        cfg: Any) -> tuple[Path, dict[str, Any]]:
+    """(folder, report entry) of the model extrapolated to ``step``: W_0 + ĉ(step)·v_1 for each changed
+    tensor, written under ``out_dir`` with the last checkpoint's processor files and the run's dtype
+    (float32 without a config). The extrapolated weights are dropped on return, before any eval loads a
+    model."""
+    from mmrlvr.train.checkpoint import read_state
+    from mmrlvr.train.export import processor_source
 
-    top = sorted(rows, key=lambda r: -r["energy"])[: args.top]
-    md = _markdown(summary, top, numbers, heldout, evals, len(rows))
-    plots = {"explained_variance.png": lambda: _plot_ev(rows),
-             "coefficients.png": lambda: _plot_coefficients(top, whole, steps, args.extrapolate)}
-    return write_report(run_dir, NAME, numbers, md, plots)
+    new = {name: extrapolate(base[name], trajs[name], step) for name in trajs}
+    last_state = read_state(ckpts.folders[-1])
+    steps = ckpts.steps
+    folder = write_weights_checkpoint(
+        new, base_folder, out_dir / f"extrapolated-step-{step}",
+        processor_from=processor_source(ckpts.folders[-1], last_state), step=step,
+        dtype=cfg.model.dtype if cfg is not None else "float32",
+        info={"analysis": {"name": "trajectory", "run": str(run_dir.resolve()), "extrapolated_step": step,
+                           "from_steps": steps, "lora_run": ckpts.lora}})
+    return folder, {"step": step, "folder": str(folder), "tensors_moved": len(new),
+                    "beyond_last_saved_step": step > steps[-1]}
 
 
 def _evaluate_all(heldout: HeldOut, base_folder: str, folders: list[Path], steps: list[int], extrap: Path,

@@ -437,196 +437,374 @@ def _bound(x: str | float | None, name: str, kind: type) -> Any:
     return int(number) if kind is int else number
 
 
+@dataclasses.dataclass
+class _HeaderBar:
+    """The run header with its follow-run switch, Refresh button and the timer that follow-run drives."""
+
+    header: gr.HTML
+    follow: gr.Checkbox
+    refresh_btn: gr.Button
+    timer: gr.Timer
+
+
+@dataclasses.dataclass
+class _SampleView:
+    """The Browse components that show the selected sample: prompt, images, text, rewards, heatmap, compare."""
+
+    prompt_html: gr.HTML
+    frames_html: gr.HTML
+    annotated: gr.AnnotatedImage
+    gallery: gr.Gallery
+    ta_html: gr.HTML
+    turns_html: gr.HTML
+    reward_html: gr.HTML
+    signal_radio: gr.Radio
+    heat: gr.HighlightedText
+    heat_html: gr.HTML
+    compare_dd: gr.Dropdown
+    slider: gr.ImageSlider
+
+
+@dataclasses.dataclass
+class _Browse:
+    """The Browse tab: step / group / sample navigation and the view of the selected sample."""
+
+    step_dd: gr.Dropdown
+    group_dd: gr.Dropdown
+    prev_group: gr.Button
+    next_group: gr.Button
+    history_btn: gr.Button
+    group_html: gr.HTML
+    sample_radio: gr.Radio
+    sample_num: gr.Number
+    prev_sample: gr.Button
+    next_sample: gr.Button
+    view: _SampleView
+
+    def outputs(self) -> list[Any]:
+        """The components every navigation event updates, in the order of ``Inspector.render``'s tuple."""
+        v = self.view
+        return [self.step_dd, self.group_dd, self.sample_radio, self.sample_num, self.group_html, v.prompt_html,
+                v.annotated, v.gallery, v.compare_dd, v.slider, v.ta_html, v.reward_html, v.heat, v.heat_html,
+                v.signal_radio, v.frames_html, v.turns_html]
+
+    def selection(self) -> list[Any]:
+        """(step, group, sample): the inputs that name the shown sample."""
+        return [self.step_dd, self.group_dd, self.sample_num]
+
+
+@dataclasses.dataclass
+class _Filter:
+    """The Filter tab: the condition boxes, the Filter button, the count line and the results table."""
+
+    step_lo: gr.Textbox
+    step_hi: gr.Textbox
+    reward_lo: gr.Textbox
+    reward_hi: gr.Textbox
+    limit: gr.Number
+    component_dd: gr.Dropdown
+    passed: gr.Radio
+    adv_sign: gr.Radio
+    finish_dd: gr.Dropdown
+    regex: gr.Textbox
+    order: gr.Radio
+    run_btn: gr.Button
+    count_md: gr.Markdown
+    results: gr.Dataframe
+
+    def inputs(self) -> list[Any]:
+        """The inputs of ``Inspector.run_filter``, in its argument order."""
+        return [self.step_lo, self.step_hi, self.reward_lo, self.reward_hi, self.component_dd, self.passed,
+                self.adv_sign, self.finish_dd, self.regex, self.order, self.limit]
+
+
+@dataclasses.dataclass
+class _History:
+    """The "Prompt across steps" tab: a title line, the per-step table and the reward plot."""
+
+    title: gr.HTML
+    table: gr.Dataframe
+    plot: gr.LinePlot
+
+
+@dataclasses.dataclass
+class _Metrics:
+    """The Metrics tab: the metric picker, the ``MAX_PLOTS`` plots and the go-to-step controls."""
+
+    pick: gr.Dropdown
+    plots: list[gr.LinePlot]
+    goto_step: gr.Number
+    goto_btn: gr.Button
+
+
 def build_app(run_dir: str | os.PathLike[str], *, refresh_s: float = 5.0) -> gr.Blocks:
-    """The inspector app for ``run_dir`` (see module docstring). Launch it with ``launch``."""
+    """The inspector app for ``run_dir`` (see module docstring). Launch it with ``launch``.
+
+    The layout helpers create the components in page order and the wiring helpers connect their events
+    afterwards, so component ids and API endpoints keep a fixed order."""
     ins = Inspector(run_dir)
     names, default_names = ins.metric_choices()
     with gr.Blocks(title=f"mmrlvr inspect · {ins.run_dir.name}") as demo:
         gr.HTML("", js_on_load=KEYBOARD_JS, elem_id="mm-keys", padding=False)
-        with gr.Row(equal_height=True):
-            header = gr.HTML(ins.header(), elem_id="mm-header")
-            follow = gr.Checkbox(value=True, label=f"follow run (every {refresh_s:g} s)", scale=0, min_width=180)
-            refresh_btn = gr.Button("Refresh", size="sm", scale=0, min_width=90, elem_id="mm-refresh")
-        timer = gr.Timer(refresh_s, active=True)
+        bar = _header_bar(ins, refresh_s)
         with gr.Tabs(selected="browse") as tabs:
             with gr.Tab("Browse", id="browse"):
-                with gr.Row():
-                    # allow_custom_value: the server validates (and falls back) itself, so API clients may
-                    # pass any step / prompt id without first loading the choices of their session
-                    steps = ins.reader.steps()
-                    step_dd = gr.Dropdown(label="Step", choices=ins.step_choices(), value=steps[-1] if steps else None,
-                                          allow_custom_value=True, scale=1, elem_id="mm-step")
-                    group_dd = gr.Dropdown(label="Prompt group", allow_custom_value=True, scale=3, elem_id="mm-group")
-                    prev_group = gr.Button("◀ group (p)", size="sm", scale=0, min_width=100, elem_id="mm-prev-group")
-                    next_group = gr.Button("group (n) ▶", size="sm", scale=0, min_width=100, elem_id="mm-next-group")
-                    history_btn = gr.Button("Across steps", size="sm", scale=0, min_width=110)
-                group_html = gr.HTML(elem_id="mm-group-cards")
-                with gr.Row():
-                    sample_radio = gr.Radio(label="Sample (best reward first)", scale=5, elem_id="mm-sample")
-                    sample_num = gr.Number(visible=False, precision=0)  # the selected sample, for API calls
-                    prev_sample = gr.Button("◀ sample (k)", size="sm", scale=0, min_width=110, elem_id="mm-prev-sample")
-                    next_sample = gr.Button("sample (j) ▶", size="sm", scale=0, min_width=110, elem_id="mm-next-sample")
-                prompt_html = gr.HTML(elem_id="mm-prompt")
-                with gr.Row():
-                    with gr.Column(scale=2):
-                        # a video prompt's frames, in order (hidden for rows without video)
-                        frames_html = gr.HTML(elem_id="mm-frames", visible=False)
-                        annotated = gr.AnnotatedImage(label="Image · predicted boxes (magenta, with IoU) vs ground "
-                                                      "truth (cyan), outlines", format="png",
-                                                      elem_id="mm-annotated")  # no fixed height: a letterboxed
-                                                      # image and its box masks would be scaled apart
-                        gallery = gr.Gallery(label="More images", visible=False, columns=4, height=160)
-                    with gr.Column(scale=3):
-                        ta_html = gr.HTML(elem_id="mm-thinking-answer")
-                        # a multi-turn trajectory's turns: calls, returned images, zoom boxes, masked spans
-                        turns_html = gr.HTML(elem_id="mm-turns", visible=False)
-                        reward_html = gr.HTML(elem_id="mm-reward")
-                signal_radio = gr.Radio(list(views.SIGNALS), value=DEFAULT_SIGNAL,
-                                        label="Token heatmap signal (click a token for its values)",
-                                        elem_id="mm-signal")
-                # the visible heatmap is wrapped HTML text; the same scores as a HighlightedText value stay
-                # available to API clients (/render, /heatmap) without taking page height
-                heat = gr.HighlightedText(label="Response tokens (scaled to [-1, 1])", show_legend=False,
-                                          combine_adjacent=False, visible=False, elem_id="mm-heatmap-values")
-                heat_html = gr.HTML(elem_id="mm-heatmap", css_template=views.HEATMAP_CSS, js_on_load=None)
-                with gr.Row(equal_height=False):
-                    with gr.Column(scale=1, min_width=240):
-                        compare_dd = gr.Dropdown(label="Compare with step", allow_custom_value=True,
-                                                 elem_id="mm-compare")
-                        gr.Markdown("Drag the handle: left is the selected step, right the step chosen here "
-                                    "(each image is captioned with its step and reward).")
-                    with gr.Column(scale=1, min_width=300):
-                        slider = gr.ImageSlider(label="Same prompt at two steps (drag)", type="pil", format="png",
-                                                elem_id="mm-slider")
-                    with gr.Column(scale=1, min_width=0):  # keeps the slider (and its image) at a third of the width
-                        pass
+                browse = _browse_tab(ins)
             with gr.Tab("Filter", id="filter"):
-                with gr.Row():
-                    # text boxes, not gr.Number: an empty box must mean "no bound" (a Number sends 0)
-                    step_lo = gr.Textbox(label="step ≥", placeholder="any", elem_id="mm-step-lo")
-                    step_hi = gr.Textbox(label="step ≤", placeholder="any", elem_id="mm-step-hi")
-                    reward_lo = gr.Textbox(label="reward ≥", placeholder="any", elem_id="mm-reward-lo")
-                    reward_hi = gr.Textbox(label="reward ≤", placeholder="any", elem_id="mm-reward-hi")
-                    limit = gr.Number(label="show at most", value=200, precision=0)
-                with gr.Row():
-                    component_dd = gr.Dropdown([ANY] + ins.reader.components(), value=ANY, label="component")
-                    passed = gr.Radio([ANY, "pass", "fail"], value=ANY, label="component passes (≥ 0.5)")
-                    adv_sign = gr.Radio([ANY, "+", "-", "0"], value=ANY, label="advantage sign")
-                    finish_dd = gr.Dropdown(ins.finish_reasons(), multiselect=True, label="finish reason")
-                with gr.Row():
-                    regex = gr.Textbox(label="regex in response text", placeholder=r"e.g. answer>\s*3<")
-                    order = gr.Radio(["step order", "round robin"], value="round robin",
-                                     label="order (round robin: one sample per group first)")
-                    run_btn = gr.Button("Filter", variant="primary", scale=0, min_width=100, elem_id="mm-run-filter")
-                count_md = gr.Markdown(elem_id="mm-count")
-                results = gr.Dataframe(interactive=False, elem_id="mm-results", max_height=480, wrap=True)
+                filt = _filter_tab(ins)
             with gr.Tab("Prompt across steps", id="history"):
-                history_title = gr.HTML()
-                with gr.Row():
-                    history_table = gr.Dataframe(interactive=False, scale=2)
-                    history_plot = gr.LinePlot(x="step", y="value", color="metric", scale=3,
-                                               title="reward of this prompt per step")
+                history = _history_tab()
             with gr.Tab("Plan", id="plan"):
-                gr.Markdown("What this run's step ran: the stage of each kind, why (the config key that chose it) "
-                            "and its settings with their source (user, preset, loss default, default).")
-                gr.HTML(ins.plan(), elem_id="mm-plan")
+                _plan_tab(ins)
             with gr.Tab("Analysis", id="analysis"):
-                gr.Markdown("What `mmrlvr analyze` found in this run (RUN_DIR/analysis/): tables and plots.")
-                analysis_html = gr.HTML(ins.analysis(), elem_id="mm-analysis")
-                gr.Button("Reload analyses", size="sm").click(ins.analysis, None, analysis_html, api_name="analysis")
+                _analysis_tab(ins)
             with gr.Tab("Metrics", id="metrics"):
-                metric_pick = gr.Dropdown(names, value=default_names, multiselect=True,
-                                          label=f"metrics from metrics.jsonl (up to {MAX_PLOTS})")
-                gr.Markdown("Select a range on a plot to open the samples of that step.")
-                plots = []
-                initial = ins.metric_plots(default_names)
-                for row in range(0, MAX_PLOTS, 2):
-                    with gr.Row():
-                        for k in range(row, row + 2):
-                            plots.append(gr.LinePlot(initial[k]["value"], x="step", y="value",
-                                                     title=initial[k]["title"], visible=initial[k]["visible"],
-                                                     elem_id=f"mm-metric-{k}", height=240))
-                with gr.Row():
-                    goto_step = gr.Number(label="step", precision=0, scale=1)
-                    goto_btn = gr.Button("Show samples of this step", scale=0, min_width=200)
+                metrics = _metrics_tab(ins, names, default_names)
 
-        browse_out = [step_dd, group_dd, sample_radio, sample_num, group_html, prompt_html, annotated, gallery,
-                      compare_dd, slider, ta_html, reward_html, heat, heat_html, signal_radio, frames_html,
-                      turns_html]
-        sel = [step_dd, group_dd, sample_num]
-
-        # --- browse
-        demo.load(ins.render, sel + [signal_radio, compare_dd], browse_out,
-                  api_name="render")
-        step_dd.input(lambda s, sig: ins.render(s, None, None, sig), [step_dd, signal_radio], browse_out,
-                      api_name="select_step")
-        group_dd.input(lambda s, p, sig: ins.render(s, p, None, sig), [step_dd, group_dd, signal_radio], browse_out,
-                       api_name="select_group")
-        sample_radio.input(lambda s, p, i, sig, c: ins.render(s, p, i, sig, c),
-                           [step_dd, group_dd, sample_radio, signal_radio, compare_dd],
-                           browse_out, api_name="select_sample")
-        for btn, delta, level, name in [(next_sample, 1, "sample", "next_sample"),
-                                        (prev_sample, -1, "sample", "prev_sample"),
-                                        (next_group, 1, "group", "next_group"),
-                                        (prev_group, -1, "group", "prev_group")]:
-            btn.click(lambda s, p, i, sig, d=delta, lv=level: ins.navigate(s, p, i, d, lv, sig),
-                      sel + [signal_radio], browse_out, api_name=name)
-        signal_radio.input(ins.heatmap, sel + [signal_radio], [heat, heat_html], api_name="heatmap")
-        compare_dd.input(ins.compare, sel + [compare_dd], slider, api_name="compare")
-
-        # --- refresh (button always re-renders the header; the timer only when something changed)
-        refresh_out = [header, step_dd, component_dd, finish_dd]
-        refresh_btn.click(lambda s: ins.refresh(s, True), step_dd, refresh_out, api_name="refresh")
-        tick_out = [header, component_dd, finish_dd, *browse_out]
-        timer.tick(ins.tick, [step_dd, signal_radio], tick_out, api_visibility="private", show_progress="hidden")
-        follow.change(lambda on: gr.Timer(active=on), follow, timer, api_visibility="private")
-
-        # --- filter, then open a row in Browse
-        filter_in = [step_lo, step_hi, reward_lo, reward_hi, component_dd, passed, adv_sign, finish_dd, regex,
-                     order, limit]
-        run_btn.click(ins.run_filter, filter_in, [count_md, results], api_name="filter")
-        regex.submit(ins.run_filter, filter_in, [count_md, results], api_visibility="private")
-
-        def open_row(table: pd.DataFrame, sig: str, evt: gr.SelectData) -> tuple:
-            row = table.iloc[evt.index[0]]
-            return (*ins.render(int(row["step"]), str(row["prompt"]), int(row["sample"]), sig),
-                    gr.Tabs(selected="browse"))
-
-        results.select(open_row, [results, signal_radio], browse_out + [tabs], api_visibility="private")
-
-        # --- one prompt across steps
-        def show_history(p: str | None) -> tuple:
-            return (*ins.history(p), gr.Tabs(selected="history"))
-
-        history_btn.click(show_history, group_dd, [history_title, history_table, history_plot, tabs],
-                          api_name="history")
-
-        def open_history_row(table: pd.DataFrame, p: str | None, sig: str, evt: gr.SelectData) -> tuple:
-            step = int(table.iloc[evt.index[0]]["step"])
-            return (*ins.render(step, p, None, sig), gr.Tabs(selected="browse"))
-
-        history_table.select(open_history_row, [history_table, group_dd, signal_radio], browse_out + [tabs],
-                             api_visibility="private")
-
-        # --- metrics, with drill-down to a step's samples
-        metric_pick.change(lambda names: [gr.LinePlot(**p) for p in ins.metric_plots(names)], metric_pick, plots,
-                           api_name="metrics")
-
-        def goto(step: float | None, sig: str) -> tuple:
-            target = ins.nearest_step(step)
-            return (*ins.render(target, None, None, sig), gr.Tabs(selected="browse"))
-
-        goto_btn.click(goto, [goto_step, signal_radio], browse_out + [tabs], api_name="goto_step")
-
-        def plot_select(sig: str, evt: gr.SelectData) -> tuple:
-            lo, hi = evt.index if isinstance(evt.index, (list, tuple)) else (evt.index, evt.index)
-            return (*ins.render(ins.nearest_step((float(lo) + float(hi)) / 2), None, None, sig),
-                    gr.Tabs(selected="browse"))
-
-        for plot in plots:
-            plot.select(plot_select, signal_radio, browse_out + [tabs], api_visibility="private")
+        _wire_browse(demo, ins, browse)
+        _wire_refresh(ins, bar, browse, filt)
+        _wire_filter(ins, filt, browse, tabs)
+        _wire_history(ins, history, browse, tabs)
+        _wire_metrics(ins, metrics, browse, tabs)
     demo.inspector = ins  # type: ignore[attr-defined]  # for tests and scripting
     return demo
+
+
+# -- layout (each helper runs inside the Blocks / Tab context its caller opened) ------------------------------
+def _header_bar(ins: Inspector, refresh_s: float) -> _HeaderBar:
+    """The header row (run summary, follow-run switch, Refresh) and the follow-run timer."""
+    with gr.Row(equal_height=True):
+        header = gr.HTML(ins.header(), elem_id="mm-header")
+        follow = gr.Checkbox(value=True, label=f"follow run (every {refresh_s:g} s)", scale=0, min_width=180)
+        refresh_btn = gr.Button("Refresh", size="sm", scale=0, min_width=90, elem_id="mm-refresh")
+    timer = gr.Timer(refresh_s, active=True)
+    return _HeaderBar(header, follow, refresh_btn, timer)
+
+
+def _browse_tab(ins: Inspector) -> _Browse:
+    """The Browse tab: the step / group row, the group cards, the sample row, then the sample view."""
+    with gr.Row():
+        # allow_custom_value: the server validates (and falls back) itself, so API clients may
+        # pass any step / prompt id without first loading the choices of their session
+        steps = ins.reader.steps()
+        step_dd = gr.Dropdown(label="Step", choices=ins.step_choices(), value=steps[-1] if steps else None,
+                              allow_custom_value=True, scale=1, elem_id="mm-step")
+        group_dd = gr.Dropdown(label="Prompt group", allow_custom_value=True, scale=3, elem_id="mm-group")
+        prev_group = gr.Button("◀ group (p)", size="sm", scale=0, min_width=100, elem_id="mm-prev-group")
+        next_group = gr.Button("group (n) ▶", size="sm", scale=0, min_width=100, elem_id="mm-next-group")
+        history_btn = gr.Button("Across steps", size="sm", scale=0, min_width=110)
+    group_html = gr.HTML(elem_id="mm-group-cards")
+    with gr.Row():
+        sample_radio = gr.Radio(label="Sample (best reward first)", scale=5, elem_id="mm-sample")
+        sample_num = gr.Number(visible=False, precision=0)  # the selected sample, for API calls
+        prev_sample = gr.Button("◀ sample (k)", size="sm", scale=0, min_width=110, elem_id="mm-prev-sample")
+        next_sample = gr.Button("sample (j) ▶", size="sm", scale=0, min_width=110, elem_id="mm-next-sample")
+    view = _sample_view()
+    return _Browse(step_dd, group_dd, prev_group, next_group, history_btn, group_html, sample_radio, sample_num,
+                   prev_sample, next_sample, view)
+
+
+def _sample_view() -> _SampleView:
+    """The selected sample: prompt, images beside thinking / turns / rewards, token heatmap, two-step compare."""
+    prompt_html = gr.HTML(elem_id="mm-prompt")
+    with gr.Row():
+        with gr.Column(scale=2):
+            # a video prompt's frames, in order (hidden for rows without video)
+            frames_html = gr.HTML(elem_id="mm-frames", visible=False)
+            annotated = gr.AnnotatedImage(label="Image · predicted boxes (magenta, with IoU) vs ground "
+                                          "truth (cyan), outlines", format="png",
+                                          elem_id="mm-annotated")  # no fixed height: a letterboxed
+                                          # image and its box masks would be scaled apart
+            gallery = gr.Gallery(label="More images", visible=False, columns=4, height=160)
+        with gr.Column(scale=3):
+            ta_html = gr.HTML(elem_id="mm-thinking-answer")
+            # a multi-turn trajectory's turns: calls, returned images, zoom boxes, masked spans
+            turns_html = gr.HTML(elem_id="mm-turns", visible=False)
+            reward_html = gr.HTML(elem_id="mm-reward")
+    signal_radio = gr.Radio(list(views.SIGNALS), value=DEFAULT_SIGNAL,
+                            label="Token heatmap signal (click a token for its values)",
+                            elem_id="mm-signal")
+    # the visible heatmap is wrapped HTML text; the same scores as a HighlightedText value stay
+    # available to API clients (/render, /heatmap) without taking page height
+    heat = gr.HighlightedText(label="Response tokens (scaled to [-1, 1])", show_legend=False,
+                              combine_adjacent=False, visible=False, elem_id="mm-heatmap-values")
+    heat_html = gr.HTML(elem_id="mm-heatmap", css_template=views.HEATMAP_CSS, js_on_load=None)
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=1, min_width=240):
+            compare_dd = gr.Dropdown(label="Compare with step", allow_custom_value=True,
+                                     elem_id="mm-compare")
+            gr.Markdown("Drag the handle: left is the selected step, right the step chosen here "
+                        "(each image is captioned with its step and reward).")
+        with gr.Column(scale=1, min_width=300):
+            slider = gr.ImageSlider(label="Same prompt at two steps (drag)", type="pil", format="png",
+                                    elem_id="mm-slider")
+        with gr.Column(scale=1, min_width=0):  # keeps the slider (and its image) at a third of the width
+            pass
+    return _SampleView(prompt_html, frames_html, annotated, gallery, ta_html, turns_html, reward_html,
+                       signal_radio, heat, heat_html, compare_dd, slider)
+
+
+def _filter_tab(ins: Inspector) -> _Filter:
+    """The Filter tab: range boxes, component / advantage / finish conditions, regex and order, results."""
+    with gr.Row():
+        # text boxes, not gr.Number: an empty box must mean "no bound" (a Number sends 0)
+        step_lo = gr.Textbox(label="step ≥", placeholder="any", elem_id="mm-step-lo")
+        step_hi = gr.Textbox(label="step ≤", placeholder="any", elem_id="mm-step-hi")
+        reward_lo = gr.Textbox(label="reward ≥", placeholder="any", elem_id="mm-reward-lo")
+        reward_hi = gr.Textbox(label="reward ≤", placeholder="any", elem_id="mm-reward-hi")
+        limit = gr.Number(label="show at most", value=200, precision=0)
+    with gr.Row():
+        component_dd = gr.Dropdown([ANY] + ins.reader.components(), value=ANY, label="component")
+        passed = gr.Radio([ANY, "pass", "fail"], value=ANY, label="component passes (≥ 0.5)")
+        adv_sign = gr.Radio([ANY, "+", "-", "0"], value=ANY, label="advantage sign")
+        finish_dd = gr.Dropdown(ins.finish_reasons(), multiselect=True, label="finish reason")
+    with gr.Row():
+        regex = gr.Textbox(label="regex in response text", placeholder=r"e.g. answer>\s*3<")
+        order = gr.Radio(["step order", "round robin"], value="round robin",
+                         label="order (round robin: one sample per group first)")
+        run_btn = gr.Button("Filter", variant="primary", scale=0, min_width=100, elem_id="mm-run-filter")
+    count_md = gr.Markdown(elem_id="mm-count")
+    results = gr.Dataframe(interactive=False, elem_id="mm-results", max_height=480, wrap=True)
+    return _Filter(step_lo, step_hi, reward_lo, reward_hi, limit, component_dd, passed, adv_sign, finish_dd, regex,
+                   order, run_btn, count_md, results)
+
+
+def _history_tab() -> _History:
+    """The "Prompt across steps" tab: title line, then the per-step table beside the reward plot."""
+    title = gr.HTML()
+    with gr.Row():
+        table = gr.Dataframe(interactive=False, scale=2)
+        plot = gr.LinePlot(x="step", y="value", color="metric", scale=3,
+                           title="reward of this prompt per step")
+    return _History(title, table, plot)
+
+
+def _plan_tab(ins: Inspector) -> None:
+    """The Plan tab: the run's plan, rendered once when the app is built."""
+    gr.Markdown("What this run's step ran: the stage of each kind, why (the config key that chose it) "
+                "and its settings with their source (user, preset, loss default, default).")
+    gr.HTML(ins.plan(), elem_id="mm-plan")
+
+
+def _analysis_tab(ins: Inspector) -> None:
+    """The Analysis tab: what ``mmrlvr analyze`` wrote, and a button (API ``analysis``) that reloads it."""
+    gr.Markdown("What `mmrlvr analyze` found in this run (RUN_DIR/analysis/): tables and plots.")
+    analysis_html = gr.HTML(ins.analysis(), elem_id="mm-analysis")
+    gr.Button("Reload analyses", size="sm").click(ins.analysis, None, analysis_html, api_name="analysis")
+
+
+def _metrics_tab(ins: Inspector, names: list[str], default_names: list[str]) -> _Metrics:
+    """The Metrics tab: the picker (``names``, ``default_names`` chosen), ``MAX_PLOTS`` plots two per row
+    (unused ones hidden) and the go-to-step controls."""
+    pick = gr.Dropdown(names, value=default_names, multiselect=True,
+                       label=f"metrics from metrics.jsonl (up to {MAX_PLOTS})")
+    gr.Markdown("Select a range on a plot to open the samples of that step.")
+    plots = []
+    initial = ins.metric_plots(default_names)
+    for row in range(0, MAX_PLOTS, 2):
+        with gr.Row():
+            for k in range(row, row + 2):
+                plots.append(gr.LinePlot(initial[k]["value"], x="step", y="value",
+                                         title=initial[k]["title"], visible=initial[k]["visible"],
+                                         elem_id=f"mm-metric-{k}", height=240))
+    with gr.Row():
+        goto_step = gr.Number(label="step", precision=0, scale=1)
+        goto_btn = gr.Button("Show samples of this step", scale=0, min_width=200)
+    return _Metrics(pick, plots, goto_step, goto_btn)
+
+
+# -- events (registered in this order: it fixes the API endpoints' order) -----------------------------------
+def _wire_browse(demo: gr.Blocks, ins: Inspector, browse: _Browse) -> None:
+    """Browse events: the first render on page load, the step / group / sample pickers, the prev / next
+    buttons (which the keyboard keys click), the heatmap signal and the compare step."""
+    browse_out = browse.outputs()
+    sel = browse.selection()
+    step_dd, group_dd, sample_radio = browse.step_dd, browse.group_dd, browse.sample_radio
+    signal_radio, compare_dd = browse.view.signal_radio, browse.view.compare_dd
+    demo.load(ins.render, sel + [signal_radio, compare_dd], browse_out,
+              api_name="render")
+    step_dd.input(lambda s, sig: ins.render(s, None, None, sig), [step_dd, signal_radio], browse_out,
+                  api_name="select_step")
+    group_dd.input(lambda s, p, sig: ins.render(s, p, None, sig), [step_dd, group_dd, signal_radio], browse_out,
+                   api_name="select_group")
+    sample_radio.input(lambda s, p, i, sig, c: ins.render(s, p, i, sig, c),
+                       [step_dd, group_dd, sample_radio, signal_radio, compare_dd],
+                       browse_out, api_name="select_sample")
+    for btn, delta, level, name in [(browse.next_sample, 1, "sample", "next_sample"),
+                                    (browse.prev_sample, -1, "sample", "prev_sample"),
+                                    (browse.next_group, 1, "group", "next_group"),
+                                    (browse.prev_group, -1, "group", "prev_group")]:
+        btn.click(lambda s, p, i, sig, d=delta, lv=level: ins.navigate(s, p, i, d, lv, sig),
+                  sel + [signal_radio], browse_out, api_name=name)
+    signal_radio.input(ins.heatmap, sel + [signal_radio], [browse.view.heat, browse.view.heat_html],
+                       api_name="heatmap")
+    compare_dd.input(ins.compare, sel + [compare_dd], browse.view.slider, api_name="compare")
+
+
+def _wire_refresh(ins: Inspector, bar: _HeaderBar, browse: _Browse, filt: _Filter) -> None:
+    """Refresh events: the button always re-renders the header, the follow-run timer only when something
+    changed; the follow-run switch starts and stops the timer."""
+    refresh_out = [bar.header, browse.step_dd, filt.component_dd, filt.finish_dd]
+    bar.refresh_btn.click(lambda s: ins.refresh(s, True), browse.step_dd, refresh_out, api_name="refresh")
+    tick_out = [bar.header, filt.component_dd, filt.finish_dd, *browse.outputs()]
+    bar.timer.tick(ins.tick, [browse.step_dd, browse.view.signal_radio], tick_out, api_visibility="private",
+                   show_progress="hidden")
+    bar.follow.change(lambda on: gr.Timer(active=on), bar.follow, bar.timer, api_visibility="private")
+
+
+def _wire_filter(ins: Inspector, filt: _Filter, browse: _Browse, tabs: gr.Tabs) -> None:
+    """Filter events: the button and Enter in the regex box run the filter; selecting a result row opens
+    that sample in Browse."""
+    filter_in = filt.inputs()
+    filt.run_btn.click(ins.run_filter, filter_in, [filt.count_md, filt.results], api_name="filter")
+    filt.regex.submit(ins.run_filter, filter_in, [filt.count_md, filt.results], api_visibility="private")
+
+    def open_row(table: pd.DataFrame, sig: str, evt: gr.SelectData) -> tuple:
+        row = table.iloc[evt.index[0]]
+        return (*ins.render(int(row["step"]), str(row["prompt"]), int(row["sample"]), sig),
+                gr.Tabs(selected="browse"))
+
+    filt.results.select(open_row, [filt.results, browse.view.signal_radio], browse.outputs() + [tabs],
+                        api_visibility="private")
+
+
+def _wire_history(ins: Inspector, history: _History, browse: _Browse, tabs: gr.Tabs) -> None:
+    """One prompt across steps: "Across steps" opens the tab for the Browse group; selecting a row opens that
+    step's group in Browse."""
+    def show_history(p: str | None) -> tuple:
+        return (*ins.history(p), gr.Tabs(selected="history"))
+
+    browse.history_btn.click(show_history, browse.group_dd, [history.title, history.table, history.plot, tabs],
+                             api_name="history")
+
+    def open_history_row(table: pd.DataFrame, p: str | None, sig: str, evt: gr.SelectData) -> tuple:
+        step = int(table.iloc[evt.index[0]]["step"])
+        return (*ins.render(step, p, None, sig), gr.Tabs(selected="browse"))
+
+    history.table.select(open_history_row, [history.table, browse.group_dd, browse.view.signal_radio],
+                         browse.outputs() + [tabs], api_visibility="private")
+
+
+def _wire_metrics(ins: Inspector, metrics: _Metrics, browse: _Browse, tabs: gr.Tabs) -> None:
+    """Metrics events: the picker redraws the plots; the go-to button and a range selected on a plot open the
+    nearest saved step in Browse."""
+    metrics.pick.change(lambda names: [gr.LinePlot(**p) for p in ins.metric_plots(names)], metrics.pick,
+                        metrics.plots, api_name="metrics")
+
+    def goto(step: float | None, sig: str) -> tuple:
+        target = ins.nearest_step(step)
+        return (*ins.render(target, None, None, sig), gr.Tabs(selected="browse"))
+
+    metrics.goto_btn.click(goto, [metrics.goto_step, browse.view.signal_radio], browse.outputs() + [tabs],
+                           api_name="goto_step")
+
+    def plot_select(sig: str, evt: gr.SelectData) -> tuple:
+        lo, hi = evt.index if isinstance(evt.index, (list, tuple)) else (evt.index, evt.index)
+        return (*ins.render(ins.nearest_step((float(lo) + float(hi)) / 2), None, None, sig),
+                gr.Tabs(selected="browse"))
+
+    for plot in metrics.plots:
+        plot.select(plot_select, browse.view.signal_radio, browse.outputs() + [tabs], api_visibility="private")
 
 
 #: the only parts of a run folder the server hands out as files (never config.yaml, checkpoints, logs)

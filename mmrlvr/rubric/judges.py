@@ -218,6 +218,13 @@ def deadline_transport(state: _CallState, timeout: float, max_bytes: int) -> Any
 
 def _make_transport_class(hx: Any, hc: Any) -> Any:
     """Define the deadline-enforcing stream, backend and transport on the given httpx / httpcore pair."""
+    stream_class = _deadline_stream_class(hc)
+    backend_class = _deadline_backend_class(hc, stream_class)
+    return _deadline_transport_class(hx, backend_class)
+
+
+def _deadline_stream_class(hc: Any) -> Any:
+    """``_DeadlineStream`` on httpcore-like ``hc``: the socket stream the deadline backend hands out."""
 
     class _DeadlineStream(hc.NetworkStream):
         """A socket stream whose every read/write gets only the time left, and whose reads count bytes."""
@@ -248,6 +255,11 @@ def _make_transport_class(hx: Any, hc: Any) -> Any:
         def get_extra_info(self, info: str) -> Any:
             return self._stream.get_extra_info(info)
 
+    return _DeadlineStream
+
+
+def _deadline_backend_class(hc: Any, stream_class: Any) -> Any:
+    """``_DeadlineBackend`` on httpcore-like ``hc``, wrapping every stream it opens in ``stream_class``."""
 
     class _DeadlineBackend(hc.NetworkBackend):
         """httpcore's sync backend with connects bounded by the deadline and streams wrapped."""
@@ -259,17 +271,23 @@ def _make_transport_class(hx: Any, hc: Any) -> Any:
                         socket_options: Any = None) -> hc.NetworkStream:
             stream = self._backend.connect_tcp(host, port, self._state.left(timeout, hc.ConnectTimeout),
                                                local_address, socket_options)
-            return _DeadlineStream(stream, self._state)
+            return stream_class(stream, self._state)
 
         def connect_unix_socket(self, path: str, timeout: float | None = None,
                                 socket_options: Any = None) -> hc.NetworkStream:
             stream = self._backend.connect_unix_socket(path, self._state.left(timeout, hc.ConnectTimeout),
                                                        socket_options)
-            return _DeadlineStream(stream, self._state)
+            return stream_class(stream, self._state)
 
         def sleep(self, seconds: float) -> None:
             self._backend.sleep(seconds)
 
+    return _DeadlineBackend
+
+
+def _deadline_transport_class(hx: Any, backend_class: Any) -> Any:
+    """``DeadlineTransport`` on httpx-like ``hx``, its connection pool's network backend wrapped in
+    ``backend_class``."""
 
     class DeadlineTransport(hx.HTTPTransport):
         """httpx transport: a total deadline (connect + first byte + body) and a size cap per attempt.
@@ -285,7 +303,7 @@ def _make_transport_class(hx: Any, hc: Any) -> Any:
             pool = getattr(self, "_pool", None)
             if not hasattr(pool, "_network_backend"):  # guard against an httpx/httpcore layout change
                 raise RuntimeError("mmrlvr's judge deadline needs hx.HTTPTransport._pool._network_backend")
-            pool._network_backend = _DeadlineBackend(pool._network_backend, state)
+            pool._network_backend = backend_class(pool._network_backend, state)
             self._state, self._timeout, self._max_bytes = state, timeout, max_bytes
 
         def handle_request(self, request: hx.Request) -> hx.Response:
@@ -299,17 +317,23 @@ def _make_transport_class(hx: Any, hc: Any) -> Any:
                 response.close()
                 self._state.reason = "size"
                 raise hx.ReadError(f"the judge's reply is {length} bytes, over {self._max_bytes}", request=request)
-            for key in ("retry-after", "retry-after-ms"):
-                value = response.headers.get(key, "")
-                try:
-                    seconds = float(value) / (1000.0 if key.endswith("ms") else 1.0)
-                except ValueError:
-                    seconds = math.inf if value else 0.0  # an HTTP date: not honoured
-                if seconds > self._timeout:
-                    del response.headers[key]
+            _drop_long_retry_after(response.headers, self._timeout)
             return response
 
     return DeadlineTransport
+
+
+def _drop_long_retry_after(headers: Any, timeout: float) -> None:
+    """Remove ``Retry-After`` / ``Retry-After-Ms`` from a reply's ``headers`` when it asks for a wait longer
+    than ``timeout`` (an HTTP date counts as longer: it is not honoured)."""
+    for key in ("retry-after", "retry-after-ms"):
+        value = headers.get(key, "")
+        try:
+            seconds = float(value) / (1000.0 if key.endswith("ms") else 1.0)
+        except ValueError:
+            seconds = math.inf if value else 0.0  # an HTTP date: not honoured
+        if seconds > timeout:
+            del headers[key]
 
 
 def resolve_api_key(api_key: str | None = None, api_key_env: str | None = None,
