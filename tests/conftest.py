@@ -7,6 +7,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# a step metric that does not declare how several processes combine it is an error here (mmrlvr.metric), in this
+# process and in the runs it starts (goldens, torchrun matrices)
+os.environ.setdefault("MMRLVR_STRICT_METRICS", "1")
 # One model cache per checkout: the warm-started tiny VLM is built once (by the first test that needs it)
 # and reused by the others; a fresh clone (CI) builds it from scratch.
 os.environ.setdefault("MMRLVR_CACHE", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),

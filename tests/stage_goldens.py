@@ -85,7 +85,15 @@ def run_case(name: str, config: str, overrides: list[str], steps: int, out: Path
         cfg = load_config(data=demo_config_dict(), overrides=ov)
     else:
         cfg = load_config(ROOT / config, ov)
-    Trainer(cfg).train()
+    from mmrlvr.train.metrics import MetricsWriter
+
+    logged: list[dict[str, Any]] = []  # each step's metrics as the record stage handed them over (Metric values)
+    log = MetricsWriter.log
+    MetricsWriter.log = lambda self, step, metrics: (logged.append(dict(metrics)), log(self, step, metrics))[1]
+    try:
+        Trainer(cfg).train()
+    finally:
+        MetricsWriter.log = log
     rows = []
     for line in (out / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
@@ -102,7 +110,35 @@ def run_case(name: str, config: str, overrides: list[str], steps: int, out: Path
             h.update(col.encode())
             h.update(json.dumps(table.column(col).to_pylist(), sort_keys=True, default=str).encode())
         digests[shard.name] = h.hexdigest()
-    return {"metrics": rows, "records": digests}
+    return {"metrics": rows, "records": digests, "metric_checks": two_process_problems(logged)}
+
+
+def two_process_problems(steps: list[dict[str, Any]]) -> list[str]:
+    """What goes wrong when each step's metrics go through the two-process combine (``mmrlvr.metric.combine``) as
+    two processes that each hold the one-process batch: every numeric metric must declare its reduction, and the
+    combined values must be those of the doubled batch -- counts twice the one-process value, rates, maxima and
+    shared values the same, a population spread the same, a Bessel-corrected spread s * sqrt(2(n-1)/(2n-1))."""
+    from mmrlvr.metric import Metric, combine, undeclared
+
+    out = []
+    for i, m in enumerate(steps, 1):
+        missing = undeclared(m)
+        if missing:
+            out.append(f"step {i}: no reduction declared for {missing}")
+            continue
+        got = combine([m, m])
+        for key, v in m.items():
+            if not isinstance(v, Metric):
+                continue
+            want = float(v)
+            if v.kind == "sum":
+                want = 2 * want
+            elif v.kind == "std" and v.unbiased and v.n and v.n > 1:
+                want = want * math.sqrt(2 * (v.n - 1) / (2 * v.n - 1))
+            g = float(got[key])
+            if not (math.isclose(g, want, rel_tol=1e-9, abs_tol=1e-12) or (math.isnan(g) and math.isnan(want))):
+                out.append(f"step {i}: {key} ({v.kind}) combines to {g!r}, the doubled batch's is {want!r}")
+    return out
 
 
 def cpu_signature() -> str:
@@ -335,6 +371,7 @@ def file_results(result: dict[str, Any], *, add_machine: bool = False) -> list[s
     old = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
     here, changed = cpu_signature(), []
     for name, case in result.items():
+        case = {k: v for k, v in case.items() if k != "metric_checks"}  # checked by the test, not recorded
         recorded = old.get(name, {}).get("variants", [])
         others = [v for v in recorded if v["written_on"] != here] if add_machine else []
         if any(not differences(case, v) for v in others):  # reproduced: at most a stale one of this machine's goes

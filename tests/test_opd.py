@@ -27,7 +27,7 @@ def _hand_batch():
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.5])  # group 0 has a spread, group 1 none
     rollouts = SimpleNamespace(group_index=torch.tensor([0, 0, 1, 1]), response_mask=mask, old_logprobs=student,
                                num_rows=4, response_extent=lambda i: int(mask[i].sum()))
-    b = SimpleNamespace(rewards=rewards, row_mask=None, diagnostics={}, metric_weights={}, record_fields={},
+    b = SimpleNamespace(rewards=rewards, row_mask=None, diagnostics={}, record_fields={},
                         rollouts=rollouts, advantages=None, teacher_logprobs=None)
     return b, student, teacher, mask
 
@@ -68,7 +68,7 @@ def test_the_advantage_is_the_negative_reverse_kl_per_token_plus_the_weighted_gr
     # opd/reverse_kl: mean of lp_s - lp_t over the 9 response tokens, weighted by them
     kl = [0.2, -0.6, 0.5, 0.0, -2.0, -0.5, 0.5, 0.0, 2.0]
     assert b.diagnostics["opd/reverse_kl"] == pytest.approx(sum(kl) / 9, abs=1e-6)
-    assert b.diagnostics["opd/tokens"] == 9.0 and b.metric_weights["opd/reverse_kl"] == 9.0
+    assert b.diagnostics["opd/tokens"] == 9.0 and b.diagnostics["opd/reverse_kl"].n == 9.0
     assert [len(v) for v in b.record_fields["teacher_logprob"]] == [3, 2, 3, 1]
 
 

@@ -70,9 +70,9 @@ def test_each_family_is_counted_at_its_language_model(family):
     meter = PaddingMeter().attach(model)
     with torch.no_grad(), in_stage("update"):
         model(**inputs)
-    metrics, weights = meter.take()
+    metrics = meter.take()
     assert metrics["tokens/padding_share/update"] == pytest.approx(1.0 - float(mask.sum()) / mask.numel())
-    assert weights["tokens/padding_share/update"] == mask.numel()
+    assert metrics["tokens/padding_share/update"].n == mask.numel()
 
 
 def test_a_credit_schemes_perturbed_pass_is_its_own_line(tmp_path):
@@ -96,26 +96,27 @@ def test_calls_outside_a_training_pass_and_unmasked_calls():
     call(inputs_embeds=x, attention_mask=mask)  # no stage: generation, evaluation
     with in_stage("generate"):
         call(inputs_embeds=x, attention_mask=mask)
-    assert meter.take() == ({}, {})
+    assert meter.take() == {}
     with in_stage("update"):
         call(inputs_embeds=x, attention_mask=mask)  # 7 of 10 real
         call(inputs_embeds=x[:, -2:], attention_mask=mask)  # a cached call: the last 2 positions, 2 of 4 real
     with in_stage("reference"):
         call(inputs_embeds=x)  # no mask: all real
-    metrics, weights = meter.take()
+    metrics = meter.take()
     assert metrics["tokens/padding_share/update"] == pytest.approx(1 - 9 / 14)
     assert metrics["tokens/padding_share/reference"] == 0.0
     assert metrics["tokens/padding_share"] == pytest.approx(1 - 19 / 24)
-    assert weights == {"tokens/padding_share/update": 14.0, "tokens/padding_share/reference": 10.0,
-                       "tokens/padding_share": 24.0}
-    assert meter.take() == ({}, {})  # reset
+    assert {k: (v.kind, v.n) for k, v in metrics.items()} == {
+        "tokens/padding_share/update": ("mean", 14.0), "tokens/padding_share/reference": ("mean", 10.0),
+        "tokens/padding_share": ("mean", 24.0)}
+    assert meter.take() == {}  # reset
     meter.detach()
 
 
 def test_several_processes_combine_to_the_global_batchs_share():
-    """Each rank's share is weighted by the positions it computed (declared with the metric), not by its rows."""
-    from mmrlvr.train.metric_reduce import combine
+    """Each rank's share is weighted by the positions it computed (carried by the metric), not by its rows."""
+    from mmrlvr.metric import Metric, combine
 
-    rank0 = ({"tokens/padding_share": 0.5}, {"tokens/padding_share": 10.0, "rows": 6.0})  # 5 of 10 padded
-    rank1 = ({"tokens/padding_share": 0.0}, {"tokens/padding_share": 30.0, "rows": 2.0})  # 0 of 30
+    rank0 = {"tokens/padding_share": Metric.mean(0.5, n=10), "reward/mean": Metric.mean(0.0, n=6)}  # 5 of 10 padded
+    rank1 = {"tokens/padding_share": Metric.mean(0.0, n=30), "reward/mean": Metric.mean(0.0, n=2)}  # 0 of 30
     assert combine([rank0, rank1])["tokens/padding_share"] == pytest.approx(5 / 40)

@@ -64,6 +64,9 @@ def test_step_pipeline_matches_golden(case, tmp_path):
     if not ok:
         pytest.skip(why)
     got = run_all(tmp_path, [case])[case]  # raises unless the child ran on the pinned kernels
+    # every metric this config logs declares how two processes combine it, and the declaration holds up: two
+    # processes that each hold this batch combine to the doubled batch's values
+    assert got.pop("metric_checks") == [], case
     verdict = stage_goldens.judge_case(case, got)
     assert verdict.ok, f"{case}: {verdict.message}"
     if verdict.how == "alike":  # passes, but says it was not compared bit for bit (shown by pytest -ra)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from mmrlvr.config import load_config
+from mmrlvr.metric import Metric
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "median_advantage.py"
@@ -62,7 +63,7 @@ def test_a_registered_stage_runs_in_its_slot(tmp_path):
             def __call__(self, b):
                 seen["before"] = b.rewards.clone()
                 b.rewards = 2 * b.rewards
-                b.diagnostics["test/doubled"] = 1.0
+                b.diagnostics["test/doubled"] = Metric.same(1.0)
 
     cfg = load_config(ROOT / "configs" / "demo-tiny.yaml",
                       [f"output_dir={tmp_path}", *QUICK, "max_steps=1", "stages.shape=[test_double]"])

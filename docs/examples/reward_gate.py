@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from mmrlvr.metric import Metric
 from mmrlvr.train.stages import Stage, register_stage
 
 #: the fraction of its total reward a rollout with accuracy 0 keeps
@@ -67,4 +68,4 @@ class GateOnAccuracy(Stage):
         acc = torch.tensor([r.components.get(self.component, 0.0) for r in b.results], dtype=b.rewards.dtype)
         wrong = acc <= 0
         b.rewards = torch.where(wrong, self.gamma * b.rewards, b.rewards)
-        b.diagnostics["gate/gated_rows"] = float(wrong.sum())
+        b.diagnostics["gate/gated_rows"] = Metric.sum(float(wrong.sum()))  # a count: summed over processes

@@ -16,6 +16,8 @@ from typing import Any, Sequence
 
 import torch
 
+from mmrlvr.metric import Metric
+
 #: |log pi_trainer - log pi_sampler| above which a token counts as mismatched (``rollout/logprob_mismatch_share``):
 #: a probability ratio outside [0.905, 1.105], about where TIS-style corrections start to matter
 MISMATCH_THRESHOLD = 0.1
@@ -49,7 +51,7 @@ def after_image_mask(response_mask: torch.Tensor, images_in_prompt: Sequence[int
 
 def agreement_metrics(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor,
                       after_image: torch.Tensor | None = None,
-                      threshold: float = MISMATCH_THRESHOLD) -> dict[str, float]:
+                      threshold: float = MISMATCH_THRESHOLD) -> dict[str, Metric]:
     """The step's agreement statistics over the sampled tokens (``mask`` > 0); all tensors [N, L].
 
     ``rollout/logprob_abs_diff`` (mean |delta|), ``rollout/logprob_abs_diff_max``, ``rollout/logprob_mismatch_share``
@@ -60,12 +62,14 @@ def agreement_metrics(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, ma
     d = diff[valid]
     if d.numel() == 0:
         return {}
-    out = {"rollout/logprob_abs_diff": float(d.mean()), "rollout/logprob_abs_diff_max": float(d.max()),
-           "rollout/logprob_mismatch_share": float((d > threshold).float().mean())}
+    n = d.numel()
+    out = {"rollout/logprob_abs_diff": Metric.mean(float(d.mean()), n=n),
+           "rollout/logprob_abs_diff_max": Metric.max(float(d.max())),
+           "rollout/logprob_mismatch_share": Metric.mean(float((d > threshold).float().mean()), n=n)}
     if after_image is not None:
         for name, part in (("after_image", valid & after_image.to(valid.device)),
                            ("rest", valid & ~after_image.to(valid.device))):
             count = int(part.sum())
-            out[f"rollout/{name}/tokens"] = float(count)
-            out[f"rollout/{name}/logprob_abs_diff"] = float(diff[part].mean()) if count else 0.0
+            out[f"rollout/{name}/tokens"] = Metric.sum(float(count))
+            out[f"rollout/{name}/logprob_abs_diff"] = Metric.mean(float(diff[part].mean()) if count else 0.0, n=count)
     return out

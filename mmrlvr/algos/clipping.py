@@ -28,6 +28,7 @@ from typing import Callable
 
 import torch
 
+from mmrlvr.metric import Metric
 from mmrlvr.registry import Registry
 
 ACPO_BINS = 5
@@ -120,22 +121,24 @@ class OffPolicyDiagnostics:
                                           float((r < lo)[sel].sum()), float((r > hi)[sel].sum())],
                                          dtype=torch.float64)
 
-    def metrics(self) -> dict[str, float]:
-        out: dict[str, float] = {}
+    def metrics(self) -> dict[str, Metric]:
+        """Per probability bin with tokens: their count, the ratio's mean and (population) spread, the clipped
+        shares — means over the bin's tokens; and the ratio's spread over every bin's tokens."""
+        out: dict[str, Metric] = {}
         for b in range(self.bins):
             n, s, s2, low, high = self.sums[b].tolist()
             if n == 0:
                 continue
             mean = s / n
             key = f"offpolicy/bin{b}"
-            out[f"{key}/tokens"] = n
-            out[f"{key}/ratio_mean"] = mean
-            out[f"{key}/ratio_std"] = max(s2 / n - mean * mean, 0.0) ** 0.5
-            out[f"{key}/clip_low"] = low / n
-            out[f"{key}/clip_high"] = high / n
+            out[f"{key}/tokens"] = Metric.sum(n)
+            out[f"{key}/ratio_mean"] = Metric.mean(mean, n=n)
+            out[f"{key}/ratio_std"] = Metric.std(max(s2 / n - mean * mean, 0.0) ** 0.5, n=n, mean=mean)
+            out[f"{key}/clip_low"] = Metric.mean(low / n, n=n)
+            out[f"{key}/clip_high"] = Metric.mean(high / n, n=n)
         n, s, s2 = (float(self.sums[:, i].sum()) for i in range(3))
         if n:
-            out["offpolicy/ratio_std"] = max(s2 / n - (s / n) ** 2, 0.0) ** 0.5
+            out["offpolicy/ratio_std"] = Metric.std(max(s2 / n - (s / n) ** 2, 0.0) ** 0.5, n=n, mean=s / n)
         return out
 
 

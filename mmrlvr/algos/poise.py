@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from mmrlvr.metric import Metric
+
 POISE_HIDDEN = 64
 
 
@@ -122,7 +124,7 @@ class PoiseProbe:
 
 
 def poise_advantages(rewards: torch.Tensor, group_index: torch.Tensor, features: torch.Tensor, probe: PoiseProbe,
-                     *, auc_threshold: float | None = None, train: bool = True) -> tuple[torch.Tensor, dict[str, float]]:
+                     *, auc_threshold: float | None = None, train: bool = True) -> tuple[torch.Tensor, dict[str, Metric]]:
     """A = r − b̂ with the cross-rollout baseline, then one online training step of the probe.
 
     rewards: [N]; group_index: [N]; features: [N, D] (``poise_features``). Returns (A [N], stats): the
@@ -130,14 +132,16 @@ def poise_advantages(rewards: torch.Tensor, group_index: torch.Tensor, features:
     pred = probe.predict(features)
     baseline, lonely = cross_rollout_baseline(pred, group_index)
     adv = rewards.float() - baseline.to(rewards.device)
-    stats: dict[str, float] = {"poise/probe_mse": float(((pred - rewards.float().cpu()) ** 2).mean()),
-                               "poise/baseline_mean": float(baseline.mean()), "poise/lone_rows": float(lonely)}
+    rows = len(rewards)
+    stats: dict[str, Metric] = {"poise/probe_mse": Metric.mean(float(((pred - rewards.float().cpu()) ** 2).mean()), n=rows),
+                                "poise/baseline_mean": Metric.mean(float(baseline.mean()), n=rows),
+                                "poise/lone_rows": Metric.sum(float(lonely))}
     r = rewards.float().cpu()
     a = auc(pred, r > (r.mean() if auc_threshold is None else auc_threshold))
-    if a is not None:
-        stats["poise/probe_auc"] = a
+    if a is not None:  # an AUC does not combine exactly over processes: weighted by the rows it ranks
+        stats["poise/probe_auc"] = Metric.mean(a, n=rows)
     if train:
-        stats["poise/train_mse"] = probe.train(features, rewards)
+        stats["poise/train_mse"] = Metric.mean(probe.train(features, rewards), n=rows)
     return adv, stats
 
 

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from mmrlvr.algos.masked import zero_masked
+from mmrlvr.metric import Metric
 
 POPO_SIM_COEF = 0.1
 POPO_ENT_COEF = 0.01
@@ -63,8 +64,9 @@ def popo_weights(rewards: torch.Tensor, group_index: torch.Tensor, seq_logp_mean
             continue
         w = torch.softmax(seq_logp_mean[rows].float() / temperature, dim=0)
         a[rows] = w * int(rows.sum())
-    stats = {"popo/groups_without_positive": float(empty), "popo/groups": float(len(groups)),
-             "popo/positive_fraction": float(positive.float().mean()) if positive.numel() else 0.0}
+    stats = {"popo/groups_without_positive": Metric.sum(float(empty)), "popo/groups": Metric.sum(float(len(groups))),
+             "popo/positive_fraction": Metric.mean(float(positive.float().mean()) if positive.numel() else 0.0,
+                                                   n=positive.numel())}
     return a, positive, stats
 
 

@@ -24,21 +24,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
+from mmrlvr.metric import Metric
+
 if TYPE_CHECKING:
     from mmrlvr.consistency.analysis import RolloutAnalysis
     from mmrlvr.types import Completion, Sample
 
-__all__ = ["consistency_metrics", "consistency_denominators", "consistency_counts", "analysis_fields", "score_completions"]
+__all__ = ["consistency_metrics", "consistency_counts", "analysis_fields", "score_completions"]
 
 
 def consistency_metrics(parsed_list: Iterable[Mapping[str, Any]]) -> dict[str, float]:
-    """Aggregate per-rollout consistency fields (verdict, thinking_correct, answer_correct, agrees)."""
-    return {k: num / den for k, (num, den) in consistency_counts(parsed_list).items() if den}
-
-
-def consistency_denominators(parsed_list: Iterable[Mapping[str, Any]]) -> dict[str, float]:
-    """Each rate's denominator (rollouts it is a share of): how the rates of several processes combine."""
-    return {k: float(den) for k, (_, den) in consistency_counts(parsed_list).items() if den}
+    """Aggregate per-rollout consistency fields (verdict, thinking_correct, answer_correct, agrees); each rate is
+    a mean over the rollouts it is a share of (how the rates of several processes combine)."""
+    return {k: Metric.mean(num / den, n=den) for k, (num, den) in consistency_counts(parsed_list).items() if den}
 
 
 def consistency_counts(parsed_list: Iterable[Mapping[str, Any]]) -> dict[str, tuple[int, int]]:

@@ -32,6 +32,7 @@ import torch
 
 from mmrlvr.credit.schemes import CreditResult, CreditScheme, _register
 from mmrlvr.errors import UserError
+from mmrlvr.metric import Metric
 
 LOW, SPAN = 0.8, 0.4  # c_t = LOW + SPAN·σ(m/γ)
 
@@ -155,7 +156,7 @@ class DelTA(CreditScheme):
 
         sig = signals if signals is not None else TokenSignals(None, None, None, logp, None)
         return self._result(valid, c, sig, mask, norm_weights=valid.float(), **{
-            "credit/delta_coef_mean": float(vals.mean()) if vals.numel() else 0.0,
-            "credit/delta_coef_min": float(vals.min()) if vals.numel() else 0.0,
-            "credit/delta_coef_max": float(vals.max()) if vals.numel() else 0.0,
+            "credit/delta_coef_mean": Metric.mean(float(vals.mean()) if vals.numel() else 0.0, n=vals.numel()),
+            "credit/delta_coef_min": Metric.min(float(vals.min()) if vals.numel() else 0.0),
+            "credit/delta_coef_max": Metric.max(float(vals.max()) if vals.numel() else 0.0),
         })

@@ -43,6 +43,7 @@ import torch
 
 from mmrlvr.credit.signals import TokenSignals, perception_k3, vppo_dependency
 from mmrlvr.errors import UserError
+from mmrlvr.metric import Metric
 from mmrlvr.registry import Registry
 
 # ---------------------------------------------------------------------------------------------------
@@ -158,9 +159,16 @@ def _below_row_median(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return valid & (x < med)
 
 
+def _token_mean(x: torch.Tensor, valid: torch.Tensor) -> Metric:
+    """The mean of ``x`` over the ``valid`` tokens (0 when there are none), as a metric over those tokens."""
+    n = int(valid.sum())
+    return Metric.mean(float(x[valid].mean()) if n else 0.0, n=n)
+
+
 def selection_stats(selected: torch.Tensor, signals: TokenSignals, mask: torch.Tensor,
-                    reference_rho: float = 0.2) -> dict[str, float]:
-    """Metrics every scheme reports (the ``credit/*`` names of docs/credit.md, "What is logged"):
+                    reference_rho: float = 0.2) -> dict[str, Metric]:
+    """Metrics every scheme reports, each a mean over the tokens it is a share of (the ``credit/*`` names of
+    docs/credit.md, "What is logged"):
 
     credit/selected_fraction          selected valid tokens / valid tokens
     credit/vision_sensitivity_mean    mean JSD over valid tokens (when the perturbed pass ran)
@@ -170,16 +178,19 @@ def selection_stats(selected: torch.Tensor, signals: TokenSignals, mask: torch.T
     valid = mask > 0
     n_valid = int(valid.sum())
     n_sel = int((selected & valid).sum())
-    stats: dict[str, float] = {"credit/selected_fraction": n_sel / n_valid if n_valid else 0.0}
+    stats: dict[str, Metric] = {"credit/selected_fraction": Metric.mean(n_sel / n_valid if n_valid else 0.0, n=n_valid)}
     if signals.jsd is not None:
-        stats["credit/vision_sensitivity_mean"] = float(signals.jsd[valid].mean()) if n_valid else 0.0
+        stats["credit/vision_sensitivity_mean"] = Metric.mean(float(signals.jsd[valid].mean()) if n_valid else 0.0,
+                                                              n=n_valid)
     if signals.entropy is None:  # sampled-only signals: no clean distribution, no entropy diagnostics
         return stats
     low = _below_row_median(signals.entropy, mask)
-    stats["credit/selected_low_entropy_share"] = int((selected & low).sum()) / n_sel if n_sel else 0.0
+    stats["credit/selected_low_entropy_share"] = Metric.mean(int((selected & low).sum()) / n_sel if n_sel else 0.0,
+                                                             n=n_sel)
     ent_top = topk_per_row(signals.entropy, mask, topk_count(mask, reference_rho))
     union = int((ent_top | selected).sum())
-    stats["credit/entropy_topk_jaccard"] = int((ent_top & selected).sum()) / union if union else 1.0
+    stats["credit/entropy_topk_jaccard"] = Metric.mean(int((ent_top & selected).sum()) / union if union else 1.0,
+                                                       n=union)
     return stats
 
 
@@ -195,7 +206,7 @@ class CreditResult:
     adv_scale: torch.Tensor  # [N]
     extra_loss: Callable[[torch.Tensor], torch.Tensor] | None
     selected: torch.Tensor  # [N, L] bool
-    stats: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, Metric] = field(default_factory=dict)
     norm_weights: torch.Tensor | None = None  # [N, L] tokens counted in the loss normaliser (None: token_weights)
 
 
@@ -250,7 +261,7 @@ class CreditScheme(abc.ABC):
 
     def _result(self, selected: torch.Tensor, weights: torch.Tensor, signals: TokenSignals, mask: torch.Tensor,
                 adv_scale: torch.Tensor | None = None, extra_loss=None, norm_weights: torch.Tensor | None = None,
-                **more: float) -> CreditResult:
+                **more: Metric) -> CreditResult:
         n = mask.shape[0]
         dtype = mask.dtype if mask.is_floating_point() else torch.float32
         weights = weights.to(dtype) * (mask > 0)  # never any weight on a masked token
@@ -418,9 +429,9 @@ class VPPO(CreditScheme):
         norm = mask.clone() if self.normalizer == "all" else None
         return self._result(sel, sel.float(), signals, mask, adv_scale=scale, extra_loss=extra_loss,
                             norm_weights=norm,
-                            **{"credit/dependency_mean": float(dep[valid].mean()) if valid.any() else 0.0,
-                               "credit/adv_scale_min": float(scale.min()),
-                               "credit/adv_scale_max": float(scale.max())})
+                            **{"credit/dependency_mean": _token_mean(dep, valid),
+                               "credit/adv_scale_min": Metric.min(float(scale.min())),
+                               "credit/adv_scale_max": Metric.max(float(scale.max()))})
 
 
 @_register("papo")
@@ -455,7 +466,7 @@ class PAPO(CreditScheme):
         ref = next((x for x in (signals.logp, old_logprobs, signals.old_logp) if x is not None), None)
         kl = perception_k3(ref, logq, max_kl=max_kl) if ref is not None else torch.zeros_like(logq)
         return self._result(valid, valid.float(), signals, mask, extra_loss=extra_loss,
-                            **{"credit/perception_kl": float(kl[valid].mean()) if valid.any() else 0.0})
+                            **{"credit/perception_kl": _token_mean(kl, valid)})
 
 
 @_register("rsi")
@@ -490,7 +501,7 @@ class RSI(CreditScheme):
         sel = (rsi >= self.low * (1.0 - widen)) & (rsi <= self.high * (1.0 + widen)) & (mask > 0)
         valid = mask > 0
         return self._result(sel, sel.float(), signals, mask,
-                            **{"credit/rsi_mean": float(rsi[valid].mean()) if valid.any() else 0.0})
+                            **{"credit/rsi_mean": _token_mean(rsi, valid)})
 
 
 def build_scheme(name: str, **params: Any) -> CreditScheme:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mmrlvr.errors import UserError
+from mmrlvr.metric import Metric
 from mmrlvr.types import Sample
 
 
@@ -50,9 +51,10 @@ class LengthReport:
                 f"prompt is longer than data.max_prompt_length={self.max_prompt_length} tokens (e.g. row "
                 f"{self.dropped_ids[0]!r}: {self.dropped_lengths[0]} tokens); prompts are never cut")
 
-    def metrics(self, prefix: str = "data") -> dict[str, float]:
-        return {f"{prefix}/dropped_too_long": float(self.n_dropped),
-                f"{prefix}/dropped_too_long_share": self.dropped_share}
+    def metrics(self, prefix: str = "data") -> dict[str, Metric]:
+        """Rows dropped as too long, and their share; every process loads the whole data set (the same values)."""
+        return {f"{prefix}/dropped_too_long": Metric.same(float(self.n_dropped)),
+                f"{prefix}/dropped_too_long_share": Metric.same(self.dropped_share)}
 
 
 def _processor_inputs(processor: Any, samples: list[Sample]) -> dict[str, Any]:

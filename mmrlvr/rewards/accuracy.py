@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import re
 
+from mmrlvr.metric import Metric
 from mmrlvr.rewards.base import REWARDS
 from mmrlvr.rewards.common import AnswerReward, require_answer
 from mmrlvr.rewards.mathverify import ISOLATIONS, MathOptions, math_equal
@@ -185,8 +186,8 @@ class AccuracyReward(AnswerReward):
 
     def metrics(self) -> dict[str, float]:
         """Counts since the last ``metrics()`` call: verifier errors and unparseable ground truths."""
-        out = {f"reward/{self.name}/errors": float(self._last["errors"]),
-               f"reward/{self.name}/gold_unparsed": float(self._last["gold_unparsed"])}
+        out = {f"reward/{self.name}/errors": Metric.sum(float(self._last["errors"])),
+               f"reward/{self.name}/gold_unparsed": Metric.sum(float(self._last["gold_unparsed"]))}
         self._last = {"errors": 0, "gold_unparsed": 0}
         return out
 

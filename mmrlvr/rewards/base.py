@@ -25,6 +25,7 @@ from collections import Counter
 from typing import Any, Callable, Protocol, Sequence
 
 from mmrlvr.errors import DataError, UserError
+from mmrlvr.metric import Metric
 from mmrlvr.registry import Registry
 from mmrlvr.types import Completion, RewardResult, Sample
 
@@ -125,7 +126,7 @@ def guard_metrics(fn: Any, reset: bool = True) -> dict[str, float]:
     """What the guard counted for ``fn`` since the last reset: ``reward/rows``, ``reward/errors``,
     ``reward/over_budget``, ``reward/dropped`` (always present, 0.0 when nothing happened)."""
     stats = getattr(fn, _STATS_ATTR, None) or Counter()
-    out = {f"reward/{k}": float(stats.get(k, 0)) for k in ("rows", "errors", "over_budget", "dropped")}
+    out = {f"reward/{k}": Metric.sum(float(stats.get(k, 0))) for k in ("rows", "errors", "over_budget", "dropped")}
     if reset and stats:
         stats.clear()
     return out

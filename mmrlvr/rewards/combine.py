@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from mmrlvr.errors import UserError
+from mmrlvr.metric import Metric
 from mmrlvr.registry import RegistryError
 from mmrlvr.rewards.auto import AutoAccuracyReward
 from mmrlvr.rewards.base import RewardFn, build_reward, guard_metrics, score_batch
@@ -147,7 +148,7 @@ class CombinedReward:
             for key in ("errors", "over_budget", "dropped"):
                 out[f"reward/{label}/{key}"] = m[f"reward/{key}"]
         self._last_dropped = 0
-        return out
+        return {k: Metric.sum(v) for k, v in out.items()}
 
 
 def make_answer_judge(template: str = "r1", think_prefilled: bool = False, iou_threshold: float = 0.5,

@@ -53,6 +53,7 @@ from typing import Any, Sequence
 from mmrlvr.errors import DataError
 from mmrlvr.rewards.base import REWARDS
 from mmrlvr.boxes import COORD_ALIASES, Box, box_area, iou, to_frame
+from mmrlvr.metric import Metric
 from mmrlvr.rewards.common import AnswerReward, require_answer
 from mmrlvr.rewards.parsing import fold_unicode
 from mmrlvr.types import RewardResult, Sample
@@ -458,7 +459,7 @@ class GroundingReward(AnswerReward):
 
     def metrics(self) -> dict[str, float]:
         """Responses with no box and with box-like text that did not parse, since the last call."""
-        out = {f"reward/{self.name}/{k}": float(v) for k, v in self._counts.items()}
+        out = {f"reward/{self.name}/{k}": Metric.sum(float(v)) for k, v in self._counts.items()}
         self._counts = {k: 0 for k in self._counts}
         return out
 

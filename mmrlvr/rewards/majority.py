@@ -50,6 +50,7 @@ import math
 from typing import Any, Sequence
 
 from mmrlvr.errors import UserError
+from mmrlvr.metric import Metric
 from mmrlvr.rewards.base import REWARDS
 from mmrlvr.rewards.parsing import locate_answer
 from mmrlvr.types import Completion, RewardResult, Sample
@@ -236,18 +237,19 @@ class MajorityVote:
             c["pseudo_correct"] += int(correct)
 
     def metrics(self) -> dict[str, Any]:
-        """Since the last call: ``majority/pseudo_label_accuracy`` (groups with a gold answer), ``tie_share`` (of
-        groups), ``unparsable`` (share of rows) — means, so several processes average them — and, with ``votes``,
-        ``majority/votes`` (rows per group voted on)."""
+        """Since the last call, as means over what they are shares of: ``majority/pseudo_label_accuracy`` (groups
+        with a gold answer), ``tie_share`` (groups), ``unparsable`` (rows), with ``votes`` ``majority/votes`` (rows
+        voted on per group), and for box answers ``majority/oversized`` (rows over the area guard)."""
         c = self._counts
-        out: dict[str, Any] = {"majority/tie_share": c["tie_groups"] / c["groups"] if c["groups"] else 0.0,
-               "majority/unparsable": c["unparsable"] / c["rows"] if c["rows"] else 0.0}
+        out: dict[str, Any] = {
+            "majority/tie_share": Metric.mean(c["tie_groups"] / c["groups"] if c["groups"] else 0.0, n=c["groups"]),
+            "majority/unparsable": Metric.mean(c["unparsable"] / c["rows"] if c["rows"] else 0.0, n=c["rows"])}
         if c["judged"]:
-            out["majority/pseudo_label_accuracy"] = c["pseudo_correct"] / c["judged"]
-        if self.votes and c["groups"]:  # samples voted on per prompt (only with the vote/train split: today's
-            out["majority/votes"] = c["rows"] / c["groups"]  # runs log what they logged)
-        if c["box_rows"] and self.max_area_fraction is not None:  # box answers over the area guard, of all rows
-            out["majority/oversized"] = c["oversized"] / c["rows"] if c["rows"] else 0.0
+            out["majority/pseudo_label_accuracy"] = Metric.mean(c["pseudo_correct"] / c["judged"], n=c["judged"])
+        if self.votes and c["groups"]:
+            out["majority/votes"] = Metric.mean(c["rows"] / c["groups"], n=c["groups"])
+        if c["box_rows"] and self.max_area_fraction is not None:
+            out["majority/oversized"] = Metric.mean(c["oversized"] / c["rows"] if c["rows"] else 0.0, n=c["rows"])
         for k in c:
             c[k] = 0
         return out
@@ -331,8 +333,9 @@ class CoCoV(MajorityVote):
         m = self._modes
         groups = m["low"] + m["mid"] + m["high"] + m["none"]
         if groups:
-            out.update({"cocov/low_share": m["low"] / groups, "cocov/high_share": m["high"] / groups,
-                        "cocov/verifier_changed": m["changed"] / m["low"] if m["low"] else 0.0})
+            out.update({"cocov/low_share": Metric.mean(m["low"] / groups, n=groups),
+                        "cocov/high_share": Metric.mean(m["high"] / groups, n=groups),
+                        "cocov/verifier_changed": Metric.mean(m["changed"] / m["low"] if m["low"] else 0.0, n=m["low"])})
         for k in m:
             m[k] = 0
         return out

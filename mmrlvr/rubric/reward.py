@@ -49,6 +49,7 @@ from collections import Counter, deque
 from typing import Any, Sequence
 
 from mmrlvr.errors import DataError, UserError
+from mmrlvr.metric import Metric
 from mmrlvr.rewards.base import REWARDS
 from mmrlvr.rubric.aggregate import AGGREGATIONS, Pow3rConfig, pass_rates, pow3r_targets, pow3r_update, score_group
 from mmrlvr.rubric.judges import Judge, JudgeStats, JudgeUnavailableError, build_judge, judge_param_problems
@@ -183,7 +184,7 @@ class RubricReward:
         n = len(self._recent)
         unknown = [status for is_unknown, status in self._recent if is_unknown]
         rate = len(unknown) / n if n else 0.0
-        self._metrics["judge/unknown_rate_recent"] = rate
+        self._metrics["judge/unknown_rate_recent"] = Metric.mean(rate, n=n)
         kinds = ", ".join(f"{c} {k}" for k, c in Counter(unknown).most_common()) or "none"
         where = getattr(judge, "endpoint", judge.identity)
         if (self.max_unknown_rate is not None and n >= self.unknown_min_requests
@@ -341,24 +342,25 @@ class RubricReward:
         judged = [v for r, row in zip(rubrics, verdicts) for c, v in zip(r.criteria, row) if route(c) == "judge"]
         unknown = [v for v in judged if v.met is None]
         out = {
-            "judge/requests": float(len(judged)),
-            "judge/unknown_rate": len(unknown) / len(judged) if judged else 0.0,
-            "judge/timeouts": float(sum(v.status == TIMEOUT for v in unknown)),
-            "judge/errors": float(sum(v.status == "error" for v in unknown)),
-            "judge/unparseable": float(sum(v.status in ("unparseable", "contradiction", "refusal", "tie")
-                                           for v in unknown)),
-            "rubric/undetermined_rate": n_und / n if n else 0.0,
-            "rubric/check_errors": float(sum(v.status == CHECK_ERROR for row in verdicts for v in row)),
-            "rubric/saturated_fraction": n_sat / n_crit if n_crit else 0.0,
+            "judge/requests": Metric.sum(float(len(judged))),
+            "judge/unknown_rate": Metric.mean(len(unknown) / len(judged) if judged else 0.0, n=len(judged)),
+            "judge/timeouts": Metric.sum(float(sum(v.status == TIMEOUT for v in unknown))),
+            "judge/errors": Metric.sum(float(sum(v.status == "error" for v in unknown))),
+            "judge/unparseable": Metric.sum(float(sum(v.status in ("unparseable", "contradiction", "refusal", "tie")
+                                                      for v in unknown))),
+            "rubric/undetermined_rate": Metric.mean(n_und / n if n else 0.0, n=n),
+            "rubric/check_errors": Metric.sum(float(sum(v.status == CHECK_ERROR for row in verdicts for v in row))),
+            "rubric/saturated_fraction": Metric.mean(n_sat / n_crit if n_crit else 0.0, n=n_crit),
         }
         if judge is not None and before is not None:
             now = judge.stats
-            out["judge/calls"] = float(now.calls - before.calls)
-            out["judge/cache_hits"] = float(now.cache_hits - before.cache_hits)
-            out["judge/retries"] = float(now.retries - before.retries)
+            out["judge/calls"] = Metric.sum(float(now.calls - before.calls))
+            out["judge/cache_hits"] = Metric.sum(float(now.cache_hits - before.cache_hits))
+            out["judge/retries"] = Metric.sum(float(now.retries - before.retries))
         if self.pow3r is not None and self.alphas:
             vals = list(self.alphas.values())
-            out["rubric/pow3r_alpha_min"], out["rubric/pow3r_alpha_max"] = min(vals), max(vals)
+            out["rubric/pow3r_alpha_min"] = Metric.min(min(vals))
+            out["rubric/pow3r_alpha_max"] = Metric.max(max(vals))
         return out
 
 

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from PIL import Image
 
+from mmrlvr.metric import Metric
 from mmrlvr.tools.base import ToolContext, ToolResult, takes_context
 from mmrlvr.tools.calls import ToolCall
 
@@ -32,7 +33,7 @@ class ToolCounters(Counter):
     """Calls and errors by kind, for the step's metrics (``tools/calls``, ``tools/<kind>``)."""
 
     def metrics(self) -> dict[str, float]:
-        out = {f"tools/{k}": float(v) for k, v in self.items()}
+        out = {f"tools/{k}": Metric.sum(float(v)) for k, v in self.items()}
         self.clear()
         return out
 

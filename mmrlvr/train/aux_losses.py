@@ -22,6 +22,7 @@ from typing import Any
 
 from mmrlvr.errors import UserError
 from mmrlvr.lazy_import import lazy_module
+from mmrlvr.metric import Metric
 from mmrlvr.registry import Registry
 
 torch = lazy_module("torch")
@@ -78,8 +79,8 @@ class TopKTarget:
         ce = forward_ce(logp_ids, self.probs[rows].to(logp_ids.device), mask)
         if self.diagnostics is not None and rows.start not in self._seen and self.tokens:
             self._seen.add(rows.start)
-            self.diagnostics["distill/ce"] = (self.diagnostics.get("distill/ce", 0.0)
-                                              + float(ce.detach().sum()) / self.tokens)
+            self.diagnostics["distill/ce"] = Metric.mean(self.diagnostics.get("distill/ce", 0.0)
+                                                         + float(ce.detach().sum()) / self.tokens, n=self.tokens)
         return self.weight * ce
 
 
@@ -161,13 +162,10 @@ class ForwardCE:
             scored += float(kept.sum())
             del logits
         total = float((rollouts.response_mask > 0).sum())
-        b.diagnostics.update({"distill/horizon": share, "distill/teacher_tokens": scored,
-                              "distill/teacher_token_share": scored / total if total else 0.0,
-                              "distill/expert_top_k_mass": mass / scored if scored else 0.0,
-                              "time/distill_expert_s": time.perf_counter() - t0})
-        b.metric_weights["distill/teacher_token_share"] = total
-        b.metric_weights["distill/expert_top_k_mass"] = scored
-        b.metric_weights["distill/ce"] = scored
+        b.diagnostics.update({"distill/horizon": Metric.same(share), "distill/teacher_tokens": Metric.sum(scored),
+                              "distill/teacher_token_share": Metric.mean(scored / total if total else 0.0, n=total),
+                              "distill/expert_top_k_mass": Metric.mean(mass / scored if scored else 0.0, n=scored),
+                              "time/distill_expert_s": Metric.max(time.perf_counter() - t0)})
         return TopKTarget(ids, probs, mask, self.weight, b.diagnostics)
 
     def expert_logits(self, b: Any, rows: slice, cols: int) -> torch.Tensor:

@@ -58,15 +58,14 @@ class StepBatch:
     token_ratio: torch.Tensor | None = None  # [N, L] pi/pi_old in the first update pass
     sampler_gap: torch.Tensor | None = None  # [N, L] log pi_old (trainer) - log pi (sampler) per sampled token
     update_stats: dict[str, float] = field(default_factory=dict)  # loss, grad_norm, kl_sum, ... (update stage)
-    # diagnostics, merged into metrics.jsonl by the record stage in this order
+    # diagnostics, merged into metrics.jsonl by the record stage in this order; each value a ``mmrlvr.metric.Metric``
+    # (it says how the values of several processes combine)
     reward_metrics: dict[str, float] = field(default_factory=dict)  # rewards' own counters (judge/unknown_rate)
     credit_stats: dict[str, float] = field(default_factory=dict)  # credit/selected_fraction, ...
     diagnostics: dict[str, float] = field(default_factory=dict)  # any other stage's per-step statistics
     #: per-row values a stage adds to the rollout records (``RolloutRecord.extra[name]``): name -> one JSON-able
     #: value per row of the batch as the record stage sees it (after shaping: write them in a later stage)
     record_fields: dict[str, list[Any]] = field(default_factory=dict)
-    metric_weights: dict[str, float] = field(default_factory=dict)  # a mean's denominator on this process, by
-    #                                     metric name (how means of several processes combine: metric_reduce)
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage kind
     logged: dict[str, Any] = field(default_factory=dict)  # what the record stage wrote for this step
 

@@ -49,6 +49,7 @@ from typing import Any, Iterator
 import torch
 
 from mmrlvr.errors import UserError
+from mmrlvr.metric import Metric
 
 STRATEGIES = ("ddp", "fsdp2")
 TOPOLOGY_FILE = "topology.json"
@@ -240,10 +241,11 @@ class Topology:
     passes: dict[str, int] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
-        return {"dist/world_size": float(self.world_size), "dist/nodes": float(self.num_nodes),
-                "dist/procs_per_node": float(max(self.procs_per_node or [1])),
-                "dist/prompts_per_rank": float(self.prompts_per_rank[0] if self.prompts_per_rank else 0),
-                "dist/fsdp2": float(self.strategy == "fsdp2")}
+        values = {"dist/world_size": self.world_size, "dist/nodes": self.num_nodes,
+                  "dist/procs_per_node": max(self.procs_per_node or [1]),
+                  "dist/prompts_per_rank": self.prompts_per_rank[0] if self.prompts_per_rank else 0,
+                  "dist/fsdp2": self.strategy == "fsdp2"}
+        return {k: Metric.same(float(v)) for k, v in values.items()}
 
     def line(self) -> str:
         nodes = "+".join(str(n) for n in self.procs_per_node)

@@ -24,6 +24,8 @@ from typing import Any, Iterator
 
 import torch
 
+from mmrlvr.metric import Metric
+
 #: the training passes counted (stage kinds)
 PASSES = ("reference", "credit", "update")
 _CURRENT: ContextVar[str | None] = ContextVar("mmrlvr_stage_kind", default=None)
@@ -98,18 +100,17 @@ class PaddingMeter:
         c[0] += real
         c[1] += rows * new
 
-    def take(self) -> tuple[dict[str, float], dict[str, float]]:
-        """(metrics, their denominators) of the passes counted since the last call; counts reset."""
-        metrics: dict[str, float] = {}
-        weights: dict[str, float] = {}
+    def take(self) -> dict[str, Metric]:
+        """The padded shares of the passes counted since the last call, each a mean over its positions; counts
+        reset."""
+        metrics: dict[str, Metric] = {}
         total_real = total = 0
         for kind, (real, positions) in sorted(self.counts.items()):
             real = int(real)
             if positions:
-                key = f"tokens/padding_share/{kind}"
-                metrics[key], weights[key] = 1.0 - real / positions, float(positions)
+                metrics[f"tokens/padding_share/{kind}"] = Metric.mean(1.0 - real / positions, n=positions)
                 total_real, total = total_real + real, total + positions
         if total:
-            metrics["tokens/padding_share"], weights["tokens/padding_share"] = 1.0 - total_real / total, float(total)
+            metrics["tokens/padding_share"] = Metric.mean(1.0 - total_real / total, n=total)
         self.counts = {}
-        return metrics, weights
+        return metrics

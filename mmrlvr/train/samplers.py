@@ -37,6 +37,7 @@ import math
 import random
 
 from mmrlvr.methods import Param, declare
+from mmrlvr.metric import Metric
 from mmrlvr.registry import Registry
 from mmrlvr.train.data import DataOrder
 
@@ -93,8 +94,10 @@ class Sampler:
         """Learn from the probe of ``probe_candidates`` (``outcome.accuracy``: the verifier's 1/0 per sample,
         None without gold answers; ``rewards`` is the same 1/0 — a probe calls no reward)."""
 
-    def step_metrics(self, step: int, round: int = 0) -> dict[str, float]:
-        """``sampler/...`` metrics of the step's draw (after ``indices``; default: none)."""
+    def step_metrics(self, step: int, round: int = 0) -> dict[str, Any]:
+        """``sampler/...`` metrics of the step's draw (after ``indices``; default: none). Every process's sampler
+        draws the same, so a plain number is taken as the same on every process; return a
+        ``mmrlvr.metric.Metric`` to say otherwise."""
         return {}
 
     def state_dict(self) -> dict[str, Any] | None:
@@ -386,12 +389,12 @@ class DisagreementSampler(Sampler):
             out += [i for i in self._order if i not in taken and i not in exclude][:k - len(out)]
         if len(out) < k:
             out += [out[j % len(out)] for j in range(k - len(out))] if out else []
-        self.last_metrics = {"sampler/weighted_draws": len(chosen) / k}
+        self.last_metrics = {"sampler/weighted_draws": Metric.same(len(chosen) / k)}
         if self.selector == "learned":
-            self.last_metrics["sampler/selector_pairs"] = float(self.pairs)
+            self.last_metrics["sampler/selector_pairs"] = Metric.same(float(self.pairs))
         return out
 
-    def step_metrics(self, step: int, round: int = 0) -> dict[str, float]:
+    def step_metrics(self, step: int, round: int = 0) -> dict[str, Metric]:
         """What the last ``indices`` call chose: the share the selector chose, the pairs fitted."""
         return dict(self.last_metrics)
 
@@ -580,10 +583,10 @@ class BudgetSampler(UniformSampler):
             if i >= 0 and group and i not in self.pass_rate:
                 self.pass_rate[i] = (sum(group) + 1.0) / (len(group) + 2.0)
 
-    def step_metrics(self, step: int, round: int = 0) -> dict[str, float]:
+    def step_metrics(self, step: int, round: int = 0) -> dict[str, Metric]:
         """The share of step ``step``'s prompts sized from a p̂ (seen or probed) rather than given G."""
         idx = self.indices(step, round)
-        return {"sampler/weighted_draws": sum(1 for i in idx if i in self.pass_rate) / max(len(idx), 1)}
+        return {"sampler/weighted_draws": Metric.same(sum(1 for i in idx if i in self.pass_rate) / max(len(idx), 1))}
 
     def group_sizes(self, prompts: list[int], budget: int | None = None) -> list[int]:
         """The group size of each of ``prompts`` (a process's share of the step, in order) within ``budget``

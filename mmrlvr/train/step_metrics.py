@@ -1,9 +1,7 @@
 """Metrics of one step's rollouts (names: docs/training.md, "Metrics"): rewards per component, accuracy, format rate,
-lengths, zero-variance groups, inconsistency rate, judge unknown rate. Pure: values in, dict out.
-
-``metric_denominators`` gives what each mean is a mean *over* on this process (rows, response tokens, the rows
-a reward component scored, a consistency rate's rollouts), so the metrics of several processes combine into
-those of the whole batch (``mmrlvr.train.metric_reduce``)."""
+lengths, zero-variance groups, inconsistency rate. Pure: values in, dict out; each value declares how the metrics of
+several processes combine (``mmrlvr.metric``): rates are means over this process's rows (a reward component: the
+rows it scored; group statistics: the groups)."""
 
 from __future__ import annotations
 
@@ -11,17 +9,22 @@ from typing import Any
 
 import torch
 
+from mmrlvr.metric import Metric
 from mmrlvr.rollout.base import RolloutBatch
 
 
-def _mean(xs: list[float]) -> float:
-    return float(sum(xs) / len(xs)) if xs else float("nan")
+def _mean(xs: list[float]) -> Metric:
+    return Metric.mean(float(sum(xs) / len(xs)) if xs else float("nan"), n=len(xs))
 
 
 def rollout_metrics(batch: RolloutBatch, rewards: torch.Tensor, results: list, group_size: int) -> dict[str, Any]:
     from mmrlvr.rewards import answer_judge
 
-    m: dict[str, Any] = {"reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0}
+    rows = len(rewards)
+    mean = float(rewards.mean())
+    m: dict[str, Any] = {"reward/mean": Metric.mean(mean, n=rows),
+                         "reward/std": Metric.std(float(rewards.std()) if rows > 1 else 0.0, n=rows, mean=mean,
+                                                  unbiased=True)}
     names = sorted({k for r in results for k in r.components})
     for name in names:
         vals = [r.components[name] for r in results if name in r.components]
@@ -30,21 +33,22 @@ def rollout_metrics(batch: RolloutBatch, rewards: torch.Tensor, results: list, g
     m["accuracy"] = _mean([float(ok) for ok, _ in judged])
     m["format_rate"] = _mean([float(fmt) for _, fmt in judged])
     lengths = batch.response_mask.sum(dim=1)
-    m["response_length/mean"] = float(lengths.mean())
+    m["response_length/mean"] = Metric.mean(float(lengths.mean()), n=rows)
     m["truncated_fraction"] = _mean([float(c.finish_reason == "length") for c in batch.completions])
     uniform = batch.uniform_group_size()
-    if uniform is not None:  # one reduction over [groups, G] (the same floats as before groups could differ in size)
+    if uniform is not None:  # one reduction over [groups, G]
         # all equal, compared exactly: a float32 std of equal values can round to ~1e-7 (e.g. six rewards of 1.2)
         grouped = rewards.view(-1, uniform)
-        m["zero_std_group_fraction"] = float((grouped.amax(dim=1) == grouped.amin(dim=1)).float().mean())
+        m["zero_std_group_fraction"] = Metric.mean(float((grouped.amax(dim=1) == grouped.amin(dim=1)).float().mean()),
+                                                   n=grouped.shape[0])
         sizes = [uniform] * (len(rewards) // uniform)
     else:  # groups of several sizes (a budget sampler): one at a time
         groups = [rewards[s] for s in batch.group_slices()]
         m["zero_std_group_fraction"] = _mean([float(bool(g.max() == g.min())) for g in groups])
         sizes = [len(g) for g in groups]
     m["group_size/mean"] = _mean([float(x) for x in sizes])
-    m["group_size/max"] = float(max(sizes)) if sizes else 0.0
-    m["group_size/min"] = float(min(sizes)) if sizes else 0.0
+    m["group_size/max"] = Metric.max(float(max(sizes)) if sizes else 0.0)
+    m["group_size/min"] = Metric.min(float(min(sizes)) if sizes else 0.0)
     verdicts = [r.parsed.get("consistency", {}).get("verdict") for r in results
                 if isinstance(r.parsed.get("consistency"), dict)]
     if verdicts:
@@ -52,27 +56,3 @@ def rollout_metrics(batch: RolloutBatch, rewards: torch.Tensor, results: list, g
 
         m.update(consistency_metrics([r.parsed["consistency"] for r in results if isinstance(r.parsed.get("consistency"), dict)]))
     return m
-
-
-def metric_denominators(batch: RolloutBatch, results: list, metrics: dict[str, Any],
-                        update_tokens: float | None = None) -> dict[str, float]:
-    """This process's denominators: ``rows``, ``tokens`` (response tokens), ``update_tokens`` (tokens the
-    update's per-token means are over), per reward component the rows it scored, each consistency rate's
-    rollouts, and the off-policy diagnostics' overall token count and ratio mean (from their bins)."""
-    w: dict[str, float] = {"rows": float(len(results)), "tokens": float(batch.response_mask.sum())}
-    if update_tokens is not None:
-        w["update_tokens"] = float(update_tokens)
-    for name in {k for r in results for k in r.components}:
-        w[f"reward/{name}"] = float(sum(name in r.components for r in results))
-    parsed = [r.parsed["consistency"] for r in results if isinstance(r.parsed.get("consistency"), dict)]
-    if parsed:
-        from mmrlvr.consistency.metrics import consistency_denominators
-
-        w.update(consistency_denominators(parsed))
-    bins = [k[:-len("/tokens")] for k in metrics if k.startswith("offpolicy/bin") and k.endswith("/tokens")]
-    n = sum(float(metrics[f"{b}/tokens"]) for b in bins)
-    if n:
-        w["offpolicy/tokens"] = n
-        w["offpolicy/ratio_mean"] = sum(float(metrics[f"{b}/tokens"]) * float(metrics[f"{b}/ratio_mean"])
-                                        for b in bins) / n
-    return w

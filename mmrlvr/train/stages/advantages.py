@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from mmrlvr.lazy_import import lazy_module
+from mmrlvr.metric import Metric
 from mmrlvr.train.batch import StepBatch
 from mmrlvr.train.stages.base import Stage, all_rows, register_stage
 
@@ -81,10 +82,13 @@ class GroupAdvantage(Stage):
             name, rewards, group_index, token_counts=token_counts, **params)
 
     def estimate(self, b: StepBatch, *args) -> Any:
+        """The estimator's advantages; diagnostics it returns (``(advantages, {name: value})``) go to the step's
+        metrics. The estimator sees the whole global batch, so a plain value is the same on every process; a
+        ``Metric`` keeps the reduction it declares."""
         out = self.estimator(*args)
         if isinstance(out, tuple):  # (advantages, diagnostics)
             out, diag = out
-            b.diagnostics.update({k: float(v) for k, v in diag.items()})
+            b.diagnostics.update({k: v if isinstance(v, Metric) else Metric.same(float(v)) for k, v in diag.items()})
         return out
 
     def __call__(self, b: StepBatch) -> None:
@@ -273,7 +277,9 @@ class TreeAdvantage(GroupAdvantage):
                                          rollouts.response_ids.shape[1],
                                          lambda values, groups: self.estimate(b, values, groups), keep=keep)
         b.advantages = adv
-        b.diagnostics.update({f"tree/abs_advantage_depth{d + 1}": v for d, v in enumerate(per_depth)})
+        trees = len(rollouts.group_slices())  # each depth holds as many nodes in every tree
+        b.diagnostics.update({f"tree/abs_advantage_depth{d + 1}": Metric.mean(v, n=trees)
+                              for d, v in enumerate(per_depth)})
 
 
 @register_stage("advantages", "opd", priority=20)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from mmrlvr.metric import Metric
 from mmrlvr.train.batch import StepBatch
 from mmrlvr.train.data import shard
 from mmrlvr.train.stages.base import Stage, register_stage
@@ -104,7 +105,7 @@ class FlatGroups(Stage):
         when the sampler sizes groups (``group_sizes``; each process allocates its even share of the budget, so
         every rank holds the same number of rows), else None (``rollout.group_size`` each). A sampler that
         probes (``probe_candidates``) has its candidates probed first; its ``step_metrics`` go to
-        ``diagnostics``."""
+        ``diagnostics`` (every process's sampler holds the same state: a plain value is the same everywhere)."""
         rt = self.rt
         probed = self.probe(step, round, diagnostics)
         idx = shard(self.sampler.indices(step, round), rt.accel.process_index, rt.accel.num_processes)
@@ -112,9 +113,10 @@ class FlatGroups(Stage):
         if self.sampler.sizes_groups:
             sizes = self.sampler.group_sizes(idx, self.sampler.budget // rt.accel.num_processes)
         if diagnostics is not None:
-            diagnostics.update(self.sampler.step_metrics(step, round))
+            diagnostics.update({k: v if isinstance(v, Metric) else Metric.same(float(v))
+                                for k, v in self.sampler.step_metrics(step, round).items()})
             if probed is not None:
-                diagnostics["sampler/probe_samples"] = float(probed)
+                diagnostics["sampler/probe_samples"] = Metric.same(float(probed))
         return [rt.train_samples[i] for i in idx], sizes
 
     #: a probe samples with the engine's seed key step + PROBE_KEY: its responses never repeat a step's own
@@ -162,7 +164,7 @@ class FlatGroups(Stage):
         self.sampler.observe_probe(StepOutcome(step, list(groups), accs, accs if gold else None,
                                                [ans for _, ans in groups.values()]))
         if diagnostics is not None:
-            diagnostics["time/probe_s"] = time.perf_counter() - t0
+            diagnostics["time/probe_s"] = Metric.max(time.perf_counter() - t0)
         return len(cands) * k
 
     def after_step(self, b: StepBatch) -> None:
@@ -217,7 +219,7 @@ class FlatGroups(Stage):
         r = self.cfg.rollout
         cap = rollout_token_cap(self.cfg, b.step) if self.cfg.algo.aux_losses else r.max_new_tokens
         if cap < r.max_new_tokens:
-            b.diagnostics["rollout/token_cap"] = float(cap)
+            b.diagnostics["rollout/token_cap"] = Metric.same(float(cap))
         return SamplingParams(max_new_tokens=cap, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
 
     def sample(self, samples: list, group_size: int, params, step_key: int):
@@ -246,13 +248,15 @@ class FlatGroups(Stage):
             rollouts = concat_rollouts(pieces, pad_id=tok.pad_token_id if tok.pad_token_id is not None else 0)
             rollouts.timings = {k: sum(p.timings.get(k, 0.0) for p in pieces) for k in pieces[0].timings}
             b.samples = [s for g in sorted(by_size) for s in by_size[g]]
-            b.diagnostics["sampler/samples"] = float(sum(sizes))
+            b.diagnostics["sampler/samples"] = Metric.sum(float(sum(sizes)))
         for i, c in zip(rollouts.group_index.tolist(), rollouts.completions):
             c.meta["group_index"] = i  # rewards that group by completion read it (groups may differ in size)
-        b.diagnostics["rollout/samples"] = float(rollouts.num_rows)
+        b.diagnostics["rollout/samples"] = Metric.sum(float(rollouts.num_rows))
         # positions decoded: every row runs until its engine call's longest response ends
-        b.diagnostics["rollout/decoded_tokens"] = float(rollouts.num_rows * rollouts.response_ids.shape[1]) \
-            if sizes is None else float(sum(p.num_rows * p.response_ids.shape[1] for p in pieces))
+        b.diagnostics["rollout/decoded_tokens"] = Metric.sum(float(rollouts.num_rows * rollouts.response_ids.shape[1])
+                                                             if sizes is None else
+                                                             float(sum(p.num_rows * p.response_ids.shape[1]
+                                                                       for p in pieces)))
         rollouts.timings.setdefault("generate_s", time.perf_counter() - t0)
         rollouts.timings["step"] = b.step
         b.rollouts = rollouts
@@ -344,10 +348,11 @@ class TreeRollouts(FlatGroups):
             vision = VisionFeatureCache(rt.policy, rollouts.vision, b.images_per_row, rollouts.rows_sharing_images())
             b.vision = vision if vision.ok else None
         b.token_weights = rollouts.response_mask.clone()
-        b.diagnostics["rollout/samples"] = float(rollouts.num_rows)
+        b.diagnostics["rollout/samples"] = Metric.sum(float(rollouts.num_rows))
         # positions decoded: each depth's rows times its segment (the prompt is prefilled once per tree)
-        b.diagnostics["rollout/decoded_tokens"] = float(sum(p["branching"] ** (d + 1) * n
-                                                            for d, n in enumerate(b.tree.lengths)) * len(b.samples))
+        b.diagnostics["rollout/decoded_tokens"] = Metric.sum(float(sum(p["branching"] ** (d + 1) * n
+                                                                       for d, n in enumerate(b.tree.lengths))
+                                                                   * len(b.samples)))
 
 
 @register_stage("generate", "multi_turn")
@@ -457,11 +462,12 @@ class MultiTurnRollouts(FlatGroups):
         super().__call__(b)
         comps = b.rollouts.completions
         n = max(len(comps), 1)
-        b.diagnostics["tools/turns_mean"] = sum(c.meta.get("num_turns", 1) for c in comps) / n
-        b.diagnostics["tools/calls_per_row"] = sum(c.meta.get("tool_calls", 0) for c in comps) / n
+        b.diagnostics["tools/turns_mean"] = Metric.mean(sum(c.meta.get("num_turns", 1) for c in comps) / n, n=len(comps))
+        b.diagnostics["tools/calls_per_row"] = Metric.mean(sum(c.meta.get("tool_calls", 0) for c in comps) / n,
+                                                           n=len(comps))
         from mmrlvr.tools.runner import ERROR_KINDS
 
         counts = self.use.counters.metrics()  # this step's calls and failures, by kind
-        b.diagnostics["tools/calls"] = counts.get("tools/calls", 0.0)
+        b.diagnostics["tools/calls"] = counts.get("tools/calls", Metric.sum(0.0))
         for kind in ERROR_KINDS:
-            b.diagnostics[f"tools/{kind}"] = counts.get(f"tools/{kind}", 0.0)
+            b.diagnostics[f"tools/{kind}"] = counts.get(f"tools/{kind}", Metric.sum(0.0))

@@ -23,6 +23,7 @@ import contextlib
 
 from mmrlvr.errors import UserError
 from mmrlvr.lazy_import import lazy_module
+from mmrlvr.metric import Metric
 from mmrlvr.train.batch import StepBatch
 from mmrlvr.train.stages.base import Stage, register_stage
 
@@ -129,10 +130,13 @@ class OldPolicy(Stage):
         diff = (train - sampler)[valid]
         ratio = diff.clamp(-20, 20).exp()
         note_agreement(b, rt.vision_start_id, train, sampler)
-        if diff.numel():
+        if diff.numel():  # percentiles do not combine exactly over processes: means over the tokens they were taken from
+            n = diff.numel()
             q = torch.quantile(ratio.double(), torch.tensor([0.01, 0.5, 0.99], dtype=torch.float64)).tolist()
-            b.diagnostics.update({"rollout/is_ratio_p01": q[0], "rollout/is_ratio_p50": q[1],
-                                  "rollout/is_ratio_p99": q[2], "rollout/is_ratio_max": float(ratio.max())})
+            b.diagnostics.update({"rollout/is_ratio_p01": Metric.mean(q[0], n=n),
+                                  "rollout/is_ratio_p50": Metric.mean(q[1], n=n),
+                                  "rollout/is_ratio_p99": Metric.mean(q[2], n=n),
+                                  "rollout/is_ratio_max": Metric.max(float(ratio.max()))})
         if a.rollout_correction != "none":
             w = rollout_correction_weights(train, sampler, mask, a.rollout_correction, a.rollout_correction_cap,
                                            a.rollout_correction_level)
@@ -141,7 +145,8 @@ class OldPolicy(Stage):
             if a.rollout_correction_level == "sequence":
                 log_r = log_r.sum(dim=1, keepdim=True).expand_as(mask)
             changed = w[valid] != log_r.clamp(-20, 20).exp()[valid]  # truncated or masked by the cap
-            b.diagnostics["rollout/corrected_fraction"] = float(changed.float().mean()) if diff.numel() else 0.0
+            b.diagnostics["rollout/corrected_fraction"] = Metric.mean(
+                float(changed.float().mean()) if diff.numel() else 0.0, n=diff.numel())
         b.rollout_logprobs = sampler
         rollouts.old_logprobs = train
 
@@ -327,8 +332,8 @@ class TeacherLogprobs(Stage):
         b.advantages = opd_advantages(student, teacher, mask, reward_term, self.reward_weight)
         tokens = float(mask.sum())
         kl = float(reverse_kl_tokens(student, teacher, mask).sum())
-        b.diagnostics.update({"opd/reverse_kl": kl / tokens if tokens else 0.0, "opd/tokens": tokens,
-                              "time/opd_teacher_s": time.perf_counter() - t0})
-        b.metric_weights["opd/reverse_kl"] = tokens
+        b.diagnostics.update({"opd/reverse_kl": Metric.mean(kl / tokens if tokens else 0.0, n=tokens),
+                              "opd/tokens": Metric.sum(tokens),
+                              "time/opd_teacher_s": Metric.max(time.perf_counter() - t0)})
         b.record_fields["teacher_logprob"] = [[float(x) for x in teacher[i, :rollouts.response_extent(i)].tolist()]
                                               for i in range(rollouts.num_rows)]

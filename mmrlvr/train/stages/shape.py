@@ -16,6 +16,7 @@ Group-aware reward transforms (majority-vote labels, gating, normalisation) regi
 from __future__ import annotations
 
 from mmrlvr.lazy_import import lazy_module
+from mmrlvr.metric import Metric
 from mmrlvr.train.batch import StepBatch
 from mmrlvr.train.stages.base import Stage, register_stage
 
@@ -30,7 +31,7 @@ class DropUnscored(Stage):
 
     def __call__(self, b: StepBatch) -> None:
         dropped = torch.tensor([bool(getattr(r, "dropped", False)) for r in b.results])
-        b.diagnostics["reward/dropped_rows"] = float(dropped.sum())
+        b.diagnostics["reward/dropped_rows"] = Metric.sum(float(dropped.sum()))
         if not bool(dropped.any()):
             return
         keep = ~dropped if b.row_mask is None else b.row_mask & ~dropped
@@ -156,8 +157,9 @@ class DynamicSampling(Stage):
             for g in groups:
                 if kept + len(fill) < target:
                     fill.append((src, g))
-        b.diagnostics.update({"dynamic_sampling/rounds": float(rounds), "dynamic_sampling/kept_groups": float(kept),
-                              "dynamic_sampling/fill_groups": float(len(fill))})
+        b.diagnostics.update({"dynamic_sampling/rounds": Metric.max(float(rounds)),
+                              "dynamic_sampling/kept_groups": Metric.sum(float(kept)),
+                              "dynamic_sampling/fill_groups": Metric.sum(float(len(fill)))})
         if rounds == 1:
             b.row_mask = keep[b.rollouts.group_index]  # [N] bool
             b.token_weights[~b.row_mask] = 0.0
@@ -490,13 +492,11 @@ class NearFutureGuide(Stage):
         if gated:
             self.rescore(b, [s for s in rollouts.group_slices() if any(
                 rollouts.completions[r].meta.get("guide") for r in range(s.start, s.stop))])
-        b.diagnostics.update({"npo/groups_gated": float(gated), "npo/groups_guided": float(guided),
-                              "npo/guide_acceptance": guided / gated if gated else 0.0})
+        b.diagnostics.update({"npo/groups_gated": Metric.sum(float(gated)), "npo/groups_guided": Metric.sum(float(guided)),
+                              "npo/guide_acceptance": Metric.mean(guided / gated if gated else 0.0, n=gated)})
         if before:
-            b.diagnostics.update({"npo/group_accuracy_before": sum(before) / len(before),
-                                  "npo/group_accuracy_after": sum(after) / len(after)})
-            b.metric_weights.update({"npo/guide_acceptance": float(gated), "npo/group_accuracy_before": float(gated),
-                                     "npo/group_accuracy_after": float(gated)})
+            b.diagnostics.update({"npo/group_accuracy_before": Metric.mean(sum(before) / len(before), n=len(before)),
+                                  "npo/group_accuracy_after": Metric.mean(sum(after) / len(after), n=len(after))})
 
     def place(self, b: StepBatch, row: int, response: torch.Tensor, completion) -> None:
         """Row ``row`` becomes ``response`` (the guide's tokens, EOS included): ids, masks, the completion, and

@@ -1,4 +1,4 @@
-"""Metrics of several processes combine into the metrics of the whole batch (``mmrlvr.train.metric_reduce``).
+"""Metrics of several processes combine into the metrics of the whole batch (``mmrlvr.metric``).
 
 The premise of each test is planted on purpose: the ranks' metric *keys* differ (off-policy bins that hold tokens
 on one rank only, a reward component one rank never produced, consistency verdicts on one rank only) and so do
@@ -18,9 +18,9 @@ import torch
 
 from mmrlvr.algos.clipping import OffPolicyDiagnostics
 from mmrlvr.rollout.base import RolloutBatch
-from mmrlvr.train.metric_reduce import Reduction, combine, declare_reduction, reduce_over_processes, reduction_for
+from mmrlvr.metric import STRICT_ENV, Metric, UndeclaredMetric, check_declared, combine, reduce_over_processes
 from mmrlvr.train.stages.record import update_metrics
-from mmrlvr.train.step_metrics import metric_denominators, rollout_metrics
+from mmrlvr.train.step_metrics import rollout_metrics
 from mmrlvr.types import Completion, RewardResult, Sample
 
 G = 4
@@ -72,8 +72,8 @@ def _rank_metrics(groups, lengths, ratio, old_p, stats):
     m = rollout_metrics(batch, rewards, results, G)
     m.update(update_metrics(stats))
     m.update(_offpolicy(ratio, old_p).metrics())
-    m["reward/dropped_rows"] = float(len(groups) - 1)
-    return m, metric_denominators(batch, results, m, stats["tokens"])
+    m["reward/dropped_rows"] = Metric.sum(float(len(groups) - 1))
+    return m
 
 
 def _stats(ratio: torch.Tensor, kl: torch.Tensor, loss: float, grad_norm: float) -> dict[str, float]:
@@ -91,75 +91,109 @@ def test_reduced_metrics_equal_the_global_batch_with_rank_dependent_keys_and_den
     k0, k1 = torch.rand(7, generator=gen), torch.rand(19, generator=gen)
     len0, len1 = [3, 5, 2, 4], [1, 6, 6, 2, 3, 5, 4, 2]
     # each rank's loss is its share of the globally normalised loss; gradients were all-reduced (same norm)
-    m0, w0 = _rank_metrics([0], len0, r0, p0, _stats(r0, k0, 0.3, 1.5))
-    m1, w1 = _rank_metrics([1, 2], len1, r1, p1, _stats(r1, k1, -0.1, 1.5))
+    m0 = _rank_metrics([0], len0, r0, p0, _stats(r0, k0, 0.3, 1.5))
+    m1 = _rank_metrics([1, 2], len1, r1, p1, _stats(r1, k1, -0.1, 1.5))
     assert set(m0) != set(m1), "the premise: the ranks report different keys"
     assert any(k.startswith("offpolicy/bin") for k in set(m1) - set(m0))
     assert "reward/iou" in m1 and "reward/iou" not in m0 and "inconsistency_rate" not in m0
 
     ratio, old_p, kl = torch.cat([r0, r1]), torch.cat([p0, p1]), torch.cat([k0, k1])
-    want, _ = _rank_metrics([0, 1, 2], len0 + len1, ratio, old_p, _stats(ratio, kl, 0.2, 1.5))
+    want = _rank_metrics([0, 1, 2], len0 + len1, ratio, old_p, _stats(ratio, kl, 0.2, 1.5))
     want["reward/dropped_rows"] = 0.0 + 1.0  # a count: 0 dropped on rank 0, 1 on rank 1
-    got = combine([(m0, w0), (m1, w1)])
+    got = combine([m0, m1])
     assert set(got) == set(want)
     for k in want:
         assert math.isclose(got[k], want[k], rel_tol=1e-6, abs_tol=1e-9), (k, got[k], want[k])  # float32 sums
-    # the kinds the test exercises, by name
-    assert reduction_for("offpolicy/bin3/tokens")[0].kind == "sum"
-    assert reduction_for("ratio/max")[0].kind == "max"
-    assert reduction_for("reward/std")[0].kind == "std"
-    assert reduction_for("inconsistency_rate")[0].kind == "mean"
+    # the kinds the test exercises, as the producers declared them
+    assert {got[k].kind for k in ("offpolicy/bin3/tokens", "ratio/max", "reward/std", "inconsistency_rate",
+                                  "grad_norm")} == {"sum", "max", "std", "mean", "same"}
 
 
 def test_one_rank_combines_to_itself():
     gen = torch.Generator().manual_seed(1)
     r, p = 1 + 0.2 * torch.randn(11, generator=gen), torch.rand(11, generator=gen) * 0.98 + 0.01
-    m, w = _rank_metrics([0, 1, 2], [3] * 12, r, p, _stats(r, torch.rand(11, generator=gen), 0.5, 2.0))
-    got = combine([(m, w)])
+    m = _rank_metrics([0, 1, 2], [3] * 12, r, p, _stats(r, torch.rand(11, generator=gen), 0.5, 2.0))
+    got = combine([m])
     for k in m:
         assert math.isclose(got[k], m[k], rel_tol=1e-12, abs_tol=1e-12), k
 
 
-def test_declared_denominators_and_rules():
-    # a stage's own rate with a declared denominator; a plug-in's count declared as a sum
-    declare_reduction(r"myplugin/steps_seen", Reduction("sum"))
-    a = ({"myplugin/rate": 0.5, "myplugin/steps_seen": 3.0, "lr": 1e-4, "note": "x"}, {"rows": 8, "myplugin/rate": 2})
-    b = ({"myplugin/rate": 1.0, "myplugin/steps_seen": 4.0, "lr": 1e-4}, {"rows": 8, "myplugin/rate": 6})
+def test_a_plugins_metrics_declare_their_own_reduction():
+    a = {"myplugin/rate": Metric.mean(0.5, n=2), "myplugin/steps_seen": Metric.sum(3.0), "lr": Metric.same(1e-4),
+         "note": "x"}
+    b = {"myplugin/rate": Metric.mean(1.0, n=6), "myplugin/steps_seen": Metric.sum(4.0), "lr": Metric.same(1e-4)}
     got = combine([a, b])
-    assert got["myplugin/rate"] == pytest.approx((0.5 * 2 + 1.0 * 6) / 8)
+    assert got["myplugin/rate"] == pytest.approx((0.5 * 2 + 1.0 * 6) / 8) and got["myplugin/rate"].n == 8
     assert got["myplugin/steps_seen"] == 7.0 and got["lr"] == 1e-4 and got["note"] == "x"
+    # a rate with nothing to count on one process takes no part in the mean
+    assert combine([{"r": Metric.mean(0.0, n=0)}, {"r": Metric.mean(0.25, n=4)}])["r"] == 0.25
+
+
+def test_a_metric_is_a_float_that_keeps_its_reduction_when_it_travels():
+    import json
+    import pickle
+
+    m = Metric.std(0.5, n=4, mean=1.25, unbiased=True)
+    back = pickle.loads(pickle.dumps(m))  # how processes exchange them (all_gather_object)
+    assert (type(back), float(back), back.kind, back.n, back.mean_of, back.unbiased) == (Metric, 0.5, "std", 4.0,
+                                                                                          1.25, True)
+    assert json.dumps({"x": m}) == '{"x": 0.5}' and f"{m:.2f}" == "0.50" and m * 2 == 1.0
+    assert type(m + 1) is float  # arithmetic gives plain numbers: a derived value declares its own reduction
     with pytest.raises(ValueError, match="unknown reduction kind"):
-        Reduction("median")
+        Metric(1.0, "median")
+    with pytest.raises(ValueError, match="needs its count n"):
+        Metric(1.0, "mean")
+    with pytest.raises(ValueError, match="needs the mean"):
+        Metric(1.0, "std", n=3)
 
 
-def test_tool_counts_sum_and_tool_rates_average_without_importing_the_tools_package():
-    from mmrlvr.tools.runner import ERROR_KINDS
+def test_an_undeclared_metric_is_an_error_under_strict_and_averaged_with_a_warning_otherwise(monkeypatch):
+    ranks = [{"myplugin/plain": 1.0, "ok": Metric.sum(1.0)}, {"myplugin/plain": 3.0, "ok": Metric.sum(2.0)}]
+    monkeypatch.setenv(STRICT_ENV, "1")
+    with pytest.raises(UndeclaredMetric, match=r"myplugin/plain declare no reduction.*Metric.sum"):
+        combine(ranks)
+    with pytest.raises(UndeclaredMetric, match="myplugin/plain"):
+        check_declared(ranks[0])  # what the record stage runs on every step, one process included
+    monkeypatch.setenv(STRICT_ENV, "0")
+    with pytest.warns(UserWarning, match="myplugin/plain declare no reduction"):
+        got = combine(ranks)
+    assert got["myplugin/plain"] == 2.0 and got["ok"] == 3.0
 
+
+def test_processes_that_disagree_on_a_metrics_reduction_are_an_error():
+    with pytest.raises(ValueError, match="'x': processes declare different reductions: max, sum"):
+        combine([{"x": Metric.sum(1.0)}, {"x": Metric.max(2.0)}])
+
+
+def test_tool_counts_sum_and_tool_rates_average_and_the_module_needs_no_torch():
+    from mmrlvr.tools.runner import ERROR_KINDS, ToolCounters
+
+    counters = ToolCounters()
     for kind in ("calls", *ERROR_KINDS):  # every failure kind a rollout counts, a new one included
-        assert reduction_for(f"tools/{kind}")[0] == Reduction("sum"), kind
-    for rate in ("turns_mean", "calls_per_row"):
-        assert reduction_for(f"tools/{rate}")[0] == Reduction("mean", weight="rows"), rate
-    # config checks import the stages (and so this module) with torch and transformers refused
-    code = "import sys, mmrlvr.train.metric_reduce; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+        counters[kind] += 1
+    assert {m.kind for m in counters.metrics().values()} == {"sum"}
+    # config checks and reward modules import it with torch and transformers refused
+    code = "import sys, mmrlvr.metric; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.stdout.strip() == "[]", res.stdout + res.stderr
 
 
 def test_one_process_is_left_alone():
-    m = {"a": 1.0}
-    assert reduce_over_processes(m, {}, 1) is m
+    m = {"a": Metric.sum(1.0)}
+    assert reduce_over_processes(m, 1) is m
 
 
 _TWO_RANKS = textwrap.dedent("""
     import json, os, sys
     import torch.distributed as dist
     dist.init_process_group("gloo")
-    from mmrlvr.train.metric_reduce import reduce_over_processes
+    from mmrlvr.metric import Metric, reduce_over_processes
     rank = dist.get_rank()
-    # different keys and sizes on each rank: the old tensor packing aborted here
-    m = {f"offpolicy/bin{b}/tokens": float(b + 1) for b in range(3 + 5 * rank)}
-    m.update({"reward/mean": 0.25 + rank, "ratio/max": 1.0 + rank, "skipped": 0.0, "where": f"rank{rank}"})
-    out = reduce_over_processes(m, {"rows": 4.0 * (1 + 2 * rank)}, dist.get_world_size())
+    # different keys and sizes on each rank: packing values into one tensor would abort here
+    m = {f"offpolicy/bin{b}/tokens": Metric.sum(b + 1) for b in range(3 + 5 * rank)}
+    m.update({"reward/mean": Metric.mean(0.25 + rank, n=4.0 * (1 + 2 * rank)), "ratio/max": Metric.max(1.0 + rank),
+              "skipped": Metric.max(0.0), "where": f"rank{rank}"})
+    out = reduce_over_processes(m, dist.get_world_size())
     with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:  # one file per rank (stdout interleaves)
         json.dump({"rank": rank, "world": dist.get_world_size(), "out": out}, f)
     dist.destroy_process_group()
