@@ -169,6 +169,11 @@ def cases() -> list[Case]:
     out.append(Case("sampler-success_rate", ROOT / "configs" / "demo-tiny.yaml",
                     [f"plugins=[{ROOT / 'docs' / 'examples' / 'success_rate_sampler.py'}]",
                      "rollout.sampler=success_rate"]))
+    # a shape stage with per-prompt state (the example plug-in): 4 prompts, so step 2 redraws step 1's, each on
+    # either rank; its state is gathered from both ranks (Runtime.gather_values), so 2 ranks pay what 1 process pays
+    out.append(Case("stage-first_solve_bonus", ROOT / "configs" / "demo-tiny.yaml",
+                    [f"plugins=[{ROOT / 'docs' / 'examples' / 'first_solve_bonus.py'}]",
+                     "stages.shape=[first_solve_bonus]", "data.train_size=4"]))
     for kind, name in options():
         if (kind, name) in OWN_MATRIX_TEST:
             continue

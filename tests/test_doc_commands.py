@@ -211,6 +211,11 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     'max_steps=2':
         (RUN + " (2 steps, 4 prompts x 4 rollouts)",
          ("tests/test_examples_plugins.py::test_reward_gate_trains_and_resumes_exactly", T_DRY)),
+    'mmrlvr train configs/demo-tiny.yaml "plugins=[docs/examples/first_solve_bonus.py]" '
+    '"stages.shape=[first_solve_bonus]" max_steps=2':
+        (RUN + " (2 steps, 4 prompts x 4 rollouts, 4 training prompts)",
+         ("tests/test_examples_plugins.py::test_first_solve_bonus_trains_and_resumes_exactly_and_its_state_matters",
+          T_DRY)),
     'mmrlvr train configs/demo-tiny.yaml "plugins=[docs/examples/group_agreement.py]" rewards.1.name=group_agreement '
     'max_steps=2':
         (RUN + " (2 steps, 2 prompts x 4 rollouts)",

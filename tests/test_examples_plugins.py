@@ -92,6 +92,14 @@ def _records(run: Path, step: int):
     return RolloutReader(run).read_step(step)
 
 
+def _accuracy_by_prompt(run: Path, step: int, index: dict[str, int]) -> dict[int, list[float]]:
+    """Each prompt's (dataset index) recorded accuracy components at ``step``."""
+    out: dict[int, list[float]] = {}
+    for r in _records(run, step):
+        out.setdefault(index[r.prompt_id], []).append(r.reward_components["auto_accuracy"])
+    return out
+
+
 def _prompts(run: Path, step: int) -> list[str]:
     return sorted({r.prompt_id for r in _records(run, step)})
 
@@ -317,6 +325,14 @@ def test_success_rate_sampler_trains_and_resumes_exactly_and_its_state_changes_t
             i = index[pid]
             want[i] = 0.5 * want.get(i, 0.2) + 0.5 * sum(acc) / len(acc)
     assert state == pytest.approx(want)
+    # its diagnostics reach metrics.jsonl: step 1 draws 4 unseen prompts of 8 (p̂ = prior 0.2); step 2's share seen
+    # is the share of its prompts step 1 drew, and their mean p̂ is after step 1's observations
+    steps, drawn_1 = _steps(runs.dir_a), {index[p] for p in _prompts(runs.dir_a, 1)}
+    assert (steps[1]["sampler/seen_share"], steps[1]["sampler/mean_p_hat"]) == (0.0, pytest.approx(0.2))
+    step_2 = [index[p] for p in _prompts(runs.dir_a, 2)]
+    after_1 = {i: 0.5 * 0.2 + 0.5 * sum(a) / len(a) for i, a in _accuracy_by_prompt(runs.dir_a, 1, index).items()}
+    assert steps[2]["sampler/seen_share"] == pytest.approx(sum(i in drawn_1 for i in step_2) / len(step_2))
+    assert steps[2]["sampler/mean_p_hat"] == pytest.approx(sum(after_1.get(i, 0.2) for i in step_2) / len(step_2))
     # resume: step 2 draws the same prompts, and the sampler ends in the same state
     assert _prompts(runs.dir_b, 2) == _prompts(runs.dir_a, 2)
     assert runs.b.pipeline.state_dict()["generate/groups"] == runs.a.pipeline.state_dict()["generate/groups"]
@@ -377,6 +393,54 @@ def test_reward_gate_trains_and_resumes_exactly(tmp_path):
     assert gated, "no wrong, formatted answer was gated: the check above proved nothing"
 
 
+def test_first_solve_bonus_hand_worked():
+    mod = example("first_solve_bonus")
+    assert mod.BONUS == 0.5
+    stage = mod.FirstSolveBonus(SimpleNamespace(cfg=None, gather_values=lambda v: (list(v), slice(0, len(v)))))
+    stage.solved = {"q0"}  # solved at an earlier step
+
+    def batch(ids, acc, rewards, row_mask=None):
+        return SimpleNamespace(rollouts=SimpleNamespace(samples=[SimpleNamespace(id=i) for i in ids]),
+                               results=[SimpleNamespace(components={"auto_accuracy": a}) for a in acc],
+                               rewards=torch.tensor(rewards), row_mask=row_mask, diagnostics={})
+
+    # q0 solved before: no bonus; q1 solved here twice: both correct rows +0.5; q2 wrong; q3's correct row dropped
+    b = batch(["q0", "q0", "q1", "q1", "q2", "q3"], [1.0, 0.0, 1.0, 1.0, 0.0, 1.0], [1.2, 0.2, 1.2, 1.0, 0.0, 1.2],
+              row_mask=torch.tensor([True, True, True, True, True, False]))
+    stage(b)
+    torch.testing.assert_close(b.rewards, torch.tensor([1.2, 0.2, 1.7, 1.5, 0.0, 1.2]))
+    assert stage.solved == {"q0", "q1"}
+    m = b.diagnostics
+    assert (float(m["first_solve/bonus_rows"]), m["first_solve/bonus_rows"].kind) == (2.0, "sum")
+    assert (float(m["first_solve/solved_prompts"]), m["first_solve/solved_prompts"].kind) == (2.0, "same")
+    # the next step: q1 is paid no more; the state round-trips
+    b = batch(["q1", "q2"], [1.0, 1.0], [1.0, 1.0])
+    stage(b)
+    torch.testing.assert_close(b.rewards, torch.tensor([1.0, 1.5]))
+    fresh = mod.FirstSolveBonus(SimpleNamespace(cfg=None))
+    fresh.load_state_dict(stage.state_dict())
+    assert fresh.solved == {"q0", "q1", "q2"}
+
+
+def test_first_solve_bonus_trains_and_resumes_exactly_and_its_state_matters(tmp_path):
+    # 4 prompts, 4 per step: step 2 draws step 1's prompts again, so what step 1 solved decides step 2's bonus
+    runs = resume_pair(tmp_path, [plug("first_solve_bonus"), "stages.shape=[first_solve_bonus]",
+                                  "data.train_size=4"], control=True)
+    assert_trained_and_resumed_exactly(runs)
+    assert runs.a.pipeline.names["shape"] == ["drop_unscored", "first_solve_bonus"]
+    steps = _steps(runs.dir_a)
+    solved_1 = {r.prompt_id for r in _records(runs.dir_a, 1) if r.reward_components["auto_accuracy"] >= 1.0}
+    assert solved_1, "no prompt solved at step 1: the state would hold nothing"
+    assert steps[1]["first_solve/solved_prompts"] == len(solved_1)
+    # step 2 pays only correct rows of prompts step 1 left unsolved
+    correct_2 = [r.prompt_id for r in _records(runs.dir_a, 2) if r.reward_components["auto_accuracy"] >= 1.0]
+    paid = sum(i not in solved_1 for i in correct_2)
+    assert steps[2]["first_solve/bonus_rows"] == paid
+    assert paid < len(correct_2), "no solved prompt was solved again at step 2: the state decided nothing"
+    # resumed without the stage's state (the same step-2 responses), step 2 pays every correct row
+    assert _steps(runs.dir_c)[2]["first_solve/bonus_rows"] == len(correct_2)
+
+
 # ------------------------------------------------------------------------------------------ 4. the loss
 def test_clipped_pg_loss_hand_worked():
     from mmrlvr.algos import POLICY_LOSSES, call_policy_loss, ppo_clip_loss
@@ -407,6 +471,9 @@ def test_clipped_pg_loss_hand_worked():
     k3 = (0.5 - math.log(1.5) + (-0.5 - math.log(0.5)) + (0.1 - math.log(1.1))) / 4
     assert float(stats.approx_kl) == pytest.approx(k3, rel=1e-5)
     assert float(stats.recovered_fraction) == 0.0
+    # its own diagnostic: 2 of the 4 response tokens (row 1's) have A < 0, a mean over those 4 tokens
+    share = stats.diagnostics["neg_weighted/negative_share"]
+    assert (float(share), share.kind, share.n) == (0.5, "mean", 4.0)
     # neg_weight = 1 is ppo_clip, on random inputs, through the trainer's call path
     g = torch.Generator().manual_seed(0)
     lp, olp = torch.randn(4, 6, generator=g) * 0.3, torch.randn(4, 6, generator=g) * 0.3
@@ -424,3 +491,9 @@ def test_clipped_pg_loss_trains_and_resumes_exactly(tmp_path):
     stage = runs.a.pipeline.stage("update")
     assert stage.loss_name == "neg_weighted_ppo_clip"
     assert stage.loss_params == {"eps_low": 0.2, "eps_high": 0.2, "neg_weight": 0.5}  # eps_* from algo (grpo preset)
+    # the loss's own diagnostic reaches metrics.jsonl every step: the share of response tokens with A < 0 over the
+    # step's micro-batches and passes, so a share strictly inside (0, 1) where the groups had both signs
+    for row in read_metrics(runs.dir_a / "metrics.jsonl"):
+        assert 0.0 <= row["neg_weighted/negative_share"] <= 1.0, row
+    assert any(0.0 < row["neg_weighted/negative_share"] < 1.0
+               for row in read_metrics(runs.dir_a / "metrics.jsonl"))

@@ -16,6 +16,11 @@ LossStats (logged as ``clip_fraction``, ``ratio/mean``, ``ratio/max``): the shar
 gradient the clip removed (A > 0 and r > 1 + eps_high, or A < 0 and r < 1 - eps_low), the ratio's mean, max and
 min, the k3 estimate mean(r - 1 - log r) of KL(π_old || π); ``recovered_fraction`` is 0.
 
+Its own diagnostics (``LossStats.diagnostics``, logged with the step's metrics): ``neg_weighted/negative_share``,
+the share of response tokens whose advantage is negative (the tokens ``neg_weight`` scales) — a mean over those
+tokens, declared as one (``Metric.mean(x, n=tokens)``), so several processes and micro-batches combine it into the
+share over the whole batch.
+
 Run it (``algo.loss_params`` holds its parameter):
 
     mmrlvr train configs/demo-tiny.yaml "plugins=[docs/examples/clipped_pg_loss.py]" algo.loss=neg_weighted_ppo_clip "algo.loss_params={neg_weight: 0.5}"
@@ -29,6 +34,7 @@ import torch
 
 from mmrlvr.algos import POLICY_LOSSES, LossStats, masked_mean, zero_masked
 from mmrlvr.methods import describe_params
+from mmrlvr.metric import Metric
 
 
 @describe_params(neg_weight="weight of the tokens of rollouts with a negative advantage (1 = ppo_clip)")
@@ -55,9 +61,13 @@ def neg_weighted_ppo_clip(logprobs: torch.Tensor, old_logprobs: torch.Tensor, ad
             r_max, r_min = r[valid].max(), r[valid].min()
         else:
             r_max = r_min = r.new_tensor(0.0)
+        tokens = int(valid.sum())
+        negative = int((valid & (adv < 0)).sum())
         stats = LossStats(clip_fraction=masked_mean(clipped.to(r.dtype), w), ratio_mean=masked_mean(r, w),
                           ratio_max=r_max, ratio_min=r_min, approx_kl=masked_mean(r - 1 - r.log(), w),
-                          recovered_fraction=r.new_tensor(0.0))
+                          recovered_fraction=r.new_tensor(0.0),
+                          diagnostics={"neg_weighted/negative_share": Metric.mean(negative / tokens if tokens else 0.0,
+                                                                                  n=tokens)})
     return zero_masked(loss, valid), stats
 
 

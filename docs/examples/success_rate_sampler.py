@@ -18,6 +18,10 @@ After each step ``observe`` updates the prompts the step drew, with s the share 
 A refill round (round r > 0, dynamic sampling) draws from the prompts that rounds 0 .. r-1 of the same step did not
 draw (all prompts again if too few are left).
 
+Its per-step diagnostics (``step_metrics``, logged with the step): ``sampler/seen_share``, the share of the step's
+prompts that were drawn before (their p̂ is an observation, not the prior), and ``sampler/mean_p_hat``, the mean p̂
+of the draw. Every process's sampler draws the same, so plain numbers are the same on every process.
+
 Run it (``rollout.sampler_params`` holds its parameters):
 
     mmrlvr train configs/demo-tiny.yaml "plugins=[docs/examples/success_rate_sampler.py]" rollout.sampler=success_rate "rollout.sampler_params={ema: 0.5, prior: 0.5}"
@@ -89,6 +93,13 @@ class SuccessRateSampler(Sampler):
             hits = judged[j] if judged is not None else [1.0 if r > 0 else 0.0 for r in outcome.rewards[j]]
             s = float(np.mean(hits)) if len(hits) else 0.0
             self.p_hat[i] = (1.0 - self.ema) * self.p_hat.get(i, self.prior) + self.ema * s
+
+    def step_metrics(self, step: int, round: int = 0) -> dict[str, float]:
+        """The step's draw: the share of its prompts seen before, and their mean p̂ (unseen: the prior)."""
+        idx = self.indices(step, round)
+        seen = [i for i in idx if i in self.p_hat]
+        return {"sampler/seen_share": len(seen) / len(idx),
+                "sampler/mean_p_hat": float(np.mean([self.p_hat.get(i, self.prior) for i in idx]))}
 
     def state_dict(self) -> dict[str, Any]:
         return {"p_hat": dict(self.p_hat)}

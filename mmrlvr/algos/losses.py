@@ -21,7 +21,8 @@ Not here: KL to the reference (``kl.py``), entropy bonuses, aggregation, the opt
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, NamedTuple
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, NamedTuple
 
 import torch
 
@@ -40,6 +41,9 @@ class LossStats(NamedTuple):
     ratio_min: torch.Tensor
     approx_kl: torch.Tensor  # mean of r - 1 - log r, the k3 estimate of KL(pi_old || pi)
     recovered_fraction: torch.Tensor  # nsr: share of tokens rescued from the clip (0 for the others)
+    #: the loss's own metrics (``mmrlvr.metric.Metric`` values, e.g. ``{"myloss/rescued": Metric.mean(x, n=tokens)}``),
+    #: combined over the step's micro-batches and passes into metrics.jsonl
+    diagnostics: Mapping[str, Any] = MappingProxyType({})
 
 
 PolicyLoss = Callable[..., tuple[torch.Tensor, LossStats]]

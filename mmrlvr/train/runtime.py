@@ -110,7 +110,8 @@ class Runtime:
     def gather_rows(self, *tensors: torch.Tensor) -> tuple[list[torch.Tensor], slice]:
         """Each [n_r, ...] tensor concatenated over processes in rank order (the global batch), and the slice of
         this process's rows in it. One process: the tensors themselves. For statistics of the whole batch
-        (REINFORCE++ whitens over every row of the step, not over one rank's share)."""
+        (REINFORCE++ whitens over every row of the step, not over one rank's share); Python values per row (sample
+        ids): ``gather_values``."""
         if self.accel.num_processes == 1:
             return list(tensors), slice(0, int(tensors[0].shape[0]))
         import torch.distributed as dist
@@ -120,6 +121,20 @@ class Runtime:
         start = sum(int(p[0].shape[0]) for p in parts[:self.accel.process_index])
         rows = slice(start, start + int(tensors[0].shape[0]))
         return [torch.cat([p[i] for p in parts]) for i in range(len(tensors))], rows
+
+    def gather_values(self, values: list[Any]) -> tuple[list[Any], slice]:
+        """Per-row Python values (sample ids, answers, anything picklable) concatenated over processes in rank
+        order, and the slice of this process's values in the result; one process: ``values`` itself. Every process
+        calls it once with its own list (of any length) and gets the same global list: for a stage that keeps
+        per-prompt state, so every rank's state is the whole batch's (docs/extending.md, "Several processes")."""
+        if self.accel.num_processes == 1:
+            return list(values), slice(0, len(values))
+        import torch.distributed as dist
+
+        parts: list[Any] = [None] * self.accel.num_processes
+        dist.all_gather_object(parts, list(values))
+        start = sum(len(p) for p in parts[:self.accel.process_index])
+        return [v for p in parts for v in p], slice(start, start + len(values))
 
     def any_rank(self, flag: bool) -> bool:
         """True on every process when ``flag`` holds on any (a decision all ranks must take together: skipping

@@ -1,9 +1,10 @@
 """Update: ``algo.epochs`` passes of the policy loss over the rollout batch, one optimizer step each.
 
-Per micro-batch: the policy's response log-probs (with gradient), the policy loss chosen by ``algo.loss``
-(``mmrlvr.algos.POLICY_LOSSES``, each with its own parameters), the KL penalty to the reference, the batch's
-auxiliary losses, aggregated by ``algo.agg`` and normalised by the *global* count of the whole batch (all
-micro-batches and processes), so gradient accumulation and DDP's average reproduce one big batch.
+Per micro-batch: one policy pass (the response log-probs with gradient, ``mmrlvr.train.loss_terms.policy_pass``)
+and the loss terms over it (``self.terms``: the policy loss chosen by ``algo.loss``, the KL penalty to the
+reference, distillation and auxiliary terms), aggregated by ``algo.agg`` and normalised by the *global* count of
+the whole batch (all micro-batches and processes), so gradient accumulation and DDP's average reproduce one big
+batch.
 
 Credit deferred into this pass (``batch.deferred``) is applied to each micro-batch from its own clean logits;
 its normaliser is only known after the first pass, so that pass backpropagates unnormalised sums and the
@@ -20,6 +21,7 @@ import inspect
 from typing import Any
 
 from mmrlvr.lazy_import import lazy_module
+from mmrlvr.metric import Metric, combine
 from mmrlvr.train.batch import StepBatch
 from mmrlvr.train.host_memory import policy_pass_heap
 from mmrlvr.train.stages.base import Stage, register_stage
@@ -96,6 +98,9 @@ class PolicyGradient(Stage):
         from mmrlvr.algos.kl import KL_ESTIMATORS
 
         self.kl_fn = KL_ESTIMATORS.get(a.kl_estimator) if a.kl_coef > 0 else None
+        from mmrlvr.train.loss_terms import LOSS_TERMS
+
+        self.terms = list(LOSS_TERMS)  # summed in this order (mmrlvr.train.loss_terms)
         self.after_step_hooks = [h for h in (getattr(fn, "on_optimizer_step", None) for fn in rt.reward_fns()) if h]
 
     def __call__(self, b: StepBatch) -> None:
@@ -125,7 +130,8 @@ class PolicyGradient(Stage):
         norm_constant = float(self.cfg.rollout.max_new_tokens)
         rt.model.train()
         # NSR's random rescue is seeded per step so a resumed run draws the same noise
-        self.generator = torch.Generator().manual_seed(self.cfg.seed * 7_919 + int(rollouts.timings.get("step", 0)))
+        self.generator = torch.Generator().manual_seed(self.cfg.seed * 7_919 + b.step)
+        self.term_diagnostics: list[dict[str, Any]] = []  # the loss terms' own metrics, per micro-batch and pass
         totals: dict[str, float] = {}
         self.recorded_rows: dict[int, bool] = {}  # rows whose first-pass entropy/ratio are stored
         from mmrlvr.algos.clipping import OffPolicyDiagnostics
@@ -157,6 +163,7 @@ class PolicyGradient(Stage):
             grad_norm = self.optimizer_step()
             totals["grad_norm"] = totals.get("grad_norm", 0.0) + grad_norm
         b.diagnostics.update(self.offpolicy.metrics())
+        b.diagnostics.update(combine(self.term_diagnostics))  # over every micro-batch of every pass
         if b.sampler_gap is None and b.token_ratio is not None:
             # pi_old is the sampler's own (no recompute): the first pass, before any optimizer step, teacher-forced
             # the trainer's pi_old, and its ratio to the sampler's is the agreement
@@ -172,110 +179,73 @@ class PolicyGradient(Stage):
         """A step whose every token weight is zero (e.g. every group dropped by dynamic sampling): parameters,
         optimizer moments and the schedule stay exactly as they are (AdamW would move them with no signal)."""
         self.rt.optimizer.zero_grad(set_to_none=True)
-        b.diagnostics["update/zero_signal"] = 1.0
+        b.diagnostics["update/zero_signal"] = Metric.max(1.0)  # every process takes this step together
         return {}
 
     def micro_step(self, b: StepBatch, rows: slice, global_den: float | None, norm_constant: float) -> dict[str, float]:
+        """One micro-batch: the policy pass, the loss terms (``self.terms``), their aggregate scaled to the
+        batch's global normaliser, the backward; returns the sums this micro-batch adds to the step's statistics
+        (``loss``: its share of the normalised loss; ``den``: its share of the normaliser)."""
+        from mmrlvr.train.loss_terms import policy_pass
+
+        p = policy_pass(self, b, rows)
+        self.record_first_pass(b, p)
+        outs = [out for term in self.terms if (out := term(self, b, p)) is not None]
+        p.logits = None
+        loss, den = self.aggregate(b, rows, outs, global_den, norm_constant)
+        # taken together: a rank that skipped the backward alone would leave the others in DDP's all-reduce
+        if self.rt.any_rank(not bool(torch.isfinite(loss))):
+            where = f"loss is {loss.item()}" if not torch.isfinite(loss) else "another process's loss is not finite"
+            raise NonFiniteLoss(where)
+        self.rt.accel.backward(loss)
+        n_tok = float(p.mask.sum())
+        stats = {"loss": float(loss.detach()) / self.rt.accel.num_processes, "den": den, "kl_sum": 0.0,
+                 "tokens": n_tok, "entropy_sum": float((p.entropy * p.mask).sum()) if p.entropy is not None else 0.0}
+        for out in outs:
+            stats.update({k: stats.get(k, 0.0) + v for k, v in out.sums.items()})
+            if out.diagnostics:
+                self.term_diagnostics.append(out.diagnostics)
+        return stats
+
+    def aggregate(self, b: StepBatch, rows: slice, outs: list, global_den: float | None,
+                  norm_constant: float) -> tuple[Any, float]:
+        """(the terms aggregated by ``algo.agg`` and scaled to the global normaliser, this micro-batch's share of
+        that normaliser). ``agg_loss`` normalises by this micro-batch; the scale turns that into the global
+        normaliser, times the processes (DDP averages gradients over them). ``global_den`` None (deferred credit's
+        first pass): the sum is left unnormalised and the update divides the gradients afterwards."""
         from mmrlvr.algos.aggregation import agg_loss
-        from mmrlvr.algos.logits import logprobs_from_logits
-        from mmrlvr.algos.losses import call_policy_loss
-        from mmrlvr.train.forward import LOGPROB_CHUNK, prefix_sharing, response_logits, token_logprobs
+        from mmrlvr.train.loss_terms import summed_terms
 
-        rt, cfg, a, rollouts = self.rt, self.cfg, self.cfg.algo, b.rollouts
-        inputs = rt.inputs(rollouts, b.vision, b.images_per_row, rows)
-        mask = rollouts.response_mask[rows]
-        dc = b.deferred if b.deferred is not None and not b.deferred.done else None
-        dense = b.distribution_losses  # terms over the policy's log-probs of chosen vocabulary ids (distillation)
-        logits = None
-        ids = rollouts.response_ids[rows]
-        if dense:  # distillation terms read chosen vocabulary ids' log-probs: this pass keeps the logits
-            logits = response_logits(rt.model, inputs, rollouts.response_ids.shape[1])  # on the model's device
-            beside = dc.beside(rows, ids, mask) if dc is not None else None
-            logp = logprobs_from_logits(logits, ids.to(logits.device), temperature=cfg.rollout.temperature,
-                                        chunk_size=LOGPROB_CHUNK, observe=beside).to(ids.device)
-            if dc is None:
-                from mmrlvr.algos.logits import entropy_from_logits
-
-                with torch.no_grad():
-                    ent = entropy_from_logits(logits.detach(), temperature=cfg.rollout.temperature,
-                                              chunk_size=LOGPROB_CHUNK).to(ids.device)
-        else:
-            # deferred credit (mmrlvr.train.deferred_credit) reads the clean distribution chunk by chunk inside
-            # this pass: the fused head and prefix sharing as for plain GRPO, no [n, L, V] logits
-            beside = dc.beside(rows, ids, mask) if dc is not None else None
-            logp, ent = token_logprobs(rt.model, inputs, ids, cfg.rollout.temperature, with_entropy=beside is None,
-                                       observe=beside, **prefix_sharing(cfg, rollouts))
-        if dc is not None:
-            w, adv, ent = dc.apply_signals(rows, beside.signals(ids.device), rollouts.old_logprobs[rows])
-            b.token_weights[rows] = w
-            b.advantages[rows] = adv
-        dense_tok = None
-        if dense:
-            from mmrlvr.algos.distill import logprobs_of_ids
-
-            for term in dense:
-                part = term.token_loss(rows, logprobs_of_ids(logits, term.ids[rows].to(logits.device),
-                                                             cfg.rollout.temperature)).to(logp.device)
-                dense_tok = part if dense_tok is None else dense_tok + part
-        del logits
+        a = self.cfg.algo
         w = b.token_weights[rows]
+        # the normaliser's tokens: a credit scheme's norm_weights (VPPO: all response tokens), else the weights
+        nw = b.norm_weights[rows] if b.norm_weights is not None else None
+        main, beside = summed_terms(outs, has_norm=nw is not None)
+        loss = agg_loss(main, w, a.agg, norm_constant=norm_constant, norm_mask=nw)
+        if beside is not None:  # terms over the normaliser's tokens (VPPO's entropy term: all of them)
+            loss = loss + agg_loss(beside, nw, a.agg, norm_constant=norm_constant, norm_mask=nw)
+        local_den = agg_denominator(nw if nw is not None else w, a.agg)  # what agg_loss divided this slice by
+        row_mask = b.row_mask[rows] if b.row_mask is not None else None
+        share = agg_denominator(nw if nw is not None else w, a.agg, row_mask)  # its share of the batch's
+        scale = local_den if global_den is None else local_den / max(global_den, 1e-8)
+        return loss * (scale * self.rt.accel.num_processes), share
+
+    def record_first_pass(self, b: StepBatch, p: Any) -> None:
+        """Each row's entropy and ratio to pi_old from the step's first pass over it (before any optimizer step),
+        for the records and the rollout/trainer agreement."""
+        rollouts = b.rollouts
         if b.token_ratio is None:
             b.token_entropy = torch.zeros_like(rollouts.old_logprobs)
             b.token_ratio = torch.zeros_like(rollouts.old_logprobs)
-        if not self.recorded_rows.get(rows.start):
-            self.recorded_rows[rows.start] = True
-            with torch.no_grad():
-                valid = mask > 0
-                b.token_ratio[rows] = torch.where(valid, (logp.detach() - rollouts.old_logprobs[rows]).clamp(-20, 20).exp(), 0.0)
-                if ent is not None:
-                    b.token_entropy[rows] = torch.where(valid, ent, 0.0)
-        loss_tok, lstats = call_policy_loss(self.loss_name, logp, rollouts.old_logprobs[rows], b.advantages[rows], w,
-                                            generator=self.generator, **self.loss_params)
-        self.record_offpolicy(logp, rollouts.old_logprobs[rows], w)
-        if b.is_weights is not None:  # rollout correction (TIS / MIS): pi_old / pi_rollout on the policy term
-            loss_tok = loss_tok * b.is_weights[rows]
-        kl_val = 0.0
-        if self.kl_fn is not None:
-            kl_tok = self.kl_fn(logp, b.ref_logprobs[rows], mask=mask)
-            loss_tok = loss_tok + a.kl_coef * kl_tok
-            kl_val = float((kl_tok.detach() * mask).sum())
-        # the normaliser's tokens: a credit scheme's norm_weights (VPPO: all response tokens), else the weights
-        nw = b.norm_weights[rows] if b.norm_weights is not None else None
-        aux_tok = dense_tok
-        if b.extra_loss is not None:
-            # an auxiliary term is defined over the whole batch: place this micro-batch's log-probs
-            # (with gradient) into a full-size tensor, then keep its rows
-            full = rollouts.old_logprobs.index_copy(0, torch.arange(rows.start, rows.stop), logp)
-            plain = b.extra_loss(full)[rows]
-            aux_tok = plain if aux_tok is None else aux_tok + plain
-        if aux_tok is not None:
-            if nw is None:
-                loss_tok, aux_tok = loss_tok + aux_tok, None
-        local_den = agg_denominator(nw if nw is not None else w, a.agg)  # what agg_loss divides this slice by
-        row_mask = b.row_mask[rows] if b.row_mask is not None else None
-        local_norm = agg_denominator(nw if nw is not None else w, a.agg, row_mask)  # its share of the batch's
-        loss = agg_loss(loss_tok, w, a.agg, norm_constant=norm_constant, norm_mask=nw)
-        if aux_tok is not None:  # the auxiliary term counts the normaliser's tokens (VPPO's entropy term: all)
-            loss = loss + agg_loss(aux_tok, nw, a.agg, norm_constant=norm_constant, norm_mask=nw)
-        # agg_loss normalises by this micro-batch; rescale to the global normaliser (times world size,
-        # because DDP averages gradients over processes). global_den None: leave the sum (update divides)
-        scale = local_den if global_den is None else local_den / max(global_den, 1e-8)
-        scale = scale * rt.accel.num_processes
-        loss = loss * scale
-        # taken together: a rank that skipped the backward alone would leave the others in DDP's all-reduce
-        if rt.any_rank(not bool(torch.isfinite(loss))):
-            where = f"loss is {loss.item()}" if not torch.isfinite(loss) else "another process's loss is not finite"
-            raise NonFiniteLoss(where)
-        rt.accel.backward(loss)
-        n_tok = float(mask.sum())
-        return {
-            "loss": float(loss.detach()) / rt.accel.num_processes, "den": local_norm,
-            "kl_sum": kl_val, "tokens": n_tok,
-            "entropy_sum": float((ent * mask).sum()) if ent is not None else 0.0,
-            "clip_sum": float(getattr(lstats, "clip_fraction", 0.0)) * n_tok,
-            "ratio_sum": float(getattr(lstats, "ratio_mean", 1.0)) * n_tok,
-            "ratio_max": float(getattr(lstats, "ratio_max", 1.0)),
-        }
+        if self.recorded_rows.get(p.rows.start):
+            return
+        self.recorded_rows[p.rows.start] = True
+        with torch.no_grad():
+            valid = p.mask > 0
+            log_ratio = (p.logp.detach() - rollouts.old_logprobs[p.rows]).clamp(-20, 20)
+            b.token_ratio[p.rows] = torch.where(valid, log_ratio.exp(), 0.0)
+            if p.entropy is not None:
+                b.token_entropy[p.rows] = torch.where(valid, p.entropy, 0.0)
 
     def record_offpolicy(self, logp: torch.Tensor, old_logp: torch.Tensor, weights: torch.Tensor) -> None:
         """Ratio statistics per pi_old bin (``offpolicy/...``), with the clip bounds the loss used (ACPO's too)."""
@@ -343,7 +313,9 @@ class PopoUpdate(PolicyGradient):
         self.sim_stats = {"popo/sim_loss": 0.0, "popo/entropy": 0.0}
         stats = super().update(b)
         passes = max(self.cfg.algo.epochs, 1)
-        b.diagnostics.update({k: v / passes for k, v in self.sim_stats.items()})
+        # this process's weighted means (over its positive-advantage weight and its tokens), per pass
+        b.diagnostics.update({"popo/sim_loss": Metric.mean(self.sim_stats["popo/sim_loss"] / passes, n=self._w_total),
+                              "popo/entropy": Metric.mean(self.sim_stats["popo/entropy"] / passes, n=self._tok_total)})
         return stats
 
     def micro_step(self, b: StepBatch, rows: slice, global_den, norm_constant: float) -> dict[str, float]:
