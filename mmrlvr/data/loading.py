@@ -62,7 +62,7 @@ from mmrlvr.data.images import (
 )
 from mmrlvr.data.answers import (guess_answer_type, location_boxes, looks_like_boxes, parse_gold_boxes, strip_answer_tags,
                                  validate_gold)
-from mmrlvr.data.chat import is_chat, normalise_placeholders, parse_chat
+from mmrlvr.data.chat import ParsedChat, is_chat, normalise_placeholders, parse_chat
 from mmrlvr.data.prompts import (
     IMAGE_PLACEHOLDER,
     VIDEO_PLACEHOLDER,
@@ -643,10 +643,42 @@ def _scaled_boxes(raw: Any, original: list[int], seen: tuple[int, int]) -> tuple
 
 def _row_to_sample(row: Any, index: int, source: _Source, spec: Preset, mapping: dict[str, str],
                    opts: _Options) -> Sample:
+    """One row as a ``Sample``; a bad row raises ``_RowError`` naming the field at fault."""
     if isinstance(row, _BadLine):
         raise _RowError(None, row.message)
     if not isinstance(row, dict):
         raise _RowError(None, f"row must be an object, got {type(row).__name__}")
+    problem, chat = _read_problem(row, mapping)
+    answer_type = _read_answer_type(row, mapping, spec)
+    rubric = _field("rubric", _rubric, _get(row, mapping, "rubric"))
+    meta = _read_meta(row, mapping, source, index)
+    # images first: box answers are rescaled to the resized image
+    images, original_sizes = _read_images(row, mapping, chat, source, opts)
+    meta["image_sizes"] = [list(im.size) for im in images]
+    meta["original_image_sizes"] = original_sizes
+    videos = _read_videos(row, mapping, chat, source, opts)
+    if videos is not None:
+        meta["videos"] = videos
+    answer, answer_type, problem = _read_answer(row, mapping, chat, answer_type, rubric, images, original_sizes,
+                                                meta, problem)
+    n_videos = len(meta.get("videos") or [])
+    _check_placeholders(problem, len(images), n_videos)
+    messages = _prompt_messages(problem, len(images), n_videos, chat, opts)
+    solution = _get(row, mapping, "solution")
+    if solution is not None:
+        meta["solution"] = str(solution)
+    task = _get(row, mapping, "task")
+    if task is not None:
+        meta["task"] = task
+    meta["problem"] = problem
+    raw_id = _get(row, mapping, "id")
+    sample_id = str(raw_id) if raw_id is not None and raw_id != "" else f"{Path(source.name).stem}-{index}"
+    return Sample(id=sample_id, messages=messages, images=images, answer=answer, answer_type=answer_type,
+                  rubric=rubric, meta=meta)
+
+
+def _read_problem(row: dict[str, Any], mapping: dict[str, str]) -> tuple[str, ParsedChat | None]:
+    """The problem text and, when the problem column holds a chat (a message list), the parsed chat."""
     raw_problem = _get(row, mapping, "problem")
     chat = None
     if is_chat(raw_problem):
@@ -657,11 +689,19 @@ def _row_to_sample(row: Any, index: int, source: _Source, spec: Preset, mapping:
     if not isinstance(problem, str) or not problem.strip():
         got = "missing" if problem is None else f"a {type(problem).__name__}" if not isinstance(problem, str) else "empty"
         raise _RowError("problem", f"problem text must be a non-empty string or a chat (message list), got {got}")
+    return problem, chat
 
+
+def _read_answer_type(row: dict[str, Any], mapping: dict[str, str], spec: Preset) -> str:
+    """The row's answer type (its column, else the preset's; ``AUTO`` is resolved once the answer is read)."""
     answer_type = _get(row, mapping, "answer_type") or spec.answer_type
     if answer_type != AUTO and answer_type not in ANSWER_TYPES:
         raise _RowError("answer_type", f"unknown answer_type {answer_type!r}; known: {', '.join(ANSWER_TYPES)}")
-    rubric = _field("rubric", _rubric, _get(row, mapping, "rubric"))
+    return answer_type
+
+
+def _read_meta(row: dict[str, Any], mapping: dict[str, str], source: _Source, index: int) -> dict[str, Any]:
+    """The row's meta column plus where the row comes from (source name, row index) and its tools' kwargs."""
     meta: dict[str, Any] = _field("meta", _meta, _get(row, mapping, "meta"))
     meta.update(source=source.name, row=index)
     tools_kwargs = _field("tools_kwargs", _tools_kwargs, _get(row, mapping, "tools_kwargs"))
@@ -669,8 +709,13 @@ def _row_to_sample(row: Any, index: int, source: _Source, spec: Preset, mapping:
         meta["tools_kwargs"] = {**_field("meta", _tools_kwargs, meta.get("tools_kwargs")), **tools_kwargs}
     elif meta.get("tools_kwargs") is not None:
         meta["tools_kwargs"] = _field("meta", _tools_kwargs, meta["tools_kwargs"])
+    return meta
 
-    # images first: box answers are rescaled to the resized image
+
+def _read_images(row: dict[str, Any], mapping: dict[str, str], chat: ParsedChat | None, source: _Source,
+                 opts: _Options) -> tuple[list[Any], list[list[int]]]:
+    """The row's images (from the chat's content parts or the images column, not both), loaded and resized, and
+    each one's original size."""
     column_images = _image_values(_get(row, mapping, "images"))
     if chat is not None and chat.images and column_images:
         raise _RowError("images", f"the prompt's content parts carry {len(chat.images)} image(s) and column "
@@ -685,22 +730,34 @@ def _row_to_sample(row: Any, index: int, source: _Source, spec: Preset, mapping:
             raise _RowError("images", f"image {i}: {exc}") from None
         images.append(image)
         original_sizes.append(list(size))
-    meta["image_sizes"] = [list(im.size) for im in images]
-    meta["original_image_sizes"] = original_sizes
+    return images, original_sizes
+
+
+def _read_videos(row: dict[str, Any], mapping: dict[str, str], chat: ParsedChat | None, source: _Source,
+                 opts: _Options) -> list[Any] | None:
+    """The row's videos (from the chat's content parts or the videos column, not both), loaded; None when it has
+    none."""
     video_values = _image_values(_get(row, mapping, "videos"))
     if chat is not None and chat.videos:
         if video_values:
             raise _RowError("videos", "the prompt's content parts carry videos and the videos column has more; "
                                       "keep videos in one place")
         video_values = chat.videos
-    if video_values:
-        from mmrlvr.data.video import load_videos_for_row  # opencv is imported only for rows with videos
+    if not video_values:
+        return None
+    from mmrlvr.data.video import load_videos_for_row  # opencv is imported only for rows with videos
 
-        try:
-            meta["videos"] = load_videos_for_row(video_values, source.base_dir, opts.video, factor=opts.factor)
-        except DataError as exc:
-            raise _RowError("videos", str(exc)) from None
+    try:
+        return load_videos_for_row(video_values, source.base_dir, opts.video, factor=opts.factor)
+    except DataError as exc:
+        raise _RowError("videos", str(exc)) from None
 
+
+def _read_answer(row: dict[str, Any], mapping: dict[str, str], chat: ParsedChat | None, answer_type: str,
+                 rubric: list[dict[str, Any]] | None, images: list[Any], original_sizes: list[list[int]],
+                 meta: dict[str, Any], problem: str) -> tuple[str | None, str, str]:
+    """The gold answer in our form, checked by the rewards' own parsers, with the answer type (``AUTO`` resolved)
+    and the problem (a choice row's options rendered into it)."""
     raw_answer = _get(row, mapping, "answer")
     if raw_answer is None and chat is not None and chat.assistant:
         raw_answer = chat.assistant  # LLaVA: the reference reply is the answer
@@ -711,51 +768,55 @@ def _row_to_sample(row: Any, index: int, source: _Source, spec: Preset, mapping:
         options = _field("options", _options, _get(row, mapping, "options"))
     if answer_type == AUTO:
         answer_type = "choice" if options else guess_answer_type(raw_answer)
+    answer, problem = _gold(raw_answer, answer_type, options, rubric, images, original_sizes, meta, problem)
+    _field("answer", validate_gold, answer, answer_type, meta)
+    return answer, answer_type, problem
+
+
+def _gold(raw_answer: Any, answer_type: str, options: list[str] | None, rubric: list[dict[str, Any]] | None,
+          images: list[Any], original_sizes: list[list[int]], meta: dict[str, Any], problem: str
+          ) -> tuple[str | None, str]:
+    """The raw answer converted for its type (box: rescaled to the resized image; choice: a letter) and the problem
+    (with a choice row's options); records the original box or the options in ``meta``."""
     if raw_answer is None:
         if rubric is None:
             raise _RowError("answer", "answer is missing (and the row has no rubric)")
-        answer = None
-    elif answer_type == "box":
+        return None, problem
+    if answer_type == "box":
         if len(images) != 1:
             raise _RowError("images", f"a box answer needs exactly one image, the row has {len(images)}")
         answer, meta["answer_original"] = _field("answer", _scaled_boxes, raw_answer, original_sizes[0],
                                                  images[0].size)
-    elif answer_type == "choice":
+        return answer, problem
+    if answer_type == "choice":
         if options is None:
             raise _RowError("options", "a choice answer needs an options column")
         answer = _field("answer", choice_letter, raw_answer, options)
         meta["options"] = options
-        problem = render_options(problem, options)
-    else:
-        answer = _field("answer", normalise_answer, raw_answer)
-    _field("answer", validate_gold, answer, answer_type, meta)
+        return answer, render_options(problem, options)
+    return _field("answer", normalise_answer, raw_answer), problem
 
-    n_videos = len(meta.get("videos") or [])
-    for kind, placeholder, n in (("images", IMAGE_PLACEHOLDER, len(images)), ("videos", VIDEO_PLACEHOLDER, n_videos)):
+
+def _check_placeholders(problem: str, n_images: int, n_videos: int) -> None:
+    """A problem that places its images or videos must place each one exactly once."""
+    for kind, placeholder, n in (("images", IMAGE_PLACEHOLDER, n_images), ("videos", VIDEO_PLACEHOLDER, n_videos)):
         n_placeholders = count_placeholders(problem, placeholder)
         if n_placeholders and n_placeholders != n:
             raise _RowError(kind, f"the problem has {n_placeholders} {placeholder} placeholder(s) but the row has "
                                   f"{n} {kind[:-1]}(s)")
+
+
+def _prompt_messages(problem: str, n_images: int, n_videos: int, chat: ParsedChat | None,
+                     opts: _Options) -> list[dict[str, Any]]:
+    """The prompt's chat messages; the system turn is ``opts.system``, else the one the row's chat holds."""
     system = opts.system if opts.system is not None else (chat.system if chat is not None else None)
     try:
-        messages = build_messages(problem, len(images), opts.template, system, n_videos=n_videos,
-                                  prompt_template=opts.prompt_template)
+        return build_messages(problem, n_images, opts.template, system, n_videos=n_videos,
+                              prompt_template=opts.prompt_template)
     except ValueError as exc:  # a prompt template that adds placeholders
         raise _RowError("problem", str(exc)) from None
     except Exception as exc:  # noqa: BLE001 - Jinja runtime errors (filters on odd content, ...)
         raise _RowError("problem", f"prompt template failed: {type(exc).__name__}: {exc}") from None
-
-    solution = _get(row, mapping, "solution")
-    if solution is not None:
-        meta["solution"] = str(solution)
-    task = _get(row, mapping, "task")
-    if task is not None:
-        meta["task"] = task
-    meta["problem"] = problem
-    raw_id = _get(row, mapping, "id")
-    sample_id = str(raw_id) if raw_id is not None and raw_id != "" else f"{Path(source.name).stem}-{index}"
-    return Sample(id=sample_id, messages=messages, images=images, answer=answer, answer_type=answer_type,
-                  rubric=rubric, meta=meta)
 
 
 def load_samples(
@@ -796,6 +857,21 @@ def load_samples(
     on_error: "raise" (first bad row raises ``DataError``) or "skip" (bad rows are counted in the report).
     progress: show a tqdm progress bar.
     """
+    _check_load_options(source, on_error, limit, template)
+    ptpl = _load_prompt_template(prompt_template, str(source) if isinstance(source, (str, Path)) else None)
+    src = _open_source(source, split, image_dir)
+    first = _first_row(src)
+    spec, mapping = _resolve_columns(src, preset, columns, first)
+    opts = _Options(template, system, factor, min_pixels, max_pixels, max_image_pixels, ptpl, video)
+    report = LoadReport(source=src.name, preset=spec.name, columns=dict(mapping),
+                        detected=preset in (None, "auto"))
+    samples = _read_rows(src, spec, mapping, opts, report, limit=limit, on_error=on_error, progress=progress)
+    report.n_loaded = len(samples)
+    return samples, report
+
+
+def _check_load_options(source: Any, on_error: str, limit: int | None, template: str) -> None:
+    """``load_samples``' own options, checked before the source is opened."""
     if on_error not in ("raise", "skip"):
         raise DataError(f"on_error must be 'raise' or 'skip', got {on_error!r}", field="on_error")
     if limit is not None and limit < 0:
@@ -805,26 +881,34 @@ def load_samples(
     except Exception as exc:  # UserError: turn into a DataError naming the source
         raise DataError(str(exc), source=str(source) if isinstance(source, (str, Path)) else None,
                         field="template") from None
-    where = str(source) if isinstance(source, (str, Path)) else None
-    ptpl = None
-    if prompt_template:
-        try:
-            ptpl = load_prompt_template(prompt_template)
-        except DataError:
-            raise
-        except Exception as exc:  # UserError from the template: name the source too
-            raise DataError(str(exc), source=where, field="prompt_template") from None
-    src = _open_source(source, split, image_dir)
-    first = None
+
+
+def _load_prompt_template(prompt_template: str | None, where: str | None) -> PromptTemplate | None:
+    """The Jinja prompt template named by ``prompt_template`` (None when not given); its errors name ``where``."""
+    if not prompt_template:
+        return None
+    try:
+        return load_prompt_template(prompt_template)
+    except DataError:
+        raise
+    except Exception as exc:  # UserError from the template: name the source too
+        raise DataError(str(exc), source=where, field="prompt_template") from None
+
+
+def _first_row(src: _Source) -> Any:
+    """The source's first row (None when it has none), put back in front of its rows: what detection reads."""
     try:
         first = next(src.rows)
-        src.rows = itertools.chain([first], src.rows)
     except StopIteration:
-        pass
-    spec, mapping = _resolve_columns(src, preset, columns, first)
-    opts = _Options(template, system, factor, min_pixels, max_pixels, max_image_pixels, ptpl, video)
-    report = LoadReport(source=src.name, preset=spec.name, columns=dict(mapping),
-                        detected=preset in (None, "auto"))
+        return None
+    src.rows = itertools.chain([first], src.rows)
+    return first
+
+
+def _read_rows(src: _Source, spec: Preset, mapping: dict[str, str], opts: _Options, report: LoadReport, *,
+               limit: int | None, on_error: str, progress: bool) -> list[Sample]:
+    """The source's rows (at most ``limit``) as samples; a bad row raises ``DataError`` naming the source, row and
+    field, or with ``on_error="skip"`` is counted and listed in ``report``."""
     samples: list[Sample] = []
     bar = None
     if progress:
@@ -846,8 +930,7 @@ def load_samples(
             bar.update(1)
     if bar is not None:
         bar.close()
-    report.n_loaded = len(samples)
-    return samples, report
+    return samples
 
 
 def rows_to_samples(rows: Iterable[dict[str, Any]], template: str = "r1", system: str | None = None,

@@ -27,6 +27,7 @@ bytes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -34,7 +35,7 @@ import random
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -488,17 +489,7 @@ def _build(out: Path, marker: Path, options: dict[str, Any], digest: str, *, fam
            tools: bool = True, base: str | None = None) -> dict[str, Any]:
     """The warm start itself (``warm_start`` runs it under ``deterministic_build``)."""
     t_start = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
-    marker.touch()  # lets a rerun overwrite an interrupted build without --force
-    (out / RESULT_FILE).unlink(missing_ok=True)
-    if base is None:
-        build_tiny(family, out, seed=seed)
-    else:  # the base's model, tokenizer and processor files (not its result: this build writes its own)
-        import shutil
-
-        for f in Path(base).iterdir():
-            if f.is_file() and f.name not in (RESULT_FILE, IN_PROGRESS):
-                shutil.copy2(f, out / f.name)
+    _start_model(out, marker, family, seed, base)
     model, processor = load_policy(out)
     tokenizer = processor.tokenizer
 
@@ -509,57 +500,16 @@ def _build(out: Path, marker: Path, options: dict[str, Any], digest: str, *, fam
     val_rows = rows_of(task, "train", n_val, seed=seed + 10_000)  # other scenes than the training rows
     test_rows = rows_of(task, "test", n_test, seed=seed)
     tools = TOOL_TASKS.get(task) if tools else None
-    examples: list[dict[str, Any]] = []
-    for start in range(0, n_train, ENCODE_CHUNK):  # rows are drawn, encoded and dropped a chunk at a time: the zoom
-        # task's 896-px images would hold ~2.4 MB each for the whole build otherwise
-        rows = [row_of(task, "train", i, seed) for i in range(start, min(n_train, start + ENCODE_CHUNK))]
-        samples = rows_to_samples(rows, template=template)
-        if tools:  # multi-turn references: the call, the tool's answer, the final turn
-            examples += encode_sft_turns(processor, samples, tools, decoy_share=DECOY_SHARE)
-        else:
-            examples += encode_sft(processor, samples, [noisy_target(r["solution"], task, answer_noise, rng)
-                                                         for r in rows])
+    examples = _sft_examples(processor, row_of, task, n_train, seed, template, tools, answer_noise, rng)
 
     torch.manual_seed(seed)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
-    engine: Any = HFEngine(model, processor)
-    max_new = 32
-    if tools:  # sample as a run with these tools does
-        from mmrlvr.rollout.multiturn import ToolEngine, ToolUse
-        from mmrlvr.tools import TOOLS
-
-        engine = ToolEngine(engine, ToolUse(tools={name: TOOLS.get(name) for name in tools}, describe=False,
-                                            max_turns=TOOL_MAX_TURNS))
-        max_new = TOOL_TURN_TOKENS
-    val_samples = rows_to_samples(val_rows, template=template)
-    history: list[dict[str, float]] = []
-    order: list[int] = []
-    step = 0
+    engine, max_new = _sampling_engine(model, processor, tools)
+    validate = functools.partial(_validate, engine, rows_to_samples(val_rows, template=template), max_new, seed)
     bar = tqdm(total=steps, desc=f"warm start {family}/{task}", unit="step", disable=not progress)
     t_train = time.perf_counter()
-    model.train()
-    while step < steps:
-        if len(order) < batch_size:
-            order += rng.sample(range(len(examples)), len(examples))  # a fresh epoch order
-        idx, order = order[:batch_size], order[batch_size:]
-        batch = collate_sft([examples[i] for i in idx], tokenizer.pad_token_id)
-        loss = model(**batch).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        step += 1
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-        if step % eval_every == 0 or step == steps:
-            seen = EvalSeen()
-            val = evaluate(engine, val_samples, k=0, max_new_tokens=max_new, seed=seed, progress=False, observe=seen)
-            history.append({"step": step, "loss": float(loss.item()), "val_greedy_accuracy": val["greedy_accuracy"],
-                            **{f"val_greedy_{key}": v for key, v in tool_metrics(seen.completions, seen.samples).items()}})
-            bar.set_postfix(loss=f"{loss.item():.3f}", val=f"{val['greedy_accuracy']:.2f}")
-            model.train()
-            if stop_at is not None and val["greedy_accuracy"] >= stop_at:
-                break
+    step, history = _train(model, optimizer, examples, tokenizer.pad_token_id, rng, bar, validate, steps=steps,
+                           batch_size=batch_size, eval_every=eval_every, stop_at=stop_at)
     bar.close()
     train_s = time.perf_counter() - t_train
     model.eval()
@@ -573,6 +523,98 @@ def _build(out: Path, marker: Path, options: dict[str, Any], digest: str, *, fam
     _write_json_atomic(out / RESULT_FILE, result)
     marker.unlink(missing_ok=True)
     return {**result, "cached": False}
+
+
+def _start_model(out: Path, marker: Path, family: str, seed: int, base: str | None) -> None:
+    """Mark ``out`` as a build in progress (a rerun may overwrite it without --force) and put the starting model
+    there: a fresh tiny ``family`` model, or the files of the ``base`` warm start."""
+    out.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    (out / RESULT_FILE).unlink(missing_ok=True)
+    if base is None:
+        build_tiny(family, out, seed=seed)
+    else:  # the base's model, tokenizer and processor files (not its result: this build writes its own)
+        import shutil
+
+        for f in Path(base).iterdir():
+            if f.is_file() and f.name not in (RESULT_FILE, IN_PROGRESS):
+                shutil.copy2(f, out / f.name)
+
+
+def _sft_examples(processor: Any, row_of: Any, task: str, n_train: int, seed: int, template: str,
+                  tools: list[str] | None, answer_noise: float, rng: random.Random) -> list[dict[str, Any]]:
+    """The ``n_train`` training rows encoded for SFT: multi-turn references (the call, the tool's answer, the final
+    turn) for a tool task, else one response each (its answer replaced at rate ``answer_noise``, drawn from ``rng``).
+    Rows are drawn, encoded and dropped a chunk at a time: the zoom task's 896-px images would hold ~2.4 MB each for
+    the whole build otherwise."""
+    examples: list[dict[str, Any]] = []
+    for start in range(0, n_train, ENCODE_CHUNK):
+        rows = [row_of(task, "train", i, seed) for i in range(start, min(n_train, start + ENCODE_CHUNK))]
+        samples = rows_to_samples(rows, template=template)
+        if tools:
+            examples += encode_sft_turns(processor, samples, tools, decoy_share=DECOY_SHARE)
+        else:
+            examples += encode_sft(processor, samples, [noisy_target(r["solution"], task, answer_noise, rng)
+                                                         for r in rows])
+    return examples
+
+
+def _sampling_engine(model: Any, processor: Any, tools: list[str] | None) -> tuple[Any, int]:
+    """The engine that validation and the held-out test sample with, and its tokens per turn: a tool task samples
+    as a run with these tools does."""
+    engine: Any = HFEngine(model, processor)
+    if not tools:
+        return engine, 32
+    from mmrlvr.rollout.multiturn import ToolEngine, ToolUse
+    from mmrlvr.tools import TOOLS
+
+    engine = ToolEngine(engine, ToolUse(tools={name: TOOLS.get(name) for name in tools}, describe=False,
+                                        max_turns=TOOL_MAX_TURNS))
+    return engine, TOOL_TURN_TOKENS
+
+
+def _train(model: Any, optimizer: torch.optim.Optimizer, examples: list[dict[str, Any]], pad_id: int,
+           rng: random.Random, bar: Any, validate: Callable[[int, torch.Tensor], tuple[float, dict[str, float]]], *,
+           steps: int, batch_size: int, eval_every: int, stop_at: float | None) -> tuple[int, list[dict[str, float]]]:
+    """SFT on batches of ``examples`` in epoch orders drawn from ``rng``, validated every ``eval_every`` steps and at
+    the last; stops after ``steps`` or once validation accuracy reaches ``stop_at``. Returns the steps run and the
+    validation history."""
+    history: list[dict[str, float]] = []
+    order: list[int] = []
+    step = 0
+    model.train()
+    while step < steps:
+        if len(order) < batch_size:
+            order += rng.sample(range(len(examples)), len(examples))  # a fresh epoch order
+        idx, order = order[:batch_size], order[batch_size:]
+        batch = collate_sft([examples[i] for i in idx], pad_id)
+        loss = model(**batch).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        if step % eval_every == 0 or step == steps:
+            accuracy, entry = validate(step, loss)
+            history.append(entry)
+            bar.set_postfix(loss=f"{loss.item():.3f}", val=f"{accuracy:.2f}")
+            model.train()
+            if stop_at is not None and accuracy >= stop_at:
+                break
+    return step, history
+
+
+def _validate(engine: Any, val_samples: list[Sample], max_new: int, seed: int, step: int, loss: torch.Tensor
+              ) -> tuple[float, dict[str, float]]:
+    """Greedy accuracy on the validation samples and the history entry for ``step`` (with the multi-turn metrics of
+    a tool task)."""
+    seen = EvalSeen()
+    val = evaluate(engine, val_samples, k=0, max_new_tokens=max_new, seed=seed, progress=False, observe=seen)
+    return val["greedy_accuracy"], {
+        "step": step, "loss": float(loss.item()), "val_greedy_accuracy": val["greedy_accuracy"],
+        **{f"val_greedy_{key}": v for key, v in tool_metrics(seen.completions, seen.samples).items()}}
 
 
 def _chance(task: str) -> float | None:

@@ -282,107 +282,176 @@ def _left_pad(seqs: list[list[int]], value: int, dtype: torch.dtype) -> torch.Te
     return torch.tensor([[value] * (width - len(q)) + list(q) for q in seqs], dtype=dtype)
 
 
+@dataclass
+class _TurnBatch:
+    """The HF turn loop's state: the active rows' whole sequences (prompt and every turn so far) left-padded to one
+    width, which rows they are, and per row (indexed like ``rows``) what the next model turn still has to see."""
+
+    ids: torch.Tensor  # [A, T] token ids of the active rows
+    mask: torch.Tensor  # [A, T] attention: 1 on real tokens
+    types: torch.Tensor | None  # [A, T] mm_token_type_ids, when the processor gives them
+    active: list[int]  # rows still going, in batch order
+    fresh: list[int]  # per row: images the model has not seen yet
+    asked: list[bool]  # per row, ReSum: its last non-model turn asked for its summary
+    device: torch.device
+    cache: Any = None
+
+    @classmethod
+    def start(cls, engine: Any, rows: list[_Row], precomputed: bool) -> "_TurnBatch":
+        """The rows' prompts, left-padded to one width, with every prompt image still to be seen."""
+        from mmrlvr.models.placement import model_device
+
+        ids = _left_pad([r.prompt.tolist() for r in rows], engine.pad_id, torch.long)
+        mask = _left_pad([[1] * len(r.prompt) for r in rows], 0, torch.long)
+        first = rows[0].prompt_types
+        types = _left_pad([r.prompt_types.tolist() for r in rows], 0, first.dtype) if first is not None else None
+        return cls(ids=ids, mask=mask, types=types, active=list(range(len(rows))),
+                   fresh=[len(r.features) if precomputed else len(r.pixels) for r in rows],
+                   asked=[False] * len(rows), device=model_device(engine.model))
+
+    def extend(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor | None) -> None:
+        """Append the same number of new positions to every active row."""
+        self.ids = torch.cat([self.ids, ids.to(self.ids.dtype)], dim=1)
+        self.mask = torch.cat([self.mask, mask.to(self.mask.dtype)], dim=1)
+        if self.types is not None:
+            self.types = torch.cat([self.types, types.to(self.types.dtype)], dim=1)
+
+    def keep(self, model: torch.nn.Module, going: list[int]) -> None:
+        """Keep the active rows at batch positions ``going`` (sequences, cache and rope deltas); the others ended."""
+        _select_rows(model, self.cache, going, len(self.active))
+        self.ids, self.mask = self.ids[going], self.mask[going]
+        self.types = self.types[going] if self.types is not None else None
+        self.active = [self.active[a] for a in going]
+
+
 @torch.no_grad()
 def _run_turns(engine: Any, rows: list[_Row], samples: list[Sample], params: SamplingParams, use: ToolUse, *,
                seed: int, step: int, precomputed: bool, summarize: Summarize | None = None) -> None:
-    from transformers import LogitsProcessorList
-
-    from mmrlvr.models.placement import model_device, to_model
-    from mmrlvr.rollout.sampling import RowSampler
-    from mmrlvr.rollout.vision import encode_images, encoder_outputs
-
-    model, tok = engine.model, engine.tokenizer
-    device = model_device(model)
-    eos = set(engine.eos_ids)
-    # the rows' prompts, left-padded to one width: [A, T] the active rows' whole sequences from here on
-    ids = _left_pad([r.prompt.tolist() for r in rows], engine.pad_id, torch.long)
-    mask = _left_pad([[1] * len(r.prompt) for r in rows], 0, torch.long)
-    with_types = rows[0].prompt_types is not None
-    types = _left_pad([r.prompt_types.tolist() for r in rows], 0, rows[0].prompt_types.dtype) if with_types else None
-    active = list(range(len(rows)))  # rows still going, in batch order
-    fresh = [len(r.features) if precomputed else len(r.pixels) for r in rows]  # images the model has not seen yet
-    asked = [False] * len(rows)  # ReSum: the row's last non-model turn asked for its summary
-    cache = None
-    for turn in range(use.max_turns - min(r.turns_before for r in rows)):
-        room = [use.max_tokens - rows[i].used for i in active]
-        seeds = [_turn_seed(seed, step, samples[rows[i].sample_index], rows[i], turn) for i in active]
-        sampler = RowSampler(seeds, params, device=device, banned_ids=engine.banned_ids)
-        config = engine.generation_config(SamplingParams(max_new_tokens=max(1, min(params.max_new_tokens, max(room)))))
-        config.return_dict_in_generate = True
-        kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
-        if types is not None:
-            kwargs["mm_token_type_ids"] = types
-        grids = [g for i in active for g in rows[i].grids]
-        if grids:
-            kwargs["image_grid_thw"] = torch.stack(grids)
-        if any(fresh[i] for i in active):
-            # the whole history runs again when the model needs every image's pixels, or when this transformers
-            # release cannot place a new image's positions on top of a cache (``continues_with_new_images``)
-            whole = not precomputed or not continues_with_new_images(model)
-            if precomputed:
-                kwargs["mm_encoder_outputs"] = encoder_outputs(
-                    [f for i in active for f in rows[i].features[0 if whole else len(rows[i].features) - fresh[i]:]])
-            else:
-                kwargs["pixel_values"] = torch.cat([p for i in active for p in rows[i].pixels])
-            if whole:
-                cache = None
-        if cache is not None:
-            kwargs.update(with_cache(model, cache))
-        with engine.own_generation_defaults():
-            out = model.generate(**to_model(kwargs, model), generation_config=config,
-                                 logits_processor=LogitsProcessorList([sampler]))
-        cache = output_cache(out)
-        new = out.sequences[:, ids.shape[1]:].cpu()  # [A, l]
-        l = int(new.shape[1])
-        lps = torch.stack(sampler.logprobs[:l], dim=1).float().cpu() if l else torch.zeros(len(active), 0)
-        new_real = torch.zeros_like(new)
-        for a, i in enumerate(active):
-            fresh[i] = 0
-            toks = new[a].tolist()
-            end = next((j + 1 for j, t in enumerate(toks) if t in eos), l)  # through the end-of-turn token
-            end = min(end, room[a])
-            new_real[a, :end] = 1
-            _add_model_turn(rows[i], toks, end, lps[a].tolist(), tok, asked[i])
-        ids = torch.cat([ids, new], dim=1)
-        mask = torch.cat([mask, new_real.to(mask.dtype)], dim=1)
-        if types is not None:
-            types = torch.cat([types, torch.zeros_like(new, dtype=types.dtype)], dim=1)
-        last_turn = turn == use.max_turns - 1 - min(r.turns_before for r in rows)
-        # who goes on: a complete turn that calls a tool (or, under ReSum, one that must summarise), with a turn left
-        going, segments = [], []
-        for a, i in enumerate(active):
-            segment = _after_model_turn(engine, rows[i], samples, use, summarize, asked, i, last_turn)
-            if segment is not None:
-                going.append(a)
-                segments.append(segment)
+    """The HF turn loop: each turn generates for the active rows at once, decides which of them end and why, and
+    appends the tool (or ReSum summary request) turns of the rows that go on, left-padded so they stay aligned."""
+    batch = _TurnBatch.start(engine, rows, precomputed)
+    base = min(r.turns_before for r in rows)
+    for turn in range(use.max_turns - base):
+        out, sampler, room = _generate_turn(engine, rows, samples, params, use, batch, turn, seed=seed, step=step,
+                                            precomputed=precomputed)
+        _add_model_turns(engine, rows, batch, out, sampler, room)
+        going, segments = _next_segments(engine, rows, samples, use, summarize, batch,
+                                         last_turn=turn == use.max_turns - 1 - base)
         if not going:
             return
-        _select_rows(model, cache, going, len(active))
-        ids, mask = ids[going], mask[going]
-        types = types[going] if types is not None else None
-        active = [active[a] for a in going]
-        # the tool (or summary request) turns, left-padded to the longest so the next model turns start together
-        width = max(len(seg["ids"]) for seg in segments)
-        pad_ids, pad_mask, pad_types = [], [], []
-        for i, seg in zip(active, segments):
-            row = rows[i]
-            start = _add_segment(row, seg, width - len(seg["ids"]), engine.pad_id)
-            fresh[i] = len(seg["images"])
-            pad_ids.append(row.response[start:])
-            pad_mask.append(row.real[start:])
-            pad_types.append(row.types[start:])
-        if precomputed and any(fresh[i] for i in active):
-            pixels = torch.cat([p for i in active for p in rows[i].pixels[len(rows[i].pixels) - fresh[i]:]])
-            grid = torch.stack([g for i in active for g in rows[i].grids[len(rows[i].grids) - fresh[i]:]])
-            encoded = iter(encode_images(model, pixels, grid))
-            for i in active:
-                rows[i].features += [next(encoded) for _ in range(fresh[i])]
-        ids = torch.cat([ids, torch.tensor(pad_ids, dtype=ids.dtype)], dim=1)
-        mask = torch.cat([mask, torch.tensor(pad_mask, dtype=mask.dtype)], dim=1)
-        if types is not None:
-            types = torch.cat([types, torch.tensor(pad_types, dtype=types.dtype)], dim=1)
-    for i in active:
+        batch.keep(engine.model, going)
+        _add_tool_turns(engine, rows, batch, segments, precomputed)
+    for i in batch.active:
         _trim(rows[i])
+
+
+def _generate_turn(engine: Any, rows: list[_Row], samples: list[Sample], params: SamplingParams, use: ToolUse,
+                   batch: _TurnBatch, turn: int, *, seed: int, step: int, precomputed: bool
+                   ) -> tuple[Any, Any, list[int]]:
+    """One model turn for the active rows, each sampling with its own seeded generator within its token budget;
+    returns ``generate``'s output, the sampler (its log-probs) and each active row's room left."""
+    from transformers import LogitsProcessorList
+
+    from mmrlvr.models.placement import to_model
+    from mmrlvr.rollout.sampling import RowSampler
+
+    model = engine.model
+    room = [use.max_tokens - rows[i].used for i in batch.active]
+    seeds = [_turn_seed(seed, step, samples[rows[i].sample_index], rows[i], turn) for i in batch.active]
+    sampler = RowSampler(seeds, params, device=batch.device, banned_ids=engine.banned_ids)
+    config = engine.generation_config(SamplingParams(max_new_tokens=max(1, min(params.max_new_tokens, max(room)))))
+    config.return_dict_in_generate = True
+    kwargs = _generate_inputs(model, rows, batch, precomputed)
+    with engine.own_generation_defaults():
+        out = model.generate(**to_model(kwargs, model), generation_config=config,
+                             logits_processor=LogitsProcessorList([sampler]))
+    batch.cache = output_cache(out)
+    return out, sampler, room
+
+
+def _generate_inputs(model: torch.nn.Module, rows: list[_Row], batch: _TurnBatch, precomputed: bool) -> dict[str, Any]:
+    """``generate``'s inputs for this turn: the sequences, the active rows' image grids, the images the model has
+    not seen (pixels, or precomputed features) and the cache; drops the cache when the whole history must rerun."""
+    from mmrlvr.rollout.vision import encoder_outputs
+
+    active = batch.active
+    kwargs: dict[str, Any] = {"input_ids": batch.ids, "attention_mask": batch.mask}
+    if batch.types is not None:
+        kwargs["mm_token_type_ids"] = batch.types
+    grids = [g for i in active for g in rows[i].grids]
+    if grids:
+        kwargs["image_grid_thw"] = torch.stack(grids)
+    if any(batch.fresh[i] for i in active):
+        # the whole history runs again when the model needs every image's pixels, or when this transformers
+        # release cannot place a new image's positions on top of a cache (``continues_with_new_images``)
+        whole = not precomputed or not continues_with_new_images(model)
+        if precomputed:
+            kwargs["mm_encoder_outputs"] = encoder_outputs(
+                [f for i in active for f in rows[i].features[0 if whole else len(rows[i].features) - batch.fresh[i]:]])
+        else:
+            kwargs["pixel_values"] = torch.cat([p for i in active for p in rows[i].pixels])
+        if whole:
+            batch.cache = None
+    if batch.cache is not None:
+        kwargs.update(with_cache(model, batch.cache))
+    return kwargs
+
+
+def _add_model_turns(engine: Any, rows: list[_Row], batch: _TurnBatch, out: Any, sampler: Any, room: list[int]) -> None:
+    """Append each active row's sampled turn, real through its end-of-turn token or its token budget (the rest is
+    padding of the batch's longest turn, attention 0), to the row and to the batch's sequences."""
+    eos = set(engine.eos_ids)
+    new = out.sequences[:, batch.ids.shape[1]:].cpu()  # [A, l]
+    l = int(new.shape[1])
+    lps = torch.stack(sampler.logprobs[:l], dim=1).float().cpu() if l else torch.zeros(len(batch.active), 0)
+    new_real = torch.zeros_like(new)
+    for a, i in enumerate(batch.active):
+        batch.fresh[i] = 0
+        toks = new[a].tolist()
+        end = next((j + 1 for j, t in enumerate(toks) if t in eos), l)  # through the end-of-turn token
+        end = min(end, room[a])
+        new_real[a, :end] = 1
+        _add_model_turn(rows[i], toks, end, lps[a].tolist(), engine.tokenizer, batch.asked[i])
+    batch.extend(new, new_real, torch.zeros_like(new, dtype=batch.types.dtype) if batch.types is not None else None)
+
+
+def _next_segments(engine: Any, rows: list[_Row], samples: list[Sample], use: ToolUse, summarize: Summarize | None,
+                   batch: _TurnBatch, *, last_turn: bool) -> tuple[list[int], list[dict[str, Any]]]:
+    """Who goes on after this model turn: a complete turn that calls a tool (or, under ReSum, one that must summarise),
+    with a turn left. Returns their batch positions and their next segments; the other rows end (``row.finish``)."""
+    going, segments = [], []
+    for a, i in enumerate(batch.active):
+        segment = _after_model_turn(engine, rows[i], samples, use, summarize, batch.asked, i, last_turn)
+        if segment is not None:
+            going.append(a)
+            segments.append(segment)
+    return going, segments
+
+
+def _add_tool_turns(engine: Any, rows: list[_Row], batch: _TurnBatch, segments: list[dict[str, Any]],
+                    precomputed: bool) -> None:
+    """Append the tool (or summary request) turns, left-padded to the longest so the next model turns start together;
+    with precomputed vision the images they returned go through the vision tower here, once."""
+    from mmrlvr.rollout.vision import encode_images
+
+    width = max(len(seg["ids"]) for seg in segments)
+    pad_ids, pad_mask, pad_types = [], [], []
+    for i, seg in zip(batch.active, segments):
+        row = rows[i]
+        start = _add_segment(row, seg, width - len(seg["ids"]), engine.pad_id)
+        batch.fresh[i] = len(seg["images"])
+        pad_ids.append(row.response[start:])
+        pad_mask.append(row.real[start:])
+        pad_types.append(row.types[start:])
+    active = batch.active
+    if precomputed and any(batch.fresh[i] for i in active):
+        pixels = torch.cat([p for i in active for p in rows[i].pixels[len(rows[i].pixels) - batch.fresh[i]:]])
+        grid = torch.stack([g for i in active for g in rows[i].grids[len(rows[i].grids) - batch.fresh[i]:]])
+        encoded = iter(encode_images(engine.model, pixels, grid))
+        for i in active:
+            rows[i].features += [next(encoded) for _ in range(batch.fresh[i])]
+    batch.extend(torch.tensor(pad_ids, dtype=batch.ids.dtype), torch.tensor(pad_mask, dtype=batch.mask.dtype),
+                 torch.tensor(pad_types, dtype=batch.types.dtype) if batch.types is not None else None)
 
 
 def _add_model_turn(row: _Row, toks: list[int], end: int, logprobs: list[float], tok: Any, summary: bool) -> None:
