@@ -142,8 +142,8 @@ class AlgoConfig:
     preset: str | None = _f(None, "grpo | dapo | dr_grpo | gspo | cispo: fills the fields below unless set explicitly")
     advantage: str = _f("grpo", "advantage estimator (parameters: algo.advantage_params): grpo | dr_grpo | rloo | "
                         "reinforce_pp | pass_at_k | poise | opd | plug-ins")
-    loss: str = _f("ppo_clip", "policy loss (parameters: algo.loss_params): ppo_clip | gspo | cispo | nsr | popo | "
-                   "clip_cov | kl_cov | plug-ins")
+    loss: str = _f("ppo_clip", "policy loss (parameters: algo.loss_params; mmrlvr train --help-config lists the "
+                   "losses, built-in and plug-in, with theirs)")
     eps_low: float = _f(0.2, "lower clip range (ratio >= 1 - eps_low)")
     eps_high: float = _f(0.2, "upper clip range (DAPO clip-higher: 0.28)")
     dual_clip: float | None = _f(None, "dual-clip constant c for A < 0 (e.g. 3.0); None = off")
@@ -826,7 +826,7 @@ def _move_method_keys(raw: dict[str, Any], notes: list[str], problems: list[str]
 
 
 def _apply_loss_defaults(raw: dict[str, Any], user_algo_keys: set[str]) -> tuple[list[str], set[str]]:
-    """Each policy loss owns its defaults (``mmrlvr.algos.presets.LOSS_DEFAULTS``): ``algo.loss: gspo`` without a
+    """Each policy loss owns its defaults (``mmrlvr.algos.presets.loss_defaults``): ``algo.loss: gspo`` without a
     preset gets GSPO's clip range and aggregation, not PPO's. Keys the user wrote (or the loss's own preset filled)
     win. Returns one note per loss whose defaults were applied, for the run's log, and the keys set from the
     loss's defaults (the plan's "loss default" source)."""
@@ -870,5 +870,16 @@ def describe(cls: type = RunConfig, prefix: str = "") -> list[str]:
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         if dataclasses.is_dataclass(default) or (isinstance(default, list) and default and dataclasses.is_dataclass(default[0])):
             default = json.loads(json.dumps(default, default=lambda o: dataclasses.asdict(o)))
-        lines.append(f"{key} = {default!r}  # {f.metadata.get('help', '')}")
+        lines.append(f"{key} = {default!r}  # {f.metadata.get('help', '')}{_declared_names(key)}")
     return lines
+
+
+def _declared_names(key: str) -> str:
+    """``: name | name | ... | plug-ins`` for a key that names a method (``algo.loss``), from the methods' own
+    declarations, so the help never lists a name twice or misses one."""
+    from mmrlvr.methods import METHOD_KINDS, _declared
+
+    kind = next((k for k, mk in METHOD_KINDS.items() if mk.name_key == key and k == "loss"), None)
+    if kind is None:
+        return ""
+    return ": " + " | ".join([*_declared(kind), "plug-ins"])

@@ -14,7 +14,8 @@ sit beside that name, under one key per kind, addressed the same way for built-i
 
 Each built-in declares its parameters here, without torch, as ``Param`` values — name, default, one line of help
 and the accepted range — so a misspelt parameter, a wrong type or a value out of range is reported at config
-load, before torch is imported (``mmrlvr.algos.params`` holds the algorithm's declarations; a test keeps them
+load, before torch is imported (the policy losses declare theirs beside their code, ``mmrlvr.algos.losses``; the
+other algorithm methods in ``mmrlvr.algos.params``; a test keeps them
 equal to the functions' keyword defaults). A plug-in's parameters are read from its signature: the
 keyword parameters after the positional inputs, their defaults, and a help line per parameter from
 ``@describe_params(name="help", ...)`` when it gives one.
@@ -94,6 +95,16 @@ class Param:
         return f"{self.name} = {shown}" + (f"  # {note}" if note else "")
 
 
+def positive(v: Any) -> bool:
+    """A ``Param`` check: > 0."""
+    return v > 0
+
+
+def non_negative(v: Any) -> bool:
+    """A ``Param`` check: >= 0."""
+    return v >= 0
+
+
 def _type_word(tp: type | None) -> str:
     return {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(tp, "a value")
 
@@ -117,6 +128,10 @@ class Method:
     #: lines for the run's plan (printed as ``note:``): (config, resolved values) -> warnings that are not errors,
     #: e.g. a setting that leaves the method inert (KL-Cov at ``algo.epochs: 1``)
     plan_notes: Callable[[Any, dict[str, Any]], list[str]] | None = field(default=None, compare=False)
+    #: a policy loss: the aggregation (``algo.agg``) it is defined with, or None (the config's stands)
+    agg: str | None = None
+    #: a policy loss: why its defaults (clip range, aggregation) are what they are, for the note a run prints
+    why: str = ""
 
     def defaults(self) -> dict[str, Any]:
         return {p.name: p.default for p in self.params}
@@ -180,7 +195,7 @@ class MethodKind:
 
 
 METHOD_KINDS: dict[str, MethodKind] = {
-    "loss": MethodKind("loss", "policy loss", "algo.loss", "algo.loss_params", "mmrlvr.algos.params",
+    "loss": MethodKind("loss", "policy loss", "algo.loss", "algo.loss_params", "mmrlvr.algos.losses",
                        ("mmrlvr.algos.losses", "POLICY_LOSSES"),
                        frozenset({"generator", "clip", "clip_params", "eps_low", "eps_high", "dual_clip"}), 4),
     "advantage": MethodKind("advantage", "advantage estimator", "algo.advantage", "algo.advantage_params",
@@ -206,12 +221,14 @@ _DECLARED: dict[str, dict[str, Method]] = {k: {} for k in METHOD_KINDS}
 def declare(kind: str, name: str, help: str, *params: Param, source: str = "",
             cross: Callable[[dict[str, Any]], str | None] | None = None,
             config_check: Callable[[Any, dict[str, Any]], list[str]] | None = None,
-            plan_notes: Callable[[Any, dict[str, Any]], list[str]] | None = None) -> Method:
-    """Declare built-in method ``name`` of ``kind`` with its parameters (torch-free modules only)."""
+            plan_notes: Callable[[Any, dict[str, Any]], list[str]] | None = None, agg: str | None = None,
+            why: str = "") -> Method:
+    """Declare built-in method ``name`` of ``kind`` with its parameters, beside its implementation (in a module
+    that imports without torch: ``torch = lazy_module("torch")``)."""
     if kind not in METHOD_KINDS:
         raise ValueError(f"unknown method kind {kind!r}; kinds: {', '.join(METHOD_KINDS)}")
     m = Method(kind, name, help, tuple(params), source, cross=cross, config_check=config_check,
-               plan_notes=plan_notes)
+               plan_notes=plan_notes, agg=agg, why=why)
     _DECLARED[kind][name] = m
     return m
 

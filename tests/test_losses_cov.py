@@ -206,7 +206,7 @@ def test_clip_cov_without_candidates_is_ppo_clip():
 def test_both_are_registered_with_the_reference_defaults():
     import inspect
 
-    from mmrlvr.algos.presets import LOSS_DEFAULTS
+    from mmrlvr.algos.presets import loss_defaults
 
     assert {"clip_cov", "kl_cov"} <= set(POLICY_LOSSES.names())
     clip = inspect.signature(POLICY_LOSSES.get("clip_cov")).parameters
@@ -215,7 +215,7 @@ def test_both_are_registered_with_the_reference_defaults():
     assert (clip["fraction"].default, clip["cov_low"].default, clip["cov_high"].default) == (2e-4, 1.0, 5.0)
     assert (clip["eps_low"].default, clip["eps_high"].default, clip["dual_clip"].default) == (1.0, 1.0, None)
     assert (kl["fraction"].default, kl["coef"].default) == (2e-3, 1.0)
-    assert "eps_low" not in kl and LOSS_DEFAULTS["kl_cov"] == {"agg": None}
+    assert "eps_low" not in kl and loss_defaults("kl_cov") == {"agg": None}
     # ppo_clip itself is untouched by the new losses' range
     assert ppo_clip_loss.__kwdefaults__["eps_high"] == 0.2
 

@@ -327,3 +327,49 @@ def test_resum_segments_share_their_trajectory_s_advantage_counted_once_in_the_g
     third = (1 / 3) ** 0.5
     torch.testing.assert_close(b.advantages, torch.tensor([(2 / 3) / third, (2 / 3) / third, -(1 / 3) / third,
                                                            -(1 / 3) / third]), rtol=1e-4, atol=1e-5)
+
+
+_ONE_FILE_LOSS = '''
+"""A built-in loss as a new one is added: its declaration, its registration and its code, in one file."""
+from mmrlvr.algos.losses import POLICY_LOSSES, ppo_clip_loss
+from mmrlvr.methods import Param, declare
+
+declare("loss", "scaled_ppo_test", "PPO-clip times a constant", Param("scale", 0.5, "the constant", "> 0",
+        lambda v: v > 0), source="test", agg="seq-mean-token-mean", why="the test loss's own range")
+
+
+@POLICY_LOSSES.register("scaled_ppo_test")
+def scaled_ppo_test(logprobs, old_logprobs, advantages, response_mask, *, eps_low: float = 0.1,
+                    eps_high: float = 0.3, scale: float = 0.5):
+    loss, stats = ppo_clip_loss(logprobs, old_logprobs, advantages, response_mask, eps_low=eps_low,
+                                eps_high=eps_high)
+    return scale * loss, stats
+'''
+
+
+def test_a_loss_declared_in_one_file_reaches_help_validation_defaults_notes_and_the_table(tmp_path):
+    """What adding a built-in loss takes: one file (declaration beside the code), read by every consumer."""
+    from mmrlvr.algos.losses import POLICY_LOSSES
+    from mmrlvr.algos.presets import loss_defaults, loss_defaults_table_markdown
+    from mmrlvr.config import describe
+    from mmrlvr.methods import _DECLARED
+
+    from mmrlvr.plugins import load_plugins
+
+    path = tmp_path / "scaled_ppo_test.py"
+    path.write_text(_ONE_FILE_LOSS)
+    try:
+        load_plugins([str(path)])  # imported before the config is read, as mmrlvr.algos.losses is
+        cfg = load_config(ROOT / "configs" / "demo-tiny.yaml", ["algo.loss=scaled_ppo_test"])
+        # its clip range (the signature's defaults) and its aggregation (the declaration's), with its reason
+        assert (cfg.algo.eps_low, cfg.algo.eps_high, cfg.algo.agg) == (0.1, 0.3, "seq-mean-token-mean")
+        assert any("the test loss's own range" in n for n in cfg.notes)
+        assert loss_defaults("scaled_ppo_test") == {"eps_low": 0.1, "eps_high": 0.3, "agg": "seq-mean-token-mean"}
+        line = next(ln for ln in describe() if ln.startswith("algo.loss = "))
+        assert "scaled_ppo_test" in line
+        assert "| `scaled_ppo_test` | 0.1 / 0.3 | `loss_params.scale` 0.5 |" in loss_defaults_table_markdown()
+        with pytest.raises(ConfigErrors, match=r"algo.loss_params.scale: policy loss 'scaled_ppo_test': must be > 0"):
+            load_config(ROOT / "configs" / "demo-tiny.yaml", ["algo.loss=scaled_ppo_test", "algo.loss_params={scale: -1}"])
+    finally:
+        POLICY_LOSSES._items.pop("scaled_ppo_test", None)
+        _DECLARED["loss"].pop("scaled_ppo_test", None)

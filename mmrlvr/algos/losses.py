@@ -24,10 +24,14 @@ import inspect
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, NamedTuple
 
-import torch
-
 from mmrlvr.algos.masked import masked_mean, zero_masked
+from mmrlvr.lazy_import import lazy_module
+from mmrlvr.methods import Param, declare
+from mmrlvr.methods import non_negative as _nonneg
+from mmrlvr.methods import positive as _pos
 from mmrlvr.registry import Registry
+
+torch = lazy_module("torch")  # declarations and config checks read this module without torch
 
 LOG_RATIO_CLAMP = 20.0
 
@@ -46,7 +50,7 @@ class LossStats(NamedTuple):
     diagnostics: Mapping[str, Any] = MappingProxyType({})
 
 
-PolicyLoss = Callable[..., tuple[torch.Tensor, LossStats]]
+PolicyLoss = Callable[..., "tuple[torch.Tensor, LossStats]"]
 
 #: name -> fn(logprobs, old_logprobs, advantages, response_mask, **params) -> (loss [N, L], LossStats)
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
@@ -69,10 +73,15 @@ def _prepare(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: tor
     return valid, logp, log_ratio, adv
 
 
-@torch.no_grad()
 def _stats(ratio: torch.Tensor, valid: torch.Tensor, clipped: torch.Tensor,
            recovered: torch.Tensor | None = None) -> LossStats:
     """ratio, valid, clipped, recovered: [N, L]. Means count tokens (valid), not token weights."""
+    with torch.no_grad():
+        return _stats_of(ratio, valid, clipped, recovered)
+
+
+def _stats_of(ratio: torch.Tensor, valid: torch.Tensor, clipped: torch.Tensor,
+              recovered: torch.Tensor | None) -> LossStats:
     ratio, w = ratio.detach(), valid.to(ratio.dtype)
     big, small = torch.finfo(ratio.dtype).max, torch.finfo(ratio.dtype).min
     any_valid = bool(valid.any())
@@ -122,6 +131,9 @@ def _clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float | 
     return loss, zeroed
 
 
+declare("loss", "ppo_clip", "PPO-clip per token, the GRPO/DAPO loss; reads algo.eps_low/eps_high/dual_clip and "
+        "algo.clip", source="arXiv:1707.06347; clip-higher arXiv:2503.14476",
+        why="PPO's clip range")
 @POLICY_LOSSES.register("ppo_clip")
 def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                   response_mask: torch.Tensor, *, eps_low: float = 0.2, eps_high: float = 0.2,
@@ -147,6 +159,9 @@ def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
     return zero_masked(loss, valid), _stats(ratio, valid, zeroed & valid)
 
 
+declare("loss", "gspo", "clip the sequence ratio exp(mean log r) (its own range: 3e-4 / 4e-4 by default)",
+        source="arXiv:2507.18071",
+        agg='seq-mean-token-mean', why="GSPO's sequence-ratio clip range and sequence mean (arXiv:2507.18071)")
 @POLICY_LOSSES.register("gspo")
 def gspo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
               response_mask: torch.Tensor, *, eps_low: float = 3e-4,
@@ -170,6 +185,9 @@ def gspo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
     return zero_masked(loss, valid), _stats(ratio, valid, zeroed & valid)
 
 
+declare("loss", "cispo", "truncated, detached importance weight times log pi: no token loses its gradient",
+        source="arXiv:2506.13585",
+        agg='token-mean', why="CISPO's weight truncation: no lower bound, upper 5 (ScaleRL/TRL/SkyRL reference code)")
 @POLICY_LOSSES.register("cispo")
 def cispo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                response_mask: torch.Tensor, *, eps_high: float = 4.0,
@@ -199,6 +217,11 @@ def cispo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: t
     return zero_masked(loss, valid), _stats(ratio, valid, truncated)
 
 
+declare("loss", "nsr", "PPO-clip whose near-boundary clipped tokens are rescued at random",
+        Param("noise", 0.2, "relative noise of the rescue: r' = r(1 -/+ noise*u), u ~ U(0,1) [ours]", "in (0, 1]",
+              lambda v: 0 < v <= 1),
+        source="ours: the paper's exact rule is not public",
+        why="NSR on DAPO's clip-higher range")
 @POLICY_LOSSES.register("nsr")
 def nsr_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
              response_mask: torch.Tensor, *, eps_low: float = 0.2, eps_high: float = 0.28,
@@ -235,6 +258,15 @@ def nsr_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: tor
     return zero_masked(loss, valid), _stats(ratio, valid, zeroed & valid & ~rescued, rescued)
 
 
+declare("loss", "popo", "positive-only: a weighted NLL on a group's correct rollouts, plus a similarity and an "
+        "entropy term (brings its own advantages and update stages)",
+        Param("temperature", 1.0, "T of the softmax weights over a group's positives", "> 0", _pos),
+        Param("threshold", 1.0, "a rollout is positive when its reward >= this [ours]"),
+        Param("sim_coef", 0.1, "weight of the similarity term (predictor vs EMA target features)", ">= 0", _nonneg),
+        Param("ent_coef", 0.01, "weight of the entropy bonus on positive tokens", ">= 0", _nonneg),
+        Param("ema_tau", 0.995, "EMA rate of the target parameters", "in [0, 1)", lambda v: 0 <= v < 1),
+        source="arXiv:2605.06650",
+        agg='token-mean', why="POPO's weighted NLL over positive tokens, normalised by their count (arXiv:2605.06650)")
 @POLICY_LOSSES.register("popo")
 def popo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
               response_mask: torch.Tensor) -> tuple[torch.Tensor, LossStats]:
@@ -287,6 +319,38 @@ def _check_fraction(fraction: float) -> None:
         raise ValueError(f"fraction must be in (0, 1] (a share of the response tokens), got {fraction}")
 
 
+def _fraction(v) -> bool:
+    return 0 < v <= 1
+
+
+def _kl_cov_epochs_note(cfg, p) -> list[str]:
+    if cfg.algo.epochs != 1:
+        return []
+    from mmrlvr.train.stages.reference import recompute_enabled
+
+    if recompute_enabled(cfg):
+        what = ("|log pi - log pi_old| is exactly 0 (pi_old is recomputed by the training model) with zero gradient, "
+                "and the loss is the plain unclipped policy gradient")
+    else:
+        what = ("|log pi - log pi_old| is only the engine's numerical mismatch (pi_old is the sampler's own log-probs; "
+                "~1e-6 on the tiny demo): the penalty is ~0, yet its gradient on the selected tokens is "
+                f"coef={p['coef']} times the mismatch's sign, noise rather than a restraint")
+    return [f"algo.loss: kl_cov with algo.epochs: 1 - every token is on-policy at its first pass (one optimizer step "
+            f"per pass over the batch, no off-policy mini-batches), so the KL-Cov penalty restrains nothing: {what}. "
+            "Set algo.epochs >= 2 for the penalty to act"]
+
+
+
+declare("loss", "clip_cov", "PPO-clip (range 1 / 1 by default) where a few random tokens of high covariance "
+        "(log pi - mean) * (A - mean) lose their gradient; reads algo.eps_low/eps_high/dual_clip",
+        Param("fraction", 2e-4, "r: share of the micro-batch's response tokens detached, n = max(1, floor(r * "
+              "tokens)), drawn among the candidates (verl clip_cov_ratio)", "in (0, 1]", _fraction),
+        Param("cov_low", 1.0, "omega_low: a candidate's covariance is > this (verl clip_cov_lb)"),
+        Param("cov_high", 5.0, "omega_high: a candidate's covariance is < this (verl clip_cov_ub)"),
+        source="arXiv:2505.22617; verl core_algos compute_policy_loss_clip_cov and the authors' recipes",
+        cross=lambda v: None if v["cov_low"] < v["cov_high"] else
+        f"cov_low ({v['cov_low']}) must be < cov_high ({v['cov_high']})",
+        why="Clip-Cov's clip range [0, 2] of the authors' recipes (arXiv:2505.22617)")
 @POLICY_LOSSES.register("clip_cov")
 def clip_cov_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                   response_mask: torch.Tensor, *, eps_low: float = 1.0, eps_high: float = 1.0,
@@ -344,6 +408,17 @@ def clip_cov_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
     return zero_masked(loss, valid), _stats(ratio, valid, (zeroed | detached) & valid)
 
 
+declare("loss", "kl_cov", "unclipped surrogate -A r plus coef * |log pi - log pi_old| on the top-k tokens by "
+        "covariance (log pi - mean) * (A - mean); no PPO clip. Inert at algo.epochs: 1 (on-policy: the penalty "
+        "is 0 with zero gradient); use algo.epochs >= 2",
+        Param("fraction", 2e-3, "k: share of the micro-batch's response tokens penalised, n = max(1, floor(k * "
+              "tokens)), largest covariance first (the authors' 7B value; their 32B run and verl's default: 2e-4)",
+              "in (0, 1]", _fraction),
+        Param("coef", 1.0, "beta: weight of |log pi - log pi_old| on those tokens (verl ppo_kl_coef; its config "
+              "default is 0.1)", ">= 0", _nonneg),
+        source="arXiv:2505.22617; verl core_algos compute_policy_loss_kl_cov and the authors' recipes",
+        plan_notes=_kl_cov_epochs_note,
+        why='KL-Cov: no clip, a penalty on the top-covariance tokens instead (arXiv:2505.22617)')
 @POLICY_LOSSES.register("kl_cov")
 def kl_cov_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                 response_mask: torch.Tensor, *, fraction: float = 2e-3,

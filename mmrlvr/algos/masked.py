@@ -8,7 +8,9 @@ multiplying. A plain ``values * mask`` would turn -inf * 0 into NaN and poison t
 
 from __future__ import annotations
 
-import torch
+from mmrlvr.lazy_import import lazy_module
+
+torch = lazy_module("torch")  # imported by torch-free declarations (mmrlvr.algos.losses); the functions need it
 
 
 def zero_masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """The algorithm's built-in methods and their parameters, declared without torch (``mmrlvr.methods``).
 
-This is where a config's ``algo.loss_params``, ``algo.advantage_params`` and ``algo.clip_params`` are checked
-against (names, types, ranges) at load time, in milliseconds. The implementations take the same keyword
+This is where a config's ``algo.advantage_params`` and ``algo.clip_params`` are checked against (names, types,
+ranges) at load time, in milliseconds (the policy losses declare theirs beside their code, ``mmrlvr.algos.losses``). The implementations take the same keyword
 parameters with the same defaults (``tests/test_methods.py`` compares every declaration with its function), and
 the docs' parameter tables (``docs/methods.md``) and ``mmrlvr train --help-config`` are read from here.
 
@@ -12,77 +12,9 @@ clipped loss reads it and the presets set it, so it is not a parameter of one lo
 from __future__ import annotations
 
 from mmrlvr.methods import Param, declare
+from mmrlvr.methods import non_negative as _nonneg
+from mmrlvr.methods import positive as _pos
 
-
-def _pos(v) -> bool:
-    return v > 0
-
-
-def _nonneg(v) -> bool:
-    return v >= 0
-
-
-# --------------------------------------------------------------------------------------------- policy losses
-declare("loss", "ppo_clip", "PPO-clip per token, the GRPO/DAPO loss; reads algo.eps_low/eps_high/dual_clip and "
-        "algo.clip", source="arXiv:1707.06347; clip-higher arXiv:2503.14476")
-declare("loss", "gspo", "clip the sequence ratio exp(mean log r) (its own range: 3e-4 / 4e-4 by default)",
-        source="arXiv:2507.18071")
-declare("loss", "cispo", "truncated, detached importance weight times log pi: no token loses its gradient",
-        source="arXiv:2506.13585")
-declare("loss", "nsr", "PPO-clip whose near-boundary clipped tokens are rescued at random",
-        Param("noise", 0.2, "relative noise of the rescue: r' = r(1 -/+ noise*u), u ~ U(0,1) [ours]", "in (0, 1]",
-              lambda v: 0 < v <= 1),
-        source="ours: the paper's exact rule is not public")
-declare("loss", "popo", "positive-only: a weighted NLL on a group's correct rollouts, plus a similarity and an "
-        "entropy term (brings its own advantages and update stages)",
-        Param("temperature", 1.0, "T of the softmax weights over a group's positives", "> 0", _pos),
-        Param("threshold", 1.0, "a rollout is positive when its reward >= this [ours]"),
-        Param("sim_coef", 0.1, "weight of the similarity term (predictor vs EMA target features)", ">= 0", _nonneg),
-        Param("ent_coef", 0.01, "weight of the entropy bonus on positive tokens", ">= 0", _nonneg),
-        Param("ema_tau", 0.995, "EMA rate of the target parameters", "in [0, 1)", lambda v: 0 <= v < 1),
-        source="arXiv:2605.06650")
-
-
-def _fraction(v) -> bool:
-    return 0 < v <= 1
-
-
-def _kl_cov_epochs_note(cfg, p) -> list[str]:
-    if cfg.algo.epochs != 1:
-        return []
-    from mmrlvr.train.stages.reference import recompute_enabled
-
-    if recompute_enabled(cfg):
-        what = ("|log pi - log pi_old| is exactly 0 (pi_old is recomputed by the training model) with zero gradient, "
-                "and the loss is the plain unclipped policy gradient")
-    else:
-        what = ("|log pi - log pi_old| is only the engine's numerical mismatch (pi_old is the sampler's own log-probs; "
-                "~1e-6 on the tiny demo): the penalty is ~0, yet its gradient on the selected tokens is "
-                f"coef={p['coef']} times the mismatch's sign, noise rather than a restraint")
-    return [f"algo.loss: kl_cov with algo.epochs: 1 - every token is on-policy at its first pass (one optimizer step "
-            f"per pass over the batch, no off-policy mini-batches), so the KL-Cov penalty restrains nothing: {what}. "
-            "Set algo.epochs >= 2 for the penalty to act"]
-
-
-declare("loss", "clip_cov", "PPO-clip (range 1 / 1 by default) where a few random tokens of high covariance "
-        "(log pi - mean) * (A - mean) lose their gradient; reads algo.eps_low/eps_high/dual_clip",
-        Param("fraction", 2e-4, "r: share of the micro-batch's response tokens detached, n = max(1, floor(r * "
-              "tokens)), drawn among the candidates (verl clip_cov_ratio)", "in (0, 1]", _fraction),
-        Param("cov_low", 1.0, "omega_low: a candidate's covariance is > this (verl clip_cov_lb)"),
-        Param("cov_high", 5.0, "omega_high: a candidate's covariance is < this (verl clip_cov_ub)"),
-        source="arXiv:2505.22617; verl core_algos compute_policy_loss_clip_cov and the authors' recipes",
-        cross=lambda v: None if v["cov_low"] < v["cov_high"] else
-        f"cov_low ({v['cov_low']}) must be < cov_high ({v['cov_high']})")
-declare("loss", "kl_cov", "unclipped surrogate -A r plus coef * |log pi - log pi_old| on the top-k tokens by "
-        "covariance (log pi - mean) * (A - mean); no PPO clip. Inert at algo.epochs: 1 (on-policy: the penalty "
-        "is 0 with zero gradient); use algo.epochs >= 2",
-        Param("fraction", 2e-3, "k: share of the micro-batch's response tokens penalised, n = max(1, floor(k * "
-              "tokens)), largest covariance first (the authors' 7B value; their 32B run and verl's default: 2e-4)",
-              "in (0, 1]", _fraction),
-        Param("coef", 1.0, "beta: weight of |log pi - log pi_old| on those tokens (verl ppo_kl_coef; its config "
-              "default is 0.1)", ">= 0", _nonneg),
-        source="arXiv:2505.22617; verl core_algos compute_policy_loss_kl_cov and the authors' recipes",
-        plan_notes=_kl_cov_epochs_note)
 
 # -------------------------------------------------------------------------------------- advantage estimators
 declare("advantage", "grpo", "(R - mean_g R) / (std_g R + eps)",

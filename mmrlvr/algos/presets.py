@@ -85,39 +85,43 @@ def get_preset(name: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------
 # Each policy loss owns its defaults
 
-#: loss name -> its paper/reference defaults, in *config* names (``algo.<key>``). ``agg`` is the
-#: aggregation the loss is defined with (None: the loss has no opinion, the config's value stands).
-#: These equal the keyword defaults of the loss functions in ``losses.py`` (a test checks that), and
-#: they are what a run gets when it selects ``algo.loss`` without a preset and without setting the key.
-LOSS_DEFAULTS: dict[str, dict[str, Any]] = {
-    # PPO (Schulman et al. 2017): eps 0.2 both sides; no dual clip unless asked
-    "ppo_clip": {"eps_low": 0.2, "eps_high": 0.2, "dual_clip": None, "agg": None},
-    # GSPO (Zheng et al. 2025, arXiv:2507.18071 §5.1 and verl's GSPO recipe): the sequence ratio is a
-    # geometric mean and moves ~1e-3 per step, so PPO's 0.2 would never clip; the mean is per sequence
-    "gspo": {"eps_low": 3e-4, "eps_high": 4e-4, "agg": "seq-mean-token-mean"},
-    # CISPO (MiniMax-M1 eq. 4, token-level 1/sum|o_i|): no lower bound; upper truncation at 5 as the
-    # reference implementations (ScaleRL, TRL, SkyRL) — MiniMax did not publish theirs
-    "cispo": {"eps_low": 1.0, "eps_high": 4.0, "agg": "token-mean"},
-    # NSR (docs/methods.md, built on DAPO): DAPO's clip-higher range, noise 0.2 [ours]
-    "nsr": {"eps_low": 0.2, "eps_high": 0.28, "dual_clip": None, "agg": None},
-    # POPO (arXiv 2605.06650): an NLL over positive tokens, normalised by their count; no clip range
-    "popo": {"agg": "token-mean"},
-    # Clip-Cov (arXiv:2505.22617; the authors' recipes set clip_ratio_low = clip_ratio_high = 1 for it): PPO's clip
-    # widened to [0, 2], no dual clip (neither code applies one); token-mean in the recipes, no opinion here
-    "clip_cov": {"eps_low": 1.0, "eps_high": 1.0, "dual_clip": None, "agg": None},
-    # KL-Cov (arXiv:2505.22617): no clip range at all, the penalty on top-covariance tokens replaces it
-    "kl_cov": {"agg": None},
-}
+#: the ``algo`` keys of a clip range, in the order notes and tables name them
+CLIP_RANGE_KEYS = ("eps_low", "eps_high", "dual_clip")
 
-_WHY = {
-    "ppo_clip": "PPO's clip range",
-    "gspo": "GSPO's sequence-ratio clip range and sequence mean (arXiv:2507.18071)",
-    "cispo": "CISPO's weight truncation: no lower bound, upper 5 (ScaleRL/TRL/SkyRL reference code)",
-    "nsr": "NSR on DAPO's clip-higher range",
-    "popo": "POPO's weighted NLL over positive tokens, normalised by their count (arXiv:2605.06650)",
-    "clip_cov": "Clip-Cov's clip range [0, 2] of the authors' recipes (arXiv:2505.22617)",
-    "kl_cov": "KL-Cov: no clip, a penalty on the top-covariance tokens instead (arXiv:2505.22617)",
-}
+
+def loss_clip_keys(loss_name: str) -> list[str]:
+    """The clip-range keys (``algo.eps_low`` / ``eps_high`` / ``dual_clip``) the policy loss takes."""
+    import inspect
+
+    from mmrlvr.algos.losses import POLICY_LOSSES
+
+    if loss_name not in POLICY_LOSSES:
+        return []
+    params = inspect.signature(POLICY_LOSSES.get(loss_name)).parameters
+    return [k for k in CLIP_RANGE_KEYS if k in params]
+
+
+def loss_defaults(loss_name: str) -> dict[str, Any] | None:
+    """The defaults a declared policy loss owns, in *config* names (``algo.<key>``), or None.
+
+    Read from the loss itself: the clip-range keys its signature takes with its keyword defaults (GSPO's 3e-4 /
+    4e-4), then ``agg``, the aggregation its declaration says it is defined with (None: the loss has no opinion,
+    the config's value stands). What a run gets when it selects ``algo.loss`` without a preset and without setting
+    the key. Only declared losses (``mmrlvr.methods.declare`` beside the code, as the built-ins are) own defaults:
+    a plug-in loads after the config is read, so its keyword defaults cannot decide the config's values, and a
+    run must not depend on whether the plug-in happened to be imported before."""
+    import inspect
+
+    from mmrlvr.algos.losses import POLICY_LOSSES
+    from mmrlvr.methods import _declared, method_spec
+
+    if loss_name not in _declared("loss") or loss_name not in POLICY_LOSSES:
+        return None
+    params = inspect.signature(POLICY_LOSSES.get(loss_name)).parameters
+    out: dict[str, Any] = {k: params[k].default for k in loss_clip_keys(loss_name)
+                           if params[k].default is not inspect.Parameter.empty}
+    out["agg"] = method_spec("loss", loss_name).agg
+    return out
 
 
 def resolve_loss_params(loss_name: str, algo_cfg_values: dict[str, Any],
@@ -134,7 +138,7 @@ def resolve_loss_params(loss_name: str, algo_cfg_values: dict[str, Any],
     generic value, so no run silently trains GSPO with PPO's 0.2. A loss without registered defaults (a
     plugin) returns ``({}, [])``: its function's own keyword defaults apply.
     """
-    defaults = LOSS_DEFAULTS.get(loss_name)
+    defaults = loss_defaults(loss_name)
     if defaults is None:
         return {}, []
     explicit = set(explicitly_set_keys)
@@ -151,9 +155,11 @@ def resolve_loss_params(loss_name: str, algo_cfg_values: dict[str, Any],
             applied.append(f"{key}={default}")
     notes = []
     if applied:
+        from mmrlvr.methods import method_spec
+
+        why = method_spec("loss", loss_name).why or "the loss's own defaults"
         notes.append(f"algo.loss={loss_name} without these keys set: using {', '.join(applied)} "
-                     f"({_WHY.get(loss_name, 'the loss defaults')}); set them under algo: to override, "
-                     f"or pick algo.preset")
+                     f"({why}); set them under algo: to override, or pick algo.preset")
     return params, notes
 
 
@@ -176,12 +182,12 @@ def explicit_algo_keys(user_algo_keys: set[str] | list[str] | dict[str, Any], pr
 def loss_kwargs(loss_name: str, algo_cfg_values: dict[str, Any]) -> dict[str, Any]:
     """Keyword arguments for the policy loss ``loss_name`` from resolved ``algo`` values (config names).
 
-    The clip range keys the loss owns in ``LOSS_DEFAULTS`` (``agg`` is not a loss argument; a plug-in loss gets
-    ``eps_low``/``eps_high``), then the loss's own parameters in force (``algo.loss_params`` over the declared
-    defaults, ``mmrlvr.methods``), then the clip rule for losses that take one."""
+    The clip range keys the loss owns (``loss_defaults``; ``agg`` is not a loss argument), then the loss's own
+    parameters in force (``algo.loss_params`` over the declared defaults, ``mmrlvr.methods``), then the clip rule
+    for losses that take one."""
     from mmrlvr.methods import resolve_method
 
-    keys = [k for k in LOSS_DEFAULTS.get(loss_name, {"eps_low": 0, "eps_high": 0}) if k != "agg"]
+    keys = loss_clip_keys(loss_name)
     out = {k: algo_cfg_values[k] for k in keys if k in algo_cfg_values}
     params, problems = resolve_method("loss", loss_name, algo_cfg_values.get("loss_params") or {})
     if problems:
@@ -244,15 +250,15 @@ def preset_table_markdown() -> str:
 
 
 def loss_defaults_table_markdown() -> str:
-    """The per-loss defaults table of docs/training.md, from ``LOSS_DEFAULTS``."""
-    from mmrlvr.methods import method_spec
+    """The per-loss defaults table of docs/training.md, from each built-in loss's signature and declaration."""
+    from mmrlvr.methods import _declared, method_spec
 
     rows = ["| `algo.loss` | ε low / high | other | aggregation it applies | why |", "|---|---|---|---|---|"]
-    for name, d in LOSS_DEFAULTS.items():
+    for name in _declared("loss"):
+        d = loss_defaults(name) or {}
         other = ", ".join([f"`{k}` {_num(v)}" for k, v in d.items() if k not in ("eps_low", "eps_high", "agg")]
                           + [f"`loss_params.{p.name}` {_num(p.default)}" for p in method_spec("loss", name).params])
         agg = f"`{d['agg']}`" if d.get("agg") else "(config's `algo.agg`)"
         eps = f"{_num(d['eps_low'])} / {_num(d['eps_high'])}" if "eps_low" in d else "— (no clip)"
-        rows.append(f"| `{name}` | {eps} | {other or '—'} | {agg} | "
-                    f"{_WHY[name]} |")
+        rows.append(f"| `{name}` | {eps} | {other or '—'} | {agg} | {method_spec('loss', name).why} |")
     return "\n".join(rows)

@@ -50,12 +50,11 @@ def policy_loss_params(algo: Any) -> dict[str, Any]:
     own defaults were filled in at config load, ``mmrlvr.algos.presets.resolve_loss_params``) that its signature
     takes, and the clip rule (``algo.clip``: fixed | acpo) for losses that take one."""
     from mmrlvr.algos.losses import POLICY_LOSSES
-    from mmrlvr.algos.presets import clip_kwargs, loss_kwargs
+    from mmrlvr.algos.presets import loss_kwargs
 
     accepted = inspect.signature(POLICY_LOSSES.get(algo.loss)).parameters
-    params = {k: v for k, v in loss_kwargs(algo.loss, vars(algo)).items() if k in accepted}
-    params.update(clip_kwargs(algo.loss, vars(algo)))  # another rule on a loss without one raises
-    return params
+    kwargs = loss_kwargs(algo.loss, vars(algo))  # the clip rule included: another rule on a loss without one raises
+    return {k: v for k, v in kwargs.items() if k in accepted}
 
 
 @register_stage("update", "policy_gradient")
@@ -74,11 +73,10 @@ class PolicyGradient(Stage):
         a = cfg.algo
         loss, params = configured(cfg, "loss")
         out: dict[str, Any] = {"algo.loss": loss}
-        from mmrlvr.algos.presets import LOSS_DEFAULTS
+        from mmrlvr.algos.presets import loss_clip_keys
 
-        for k in LOSS_DEFAULTS.get(loss, {"eps_low": 0, "eps_high": 0}):
-            if k != "agg":
-                out[f"algo.{k}"] = getattr(a, k)
+        for k in loss_clip_keys(loss):
+            out[f"algo.{k}"] = getattr(a, k)
         out.update({f"algo.loss_params.{k}": v for k, v in params.items()})
         if a.clip != "fixed":
             rule, cp = configured(cfg, "clip")
