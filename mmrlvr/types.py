@@ -73,9 +73,13 @@ class RewardResult:
     parsed: what was extracted from the response (answer, boxes, criterion verdicts, conclusion span, ...).
     dropped: the row cannot be scored (e.g. its ground truth does not parse) and should leave the loss, as
         TRL does with a ``None`` reward; ``score`` is then 0.0 and ``parsed["dropped_reason"]`` says why.
+    judged: ``(correct, formatted)`` by the run's answer judge (``mmrlvr.rewards.answer_judge``), written once per
+        row by the trainer's score stage and read by everything that needs a row's correctness (the ``accuracy``
+        and ``format_rate`` metrics, dynamic sampling, samplers); None until then.
     """
 
     score: float
     components: dict[str, float] = field(default_factory=dict)
     parsed: dict[str, Any] = field(default_factory=dict)
     dropped: bool = False
+    judged: tuple[bool, bool] | None = None

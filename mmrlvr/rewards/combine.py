@@ -10,7 +10,7 @@ with its reason, never raises); a row that any component drops (``RewardResult.d
 does not parse) is dropped as a whole. ``metrics()`` returns the guard's counts of the last batches.
 
 ``answer_judge(completion, sample) -> (correct, formatted)`` is the pass/fail judge for
-``mmrlvr.evaluation.evaluate(judge=...)``: correct by the verifier for ``sample.answer_type`` (boxes:
+``mmrlvr.evaluation.heldout_accuracy(judge=...)``: correct by the verifier for ``sample.answer_type`` (boxes:
 every box matched with IoU ≥ 0.5), formatted by the strict format check.
 """
 
@@ -175,6 +175,13 @@ def make_answer_judge(template: str = "r1", think_prefilled: bool = False, iou_t
 
 
 _default_judge: Callable[[Completion | str, Sample], tuple[bool, bool]] | None = None
+
+
+def judge_rows(results: Sequence[RewardResult], completions: Sequence[Completion], samples: Sequence[Sample]) -> None:
+    """Each result's ``judged``: (correct, formatted) of its completion by ``answer_judge`` (the trainer's score
+    stage writes it once per row; everything that needs a row's correctness reads it)."""
+    for r, c, s in zip(results, completions, samples):
+        r.judged = answer_judge(c, s)
 
 
 def answer_judge(completion: Completion | str, sample: Sample) -> tuple[bool, bool]:

@@ -29,7 +29,9 @@ def rollout_metrics(batch: RolloutBatch, rewards: torch.Tensor, results: list, g
     for name in names:
         vals = [r.components[name] for r in results if name in r.components]
         m[f"reward/{name}"] = _mean(vals)
-    judged = [answer_judge(c, s) for c, s in zip(batch.completions, batch.samples)]
+    # the score stage's verdicts; results scored elsewhere (a caller's own) are judged here
+    judged = [r.judged if r.judged is not None else answer_judge(c, s)
+              for r, c, s in zip(results, batch.completions, batch.samples)]
     m["accuracy"] = _mean([float(ok) for ok, _ in judged])
     m["format_rate"] = _mean([float(fmt) for _, fmt in judged])
     lengths = batch.response_mask.sum(dim=1)

@@ -152,7 +152,12 @@ class FlatGroups(Stage):
         params = SamplingParams(max_new_tokens=int(getattr(self.sampler, "probe_tokens", 0) or 0) or r.max_new_tokens,
                                 temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
         rollouts = self.sample([rt.train_samples[i] for i in mine], k, params, step + self.PROBE_KEY)
-        pb = StepBatch(step=step, rollouts=rollouts, rewards=torch.zeros(rollouts.num_rows))
+        from mmrlvr.rewards.combine import judge_rows
+        from mmrlvr.types import RewardResult
+
+        pb = StepBatch(step=step, rollouts=rollouts, rewards=torch.zeros(rollouts.num_rows),
+                       results=[RewardResult(0.0) for _ in range(rollouts.num_rows)])
+        judge_rows(pb.results, rollouts.completions, rollouts.samples)  # the verifier alone: no reward call
         prompts, _, accuracy, answers = self._outcome([pb])
         parts = _all_gather((prompts, accuracy, answers), world)
         gold = all(p[1] is not None for p in parts)  # every rank's rows carry a gold answer

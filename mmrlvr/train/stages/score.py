@@ -1,5 +1,8 @@
 """Score: every rollout through the configured rewards -> RewardResult (score, components, parsed) and [N] rewards.
 
+Each row's correctness by the run's answer judge (``RewardResult.judged``: correct, formatted) is written here,
+once: the accuracy metrics, dynamic sampling and the samplers read it.
+
 Rewards that keep per-call statistics (``fn.metrics()``: judge unknown rate, parse failures) report them here,
 for the record stage.
 """
@@ -10,6 +13,7 @@ from typing import Any
 
 from mmrlvr.lazy_import import lazy_module
 from mmrlvr.rewards.base import score_batch
+from mmrlvr.rewards.combine import judge_rows
 from mmrlvr.train.batch import StepBatch
 from mmrlvr.train.stages.base import Stage, register_stage
 
@@ -34,6 +38,7 @@ class Rewards(Stage):
         rt = self.rt
         b.results = score_batch(rt.reward, b.rollouts.completions, b.rollouts.samples,
                                 group_index=b.rollouts.group_index.tolist())
+        judge_rows(b.results, b.rollouts.completions, b.rollouts.samples)
         fns = rt.reward_fns()
         for fn in ([rt.reward] if rt.reward not in fns else []) + fns:  # the guard's counters, then each reward's
             if hasattr(fn, "metrics"):

@@ -73,14 +73,13 @@ class MaskTruncated(Stage):
 
 
 def row_accuracy(b: StepBatch) -> torch.Tensor | None:
-    """[N] 1.0 where the verifier judges the answer right (the ``accuracy`` metric), or None when the rows have
-    no gold answer to judge (e.g. grounding: boxes only) — then the filter reads the total reward."""
-    from mmrlvr.rewards.combine import answer_judge
-
+    """[N] 1.0 where the verifier judged the answer right (the score stage's ``RewardResult.judged``, the
+    ``accuracy`` metric's), or None when the rows have no gold answer to judge (e.g. grounding: boxes only) — then
+    the filter reads the total reward."""
     rollouts = b.rollouts
     if all(getattr(s, "answer", None) in (None, "") for s in rollouts.samples):
         return None
-    return torch.tensor([float(answer_judge(c, s)[0]) for c, s in zip(rollouts.completions, rollouts.samples)])
+    return torch.tensor([float(r.judged[0]) for r in b.results])
 
 
 @register_stage("shape", "dynamic_sampling", priority=10)
@@ -548,6 +547,9 @@ class NearFutureGuide(Stage):
             rows = list(range(span.start, span.stop))
             res = score_batch(self.rt.reward, [r.completions[i] for i in rows], [r.samples[i] for i in rows],
                               group_index=[int(r.group_index[i]) for i in rows])
+            from mmrlvr.rewards.combine import judge_rows
+
+            judge_rows(res, [r.completions[i] for i in rows], [r.samples[i] for i in rows])
             for i, result in zip(rows, res):
                 b.results[i] = result
                 b.rewards[i] = float(result.score)
