@@ -97,7 +97,7 @@ def load(config: str, seed: int, steps: int, out: Path, arm: str, extra: list[st
 
 
 def held_out(trainer) -> dict[str, Any]:
-    from mmrlvr.consistency.evaluate import evaluate_consistency
+    from mmrlvr.consistency.heldout import evaluate_consistency
 
     cfg = trainer.cfg
     return evaluate_consistency(trainer.engine, trainer.eval_samples, k=cfg.eval.k, temperature=cfg.eval.temperature,

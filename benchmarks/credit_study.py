@@ -168,7 +168,7 @@ def token_probe(trainer, n_prompts: int = 8, seed: int = 12345) -> dict[str, Any
 # ---------------------------------------------------------------------------------------------- runs
 
 def held_out(trainer, k: int, seed: int) -> dict[str, Any]:
-    from mmrlvr.train.evaluate import evaluate_samples
+    from mmrlvr.train.heldout import evaluate_samples
 
     cfg = trainer.cfg
     trainer.model.eval()

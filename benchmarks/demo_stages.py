@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
     from mmrlvr.train.trainer import Trainer
 
     seconds: collections.Counter[str] = collections.Counter()
-    run, evaluate = Pipeline.run, Trainer.evaluate
+    run, evaluate = Pipeline.run, Trainer.heldout_eval
 
     def timed_run(self, *args, **kwargs):
         batch = run(self, *args, **kwargs)
@@ -38,12 +38,12 @@ def main(argv: list[str]) -> int:
         finally:
             seconds["evaluation"] += time.perf_counter() - t
 
-    Pipeline.run, Trainer.evaluate = timed_run, timed_evaluate
+    Pipeline.run, Trainer.heldout_eval = timed_run, timed_evaluate
     t0 = time.perf_counter()
     try:
         code = cli(["demo", *argv])
     finally:
-        Pipeline.run, Trainer.evaluate = run, evaluate
+        Pipeline.run, Trainer.heldout_eval = run, evaluate
     print("\nstage            seconds")
     for kind, s in seconds.items():
         print(f"{kind:<16}{s:>8.1f}")

@@ -31,7 +31,7 @@ from typing import Any
 def run_arm(model_dir: str, out: Path, lr: float, steps: int, eval_size: int, seed: int) -> dict[str, Any]:
     """One GRPO run and its held-out eval; ``per_prompt`` maps eval row id -> share of the k samples correct."""
     from mmrlvr.config import load_config
-    from mmrlvr.train.evaluate import evaluate_samples
+    from mmrlvr.train.heldout import evaluate_samples
     from mmrlvr.train.trainer import Trainer
 
     cfg = load_config(None, [

@@ -51,7 +51,7 @@ def breakdown(completions: list, samples: list) -> dict[str, float]:
 def run_one(run: Path, limit: int, k: int, control: bool) -> dict[str, float]:
     from mmrlvr.config import load_config
     from mmrlvr.rollout.hf import HFEngine
-    from mmrlvr.train.evaluate import evaluate_samples, load_eval_samples, load_model_folder
+    from mmrlvr.train.heldout import evaluate_samples, load_eval_samples, load_model_folder
     from mmrlvr.train.export import find_checkpoint
     from mmrlvr.train.model_path import resolve_model_path
     from mmrlvr.train.tool_setup import with_tools

@@ -20,7 +20,7 @@ from mmrlvr.errors import UserError
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("mmrlvr.train.demo", "build the tiny VLM + data, train with every feature on, print before/after"),
     "train": ("mmrlvr.train.cli", "train from a YAML config: mmrlvr train CONFIG.yaml [key=value ...] [--resume]"),
-    "eval": ("mmrlvr.train.evaluate", "evaluate a run, export or model folder: avg@k, pass@k, greedy accuracy"),
+    "eval": ("mmrlvr.train.heldout", "evaluate a run, export or model folder: avg@k, pass@k, greedy accuracy"),
     "export": ("mmrlvr.train.export", "a run as a transformers/vLLM folder: mmrlvr export RUN_DIR --out DIR [--merge]"),
     "tiny": ("mmrlvr.models.cli", "build an offline tiny Qwen-family VLM: mmrlvr tiny build --family ... --out DIR"),
     "data": ("mmrlvr.data.cli", "make synthetic visual tasks: mmrlvr data synth --task TASK --split ... --n N --out DIR"),

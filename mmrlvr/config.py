@@ -576,111 +576,157 @@ ON_ERROR = ("raise", "skip")
 CONSISTENCY_SCOPES = ("answer", "all")
 
 
-def range_problems(cfg: RunConfig, where: str = "config") -> list[str]:
-    """Every value-range and cross-field problem of a typed config, one line each (file: key: rule, got)."""
-    out: list[str] = []
+class _RangeChecks:
+    """Problems collected in order, one line each (file: key: rule, got)."""
 
-    def need(key: str, value: Any, ok: bool, rule: str) -> None:
+    def __init__(self, where: str) -> None:
+        self.where, self.out = where, []
+
+    def need(self, key: str, value: Any, ok: bool, rule: str) -> None:
         if not ok:
-            out.append(f"{where}: {key}: must be {rule}, got {value!r}")
+            self.out.append(f"{self.where}: {key}: must be {rule}, got {value!r}")
 
-    def one_of(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    def one_of(self, key: str, value: Any, allowed: tuple[str, ...]) -> None:
         if value not in allowed:
-            out.append(f"{where}: {key}: unknown value {value!r}; allowed: {', '.join(allowed)}"
-                       f"{did_you_mean(value, allowed)}")
+            self.out.append(f"{self.where}: {key}: unknown value {value!r}; allowed: {', '.join(allowed)}"
+                            f"{did_you_mean(value, allowed)}")
 
-    need("seed", cfg.seed, cfg.seed >= 0, ">= 0")
-    need("max_steps", cfg.max_steps, cfg.max_steps >= 0, ">= 0")
-    need("save_every", cfg.save_every, cfg.save_every >= 0, ">= 0 (0 = only at the end)")
-    need("keep_checkpoints", cfg.keep_checkpoints, cfg.keep_checkpoints >= 0, ">= 0 (0 = keep all)")
-    need("max_bad_steps", cfg.max_bad_steps, cfg.max_bad_steps >= 0, ">= 0")
-    need("output_dir", cfg.output_dir, bool(str(cfg.output_dir).strip()), "a folder path")
+
+def range_problems(cfg: RunConfig, where: str = "config") -> list[str]:
+    """Every value-range and cross-field problem of a typed config, one line each (file: key: rule, got), section
+    by section in the order of the config."""
+    ck = _RangeChecks(where)
+    for section in (_run_ranges, _model_ranges, _data_ranges, _rollout_ranges, _algo_ranges, _optim_ranges,
+                    _reward_ranges, _consistency_ranges, _eval_ranges):
+        section(ck, cfg)
+    return ck.out
+
+
+def _run_ranges(ck: _RangeChecks, cfg: RunConfig) -> None:
+    """The run's own keys."""
+    ck.need("seed", cfg.seed, cfg.seed >= 0, ">= 0")
+    ck.need("max_steps", cfg.max_steps, cfg.max_steps >= 0, ">= 0")
+    ck.need("save_every", cfg.save_every, cfg.save_every >= 0, ">= 0 (0 = only at the end)")
+    ck.need("keep_checkpoints", cfg.keep_checkpoints, cfg.keep_checkpoints >= 0, ">= 0 (0 = keep all)")
+    ck.need("max_bad_steps", cfg.max_bad_steps, cfg.max_bad_steps >= 0, ">= 0")
+    ck.need("output_dir", cfg.output_dir, bool(str(cfg.output_dir).strip()), "a folder path")
+
+
+def _model_ranges(ck: _RangeChecks, cfg: RunConfig) -> None:
+    """model.*"""
     m = cfg.model
-    one_of("model.dtype", m.dtype, DTYPES)
+    ck.one_of("model.dtype", m.dtype, DTYPES)
     if m.attn_implementation is not None:
-        one_of("model.attn_implementation", m.attn_implementation, ATTN_IMPLEMENTATIONS)
-    need("model.heap_mmap_threshold_mib", m.heap_mmap_threshold_mib, 0 <= m.heap_mmap_threshold_mib <= 32,
+        ck.one_of("model.attn_implementation", m.attn_implementation, ATTN_IMPLEMENTATIONS)
+    ck.need("model.heap_mmap_threshold_mib", m.heap_mmap_threshold_mib, 0 <= m.heap_mmap_threshold_mib <= 32,
          "in [0, 32] (MiB; 0 = glibc's default)")
-    need("model.lora.r", m.lora.r, m.lora.r >= 1, ">= 1")
-    need("model.lora.alpha", m.lora.alpha, m.lora.alpha > 0, "> 0")
-    need("model.lora.dropout", m.lora.dropout, 0 <= m.lora.dropout < 1, "in [0, 1)")
+    ck.need("model.lora.r", m.lora.r, m.lora.r >= 1, ">= 1")
+    ck.need("model.lora.alpha", m.lora.alpha, m.lora.alpha > 0, "> 0")
+    ck.need("model.lora.dropout", m.lora.dropout, 0 <= m.lora.dropout < 1, "in [0, 1)")
     if m.lora.enabled:
-        need("model.lora.target_modules", m.lora.target_modules, bool(m.lora.target_modules), "a non-empty list")
+        ck.need("model.lora.target_modules", m.lora.target_modules, bool(m.lora.target_modules), "a non-empty list")
+
+
+def _data_ranges(ck: _RangeChecks, cfg: RunConfig) -> None:
+    """data.*"""
     d = cfg.data
-    one_of("data.on_error", d.on_error, ON_ERROR)
+    ck.one_of("data.on_error", d.on_error, ON_ERROR)
     for key in ("train_size", "eval_size", "image_size", "min_pixels", "factor", "max_image_pixels"):
-        need(f"data.{key}", getattr(d, key), getattr(d, key) >= 1, ">= 1")
-    need("data.max_pixels", d.max_pixels, d.max_pixels >= d.min_pixels, f">= data.min_pixels ({d.min_pixels})")
+        ck.need(f"data.{key}", getattr(d, key), getattr(d, key) >= 1, ">= 1")
+    ck.need("data.max_pixels", d.max_pixels, d.max_pixels >= d.min_pixels, f">= data.min_pixels ({d.min_pixels})")
     if hasattr(d, "max_prompt_length"):  # keys of the data layer (mmrlvr.data.from_config)
-        need("data.max_prompt_length", d.max_prompt_length, d.max_prompt_length >= 0, ">= 0 (0 = no limit)")
-        need("data.max_dropped_share", d.max_dropped_share, 0 <= d.max_dropped_share <= 1, "in [0, 1]")
-        need("data.video_fps", d.video_fps, d.video_fps > 0, "> 0")
-        need("data.video_min_frames", d.video_min_frames, d.video_min_frames >= 1, ">= 1")
-        need("data.video_max_frames", d.video_max_frames, d.video_max_frames >= d.video_min_frames,
+        ck.need("data.max_prompt_length", d.max_prompt_length, d.max_prompt_length >= 0, ">= 0 (0 = no limit)")
+        ck.need("data.max_dropped_share", d.max_dropped_share, 0 <= d.max_dropped_share <= 1, "in [0, 1]")
+        ck.need("data.video_fps", d.video_fps, d.video_fps > 0, "> 0")
+        ck.need("data.video_min_frames", d.video_min_frames, d.video_min_frames >= 1, ">= 1")
+        ck.need("data.video_max_frames", d.video_max_frames, d.video_max_frames >= d.video_min_frames,
              f">= data.video_min_frames ({d.video_min_frames})")
-        need("data.video_max_pixels", d.video_max_pixels, d.video_max_pixels >= 1, ">= 1")
-    r = cfg.rollout
-    one_of("rollout.engine", r.engine, ENGINES)
-    need("rollout.group_size", r.group_size, r.group_size >= 2, ">= 2 (group-relative advantages need a group)")
-    need("rollout.prompts_per_step", r.prompts_per_step, r.prompts_per_step >= 1, ">= 1")
-    need("rollout.max_new_tokens", r.max_new_tokens, r.max_new_tokens >= 1, ">= 1")
-    need("rollout.temperature", r.temperature, r.temperature > 0, "> 0")
-    need("rollout.top_p", r.top_p, 0 < r.top_p <= 1, "in (0, 1]")
-    need("rollout.top_k", r.top_k, r.top_k >= 0, ">= 0 (0 = off)")
-    need("rollout.vllm_gpu_memory_utilization", r.vllm_gpu_memory_utilization,
+        ck.need("data.video_max_pixels", d.video_max_pixels, d.video_max_pixels >= 1, ">= 1")
+
+
+def _rollout_ranges(ck: _RangeChecks, cfg: RunConfig) -> None:
+    """rollout.* (the vLLM sync against model.lora)"""
+    r, m = cfg.rollout, cfg.model
+    ck.one_of("rollout.engine", r.engine, ENGINES)
+    ck.need("rollout.group_size", r.group_size, r.group_size >= 2, ">= 2 (group-relative advantages need a group)")
+    ck.need("rollout.prompts_per_step", r.prompts_per_step, r.prompts_per_step >= 1, ">= 1")
+    ck.need("rollout.max_new_tokens", r.max_new_tokens, r.max_new_tokens >= 1, ">= 1")
+    ck.need("rollout.temperature", r.temperature, r.temperature > 0, "> 0")
+    ck.need("rollout.top_p", r.top_p, 0 < r.top_p <= 1, "in (0, 1]")
+    ck.need("rollout.top_k", r.top_k, r.top_k >= 0, ">= 0 (0 = off)")
+    ck.need("rollout.vllm_gpu_memory_utilization", r.vllm_gpu_memory_utilization,
          0 < r.vllm_gpu_memory_utilization <= 1, "in (0, 1]")
-    need("rollout.vllm_kv_cache_gib", r.vllm_kv_cache_gib, r.vllm_kv_cache_gib > 0, "> 0 (GiB)")
-    need("rollout.vllm_max_model_len", r.vllm_max_model_len, r.vllm_max_model_len >= 0, ">= 0 (0 = the model's own)")
-    one_of("rollout.vllm_sync", r.vllm_sync, VLLM_SYNCS)
-    one_of("rollout.vllm_dtype", r.vllm_dtype, DTYPES)
+    ck.need("rollout.vllm_kv_cache_gib", r.vllm_kv_cache_gib, r.vllm_kv_cache_gib > 0, "> 0 (GiB)")
+    ck.need("rollout.vllm_max_model_len", r.vllm_max_model_len, r.vllm_max_model_len >= 0, ">= 0 (0 = the model's own)")
+    ck.one_of("rollout.vllm_sync", r.vllm_sync, VLLM_SYNCS)
+    ck.one_of("rollout.vllm_dtype", r.vllm_dtype, DTYPES)
     if r.engine == "vllm" and r.vllm_sync == "lora" and not m.lora.enabled:
-        out.append(f"{where}: rollout.vllm_sync: 'lora' needs model.lora.enabled: true (a full fine-tune syncs its "
+        ck.out.append(f"{ck.where}: rollout.vllm_sync: 'lora' needs model.lora.enabled: true (a full fine-tune syncs its "
                    f"weights: vllm_sync: weights)")
-    a = cfg.algo
-    need("algo.eps_low", a.eps_low, 0 <= a.eps_low <= 1, "in [0, 1] (CISPO: eps_low 1 = no lower bound)")
-    need("algo.eps_high", a.eps_high, a.eps_high >= 0, ">= 0")
+
+
+def _algo_ranges(ck: _RangeChecks, cfg: RunConfig) -> None:
+    """algo.* (overlong shaping against rollout.max_new_tokens)"""
+    a, r = cfg.algo, cfg.rollout
+    ck.need("algo.eps_low", a.eps_low, 0 <= a.eps_low <= 1, "in [0, 1] (CISPO: eps_low 1 = no lower bound)")
+    ck.need("algo.eps_high", a.eps_high, a.eps_high >= 0, ">= 0")
     if a.dual_clip is not None:
-        need("algo.dual_clip", a.dual_clip, a.dual_clip > 1, "> 1 (e.g. 3.0) or null")
-    need("algo.kl_coef", a.kl_coef, a.kl_coef >= 0, ">= 0 (0 = no KL term)")
-    need("algo.epochs", a.epochs, a.epochs >= 1, ">= 1")
-    need("algo.micro_batch_size", a.micro_batch_size, a.micro_batch_size >= 1, ">= 1")
-    need("algo.overlong_cache", a.overlong_cache, 0 <= a.overlong_cache < max(r.max_new_tokens, 1),
+        ck.need("algo.dual_clip", a.dual_clip, a.dual_clip > 1, "> 1 (e.g. 3.0) or null")
+    ck.need("algo.kl_coef", a.kl_coef, a.kl_coef >= 0, ">= 0 (0 = no KL term)")
+    ck.need("algo.epochs", a.epochs, a.epochs >= 1, ">= 1")
+    ck.need("algo.micro_batch_size", a.micro_batch_size, a.micro_batch_size >= 1, ">= 1")
+    ck.need("algo.overlong_cache", a.overlong_cache, 0 <= a.overlong_cache < max(r.max_new_tokens, 1),
          f">= 0 and < rollout.max_new_tokens ({r.max_new_tokens})")
-    need("algo.overlong_penalty", a.overlong_penalty, a.overlong_penalty >= 0, ">= 0")
+    ck.need("algo.overlong_penalty", a.overlong_penalty, a.overlong_penalty >= 0, ">= 0")
+
+
+def _optim_ranges(ck: _RangeChecks, cfg: RunConfig) -> None:
+    """optim.*"""
     o = cfg.optim
-    need("optim.lr", o.lr, o.lr >= 0, ">= 0")
-    need("optim.weight_decay", o.weight_decay, o.weight_decay >= 0, ">= 0")
-    need("optim.betas", o.betas, len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "two numbers in [0, 1)")
-    need("optim.grad_clip", o.grad_clip, o.grad_clip >= 0, ">= 0 (0 = off)")
-    one_of("optim.schedule", o.schedule, SCHEDULES)
-    need("optim.warmup_steps", o.warmup_steps, o.warmup_steps >= 0, ">= 0")
+    ck.need("optim.lr", o.lr, o.lr >= 0, ">= 0")
+    ck.need("optim.weight_decay", o.weight_decay, o.weight_decay >= 0, ">= 0")
+    ck.need("optim.betas", o.betas, len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "two numbers in [0, 1)")
+    ck.need("optim.grad_clip", o.grad_clip, o.grad_clip >= 0, ">= 0 (0 = off)")
+    ck.one_of("optim.schedule", o.schedule, SCHEDULES)
+    ck.need("optim.warmup_steps", o.warmup_steps, o.warmup_steps >= 0, ">= 0")
     if hasattr(o, "state_dtype"):
-        one_of("optim.state_dtype", o.state_dtype, DTYPES)
+        ck.one_of("optim.state_dtype", o.state_dtype, DTYPES)
+
+
+def _reward_ranges(ck: _RangeChecks, cfg: RunConfig) -> None:
+    """rubric.*, credit.*, rewards"""
     rb = cfg.rubric
     if getattr(rb, "max_unknown_rate", None) is not None:
-        need("rubric.max_unknown_rate", rb.max_unknown_rate, 0 <= rb.max_unknown_rate <= 1, "in [0, 1] or null (never stop)")
+        ck.need("rubric.max_unknown_rate", rb.max_unknown_rate, 0 <= rb.max_unknown_rate <= 1, "in [0, 1] or null (never stop)")
     if hasattr(rb, "warn_unknown_rate"):
-        need("rubric.warn_unknown_rate", rb.warn_unknown_rate, 0 <= rb.warn_unknown_rate <= 1, "in [0, 1]")
-    need("credit.chunk_size", cfg.credit.chunk_size, cfg.credit.chunk_size >= 1, ">= 1")
+        ck.need("rubric.warn_unknown_rate", rb.warn_unknown_rate, 0 <= rb.warn_unknown_rate <= 1, "in [0, 1]")
+    ck.need("credit.chunk_size", cfg.credit.chunk_size, cfg.credit.chunk_size >= 1, ">= 1")
     for i, spec in enumerate(cfg.rewards):
         if not spec.name:
-            out.append(f"{where}: rewards[{i}].name: missing (a registered reward name, e.g. format)")
+            ck.out.append(f"{ck.where}: rewards[{i}].name: missing (a registered reward name, e.g. format)")
+
+
+def _consistency_ranges(ck: _RangeChecks, cfg: RunConfig) -> None:
+    """consistency.*, distributed.*"""
     c = cfg.consistency
-    one_of("consistency.scope", c.scope, CONSISTENCY_SCOPES)
+    ck.one_of("consistency.scope", c.scope, CONSISTENCY_SCOPES)
     for key in ("alpha", "beta", "beta_min", "beta_warmup_steps", "beta_decay_steps"):
-        need(f"consistency.{key}", getattr(c, key), getattr(c, key) >= 0, ">= 0")
+        ck.need(f"consistency.{key}", getattr(c, key), getattr(c, key) >= 0, ">= 0")
     if c.split_advantage and c.component not in [s.name for s in cfg.rewards]:
-        out.append(f"{where}: consistency.split_advantage: needs a reward named {c.component!r} in rewards "
+        ck.out.append(f"{ck.where}: consistency.split_advantage: needs a reward named {c.component!r} in rewards "
                    f"(have: {', '.join(s.name for s in cfg.rewards) or 'none'})")
     if hasattr(cfg, "distributed"):
-        one_of("distributed.strategy", cfg.distributed.strategy, DISTRIBUTED_STRATEGIES)
+        ck.one_of("distributed.strategy", cfg.distributed.strategy, DISTRIBUTED_STRATEGIES)
+
+
+def _eval_ranges(ck: _RangeChecks, cfg: RunConfig) -> None:
+    """eval.*"""
     e = cfg.eval
-    need("eval.every", e.every, e.every >= 0, ">= 0 (0 = only before and after training)")
-    need("eval.k", e.k, e.k >= 1, ">= 1")
-    need("eval.temperature", e.temperature, e.temperature > 0, "> 0")
+    ck.need("eval.every", e.every, e.every >= 0, ">= 0 (0 = only before and after training)")
+    ck.need("eval.k", e.k, e.k >= 1, ">= 1")
+    ck.need("eval.temperature", e.temperature, e.temperature > 0, "> 0")
     if e.limit is not None:
-        need("eval.limit", e.limit, e.limit >= 1, ">= 1 or null (all)")
-    return out
+        ck.need("eval.limit", e.limit, e.limit >= 1, ">= 1 or null (all)")
 
 
 def validate(cfg: RunConfig, where: str = "config") -> RunConfig:
@@ -715,9 +761,108 @@ def _read_yaml(path: str | Path) -> dict[str, Any]:
     return raw
 
 
+_KEY = re.compile(r"^[A-Za-z_][\w.\[\]<>-]*$")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem of a config: where it was found (the file, or ``config``), the key it is about (``""`` when it
+    is about the whole config) and what is wrong. ``str()`` is the line the CLI prints: ``where: key: message``."""
+
+    where: str
+    key: str
+    message: str
+
+    @classmethod
+    def parse(cls, line: str, where: str) -> "Problem":
+        """The problem a check reported as a line (``where: key: message``, or any text)."""
+        prefixed = line.startswith(f"{where}: ")
+        rest = line[len(where) + 2:] if prefixed else line
+        head, sep, tail = rest.partition(": ")
+        where = where if prefixed else ""  # a line that names no file is printed as it was reported
+        if sep and _KEY.match(head):
+            return cls(where, head, tail)
+        return cls(where, "", rest)
+
+    def __str__(self) -> str:
+        body = f"{self.key}: {self.message}" if self.key else self.message
+        return f"{self.where}: {body}" if self.where else body
+
+
+@dataclass
+class LoadedConfig:
+    """A run's config as loaded and checked: the typed config and what the load learnt beside it.
+
+    ``sources``: where each value set in the file or the overrides came from (``user``, ``preset``, ``loss default``;
+    every other key has its default), for the plan and the stage selection (a fallback stage conflicts only with a
+    choice the run asked for). ``notes``: lines the run prints at its start (loss defaults applied, keys moved).
+    ``plan``: the run's plan once the stages are checked (``mmrlvr.validation.check_run``), built once and handed to
+    the trainer. ``problems``: every problem found, each with its key."""
+
+    config: RunConfig
+    where: str = "config"
+    sources: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    plan: Any = None
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> "LoadedConfig":
+        """A config built in code: its sources read from its values (``value_sources``), no notes, no plan."""
+        return cls(cfg, sources=value_sources(cfg))
+
+    def add(self, lines: list[str]) -> None:
+        """Problems reported as lines by a check; a problem two checks found is kept once."""
+        for line in lines:
+            p = Problem.parse(line, self.where)
+            if p not in self.problems:
+                self.problems.append(p)
+
+    def raise_problems(self) -> "LoadedConfig":
+        """``ConfigErrors`` listing every problem, or ``self``."""
+        if self.problems:
+            raise ConfigErrors([str(p) for p in self.problems])
+        return self
+
+
+def _leaf_values(data: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted key -> value of every leaf of a nested mapping, as ``leaf_keys`` names them (lists are values)."""
+    if not isinstance(data, dict) or (prefix and not data):
+        return {prefix: data} if prefix else {}
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        out.update(_leaf_values(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def value_sources(cfg: RunConfig) -> dict[str, str]:
+    """Where the values of a config built in code come from, read from the values themselves: a key whose value is
+    what its preset (``algo.preset``) or its loss's own defaults give is ``preset`` / ``loss default``, any other key
+    whose value is not the default is ``user``. A loaded config knows its sources from the file and the overrides
+    (``LoadedConfig.sources``); the two differ only for a key set to the value it would have had anyway."""
+    values = _leaf_values(json.loads(json.dumps(dataclasses.asdict(cfg), default=str)))
+    defaults = _leaf_values(json.loads(json.dumps(dataclasses.asdict(RunConfig()), default=str)))
+    seed = {"algo": {"preset": cfg.algo.preset, "loss": cfg.algo.loss},
+            "rollout": {"max_new_tokens": cfg.rollout.max_new_tokens}}
+    filled = _merge_preset(json.loads(json.dumps(seed)), [], "config") if cfg.algo.preset else seed
+    preset = {k: v for k, v in _leaf_values(filled).items() if k not in _leaf_values(seed)}
+    _, defaulted = _apply_loss_defaults(filled, set(seed["algo"]) | {k.split(".", 1)[1] for k in preset
+                                                                     if k.startswith("algo.")})
+    loss = {f"algo.{k}": filled["algo"][k] for k in defaulted}
+    out: dict[str, str] = {}
+    for key, value in values.items():
+        if key in preset and preset[key] == value:
+            out[key] = "preset"
+        elif key in loss and loss[key] == value:
+            out[key] = "loss default"
+        elif value != defaults.get(key):
+            out[key] = "user"
+    return out
+
+
 def collect_config(path: str | Path | None = None, overrides: list[str] | None = None,
-                   data: dict[str, Any] | None = None) -> tuple[RunConfig, list[str]]:
-    """(config, problems): every type, key, override and range problem, none raised.
+                   data: dict[str, Any] | None = None) -> LoadedConfig:
+    """The config with every type, key, override and range problem found (``LoadedConfig.problems``), none raised.
 
     A missing or unreadable file still raises at once (nothing else can be checked). Bad values keep their
     defaults in the returned config so later checks (``mmrlvr.validation``) can still run on the rest.
@@ -741,12 +886,11 @@ def collect_config(path: str | Path | None = None, overrides: list[str] | None =
     cfg = _build(RunConfig, raw, where, "", problems)
     problems += range_problems(cfg, where)
     problems += _builtin_method_problems(cfg, where)
-    cfg.notes = notes  # not a config key: log lines for the run (loss defaults applied, renamed keys)
-    #: not a config key: where each value set in the file or overrides came from (the plan shows it); every
-    #: other key has its default
-    cfg.sources = {**{k: "preset" for k in preset_keys}, **{k: "loss default" for k in loss_default_keys},
-                   **{k: "user" for k in user_keys}}
-    return cfg, problems
+    sources = {**{k: "preset" for k in preset_keys}, **{k: "loss default" for k in loss_default_keys},
+               **{k: "user" for k in user_keys}}
+    loaded = LoadedConfig(cfg, where, sources, notes)
+    loaded.add(problems)
+    return loaded
 
 
 def _builtin_method_problems(cfg: RunConfig, where: str) -> list[str]:
@@ -850,11 +994,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
     Every problem is reported at once (``ConfigErrors``, one line each).
     """
-    where = str(path) if path is not None else "config"
-    cfg, problems = collect_config(path, overrides, data)
-    if problems:
-        raise ConfigErrors(problems)
-    return validate(cfg, where)
+    return load(path, overrides, data).config
+
+
+def load(path: str | Path | None = None, overrides: list[str] | None = None,
+         data: dict[str, Any] | None = None) -> LoadedConfig:
+    """``load_config`` keeping what the load learnt beside the config (``LoadedConfig``: sources, notes), for a
+    trainer that prints the notes and shows each setting's source. Raises ``ConfigErrors`` like ``load_config``."""
+    loaded = collect_config(path, overrides, data).raise_problems()
+    validate(loaded.config, loaded.where)
+    return loaded
 
 
 def describe(cls: type = RunConfig, prefix: str = "") -> list[str]:

@@ -59,7 +59,7 @@ def _batches(items: list[Sample], size: int) -> list[list[Sample]]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def evaluate(engine: RolloutEngine, samples: list[Sample], *, k: int = 8, temperature: float = 1.0,
+def heldout_accuracy(engine: RolloutEngine, samples: list[Sample], *, k: int = 8, temperature: float = 1.0,
              max_new_tokens: int = 64, seed: int = 0, judge: Judge | None = None, batch_size: int = 32,
              progress: bool = True, observe: Callable[[str, list, list], None] | None = None,
              per_prompt: bool = False) -> dict[str, Any]:
@@ -73,7 +73,7 @@ def evaluate(engine: RolloutEngine, samples: list[Sample], *, k: int = 8, temper
     caller can compute more metrics (inconsistency rate, rubric score) on the same responses.
     """
     if not samples:
-        raise ValueError("evaluate() needs at least one sample")
+        raise ValueError("heldout_accuracy() needs at least one sample")
     judge = judge or r1_judge
     greedy_batches = _batches(samples, max(1, batch_size))
     sampled_batches = _batches(samples, max(1, batch_size // max(k, 1))) if k > 0 else []
@@ -122,7 +122,7 @@ def evaluate(engine: RolloutEngine, samples: list[Sample], *, k: int = 8, temper
 
 
 class EvalSeen:
-    """An ``observe`` callback for ``evaluate`` that keeps the greedy completions and their samples."""
+    """An ``observe`` callback for ``heldout_accuracy`` that keeps the greedy completions and their samples."""
 
     def __init__(self) -> None:
         self.completions: list = []

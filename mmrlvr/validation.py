@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlparse
 
-from mmrlvr.config import RunConfig, collect_config, validate
+from mmrlvr.config import LoadedConfig, RunConfig, collect_config, validate
 from mmrlvr.errors import ConfigErrors, UserError, did_you_mean
 
 #: config key -> (what, module, attribute, built-in names) of the registries whose built-ins are not declared
@@ -584,12 +584,11 @@ def preflight_problems(cfg: RunConfig, where: str, *, dry_run: bool = False, res
         from mmrlvr.plugins import use_run_plugins
 
         use_run_plugins(cfg.output_dir, list(cfg.plugins), resume=True)
-    if environment or not cfg.plugins or _plugins_here(cfg.plugins):
+    if plugins_checkable(cfg, environment):
         problems = load_plugins_checked(cfg.plugins, where)
         checks = [name_problems, reward_problems]
     else:  # plugins are files of the target machine: names they register cannot be checked here
         problems, checks = [], []
-        cfg.plugins_unchecked = True  # not a config key: the plan is not checked either
     if environment:
         checks += [model_problems, data_problems, package_problems, guide_problems, teacher_problems]
     for check in checks:
@@ -604,41 +603,49 @@ def preflight_problems(cfg: RunConfig, where: str, *, dry_run: bool = False, res
     return problems
 
 
+def plugins_checkable(cfg: RunConfig, environment: bool) -> bool:
+    """Whether the plug-ins can be imported here: always for a run of this machine; with ``environment=False``
+    (``--config-only``) only when the files are here (else the names they register cannot be checked, nor the
+    plan)."""
+    return environment or not cfg.plugins or _plugins_here(cfg.plugins)
+
+
 def check_run(path: str | Path | None = None, overrides: list[str] | None = None, *,
               data: dict[str, Any] | None = None, dry_run: bool = False, resume: bool = False,
-              overwrite: bool = False, allow_config_change: bool = False, environment: bool = True) -> RunConfig:
-    """Load and check a run's config; raise ``ConfigErrors`` listing every problem, or return the config.
+              overwrite: bool = False, allow_config_change: bool = False, environment: bool = True) -> LoadedConfig:
+    """Load and check a run's config: the config with its sources, notes and plan (``LoadedConfig``), or
+    ``ConfigErrors`` listing every problem.
 
     Creates nothing on disk and loads no model. ``environment=False``: see ``preflight_problems``.
     """
-    where = str(path) if path is not None else "config"
-    cfg, problems = collect_config(path, overrides, data)
-    problems += preflight_problems(cfg, where, dry_run=dry_run, resume=resume, overwrite=overwrite,
-                                   allow_config_change=allow_config_change, environment=environment)
+    loaded = collect_config(path, overrides, data)
+    cfg, where = loaded.config, loaded.where
+    loaded.add(preflight_problems(cfg, where, dry_run=dry_run, resume=resume, overwrite=overwrite,
+                                  allow_config_change=allow_config_change, environment=environment))
     # the plan: stage selection, conflicts, each selected stage's checks (torch-free unless a credit scheme is set);
     # with plug-ins of another machine (--config-only) the stages they register are unknown here
-    plan_problems = [] if getattr(cfg, "plugins_unchecked", False) else plan_check(cfg, where, partial=bool(problems))
-    problems = list(dict.fromkeys(problems + plan_problems))  # a problem found by two checks is listed once
-    if not problems and environment:  # the model's structure (torch): once everything the config decides is right
-        problems = model_structure_problems(cfg, where)
-    if problems:
-        raise ConfigErrors(problems)
-    cfg = validate(cfg, where)
-    return cfg
+    if plugins_checkable(cfg, environment):
+        loaded.add(plan_check(loaded, partial=bool(loaded.problems)))
+    if not loaded.problems and environment:  # the model's structure (torch): once everything the config decides
+        loaded.add(model_structure_problems(cfg, where))  # is right
+    loaded.raise_problems()
+    validate(cfg, where)
+    return loaded
 
 
-def plan_check(cfg: RunConfig, where: str, *, partial: bool = False) -> list[str]:
-    """Build the run's plan onto ``cfg.plan`` (``mmrlvr.train.plan``); its problems, one line each. ``partial``:
-    the config already has problems (bad values were replaced by defaults), so a stage lookup that fails on them
-    is left to the check that reported them."""
+def plan_check(loaded: LoadedConfig, *, partial: bool = False) -> list[str]:
+    """Build the run's plan into ``loaded.plan`` (``mmrlvr.train.plan``); its problems, one line each.
+    ``partial``: the config already has problems (bad values were replaced by defaults), so a stage lookup that
+    fails on them is left to the check that reported them."""
     import contextlib
 
     from mmrlvr.train.plan import build_plan
 
+    where = loaded.where
     try:
         # with other problems found, a selection that needs torch (a credit scheme's class) waits for their fix
         with _no_heavy_imports() if partial else contextlib.nullcontext():
-            cfg.plan = build_plan(cfg)  # not a config key: what will run (printed by --dry-run, written as plan.json)
+            loaded.plan = build_plan(loaded.config, loaded.sources)  # printed by --dry-run, handed to the trainer
     except _HeavyImportBlocked:
         return []
     except ConfigErrors as exc:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mmrlvr.consistency.evaluate import evaluate_consistency
+from mmrlvr.consistency.heldout import evaluate_consistency
 from mmrlvr.consistency.metrics import score_completions
 from mmrlvr.data import make_rows, rows_to_samples
 from mmrlvr.errors import UserError
 from mmrlvr.models import build_tiny, load_policy
 from mmrlvr.rollout.base import RolloutBatch, SamplingParams
 from mmrlvr.rollout.hf import HFEngine
-from mmrlvr.train.evaluate import evaluate_samples
+from mmrlvr.train.heldout import evaluate_samples
 from mmrlvr.train.model_path import tiny_spec
 from mmrlvr.types import Completion, Sample
 from scripted_engine import ScriptedEngine  # noqa: E402  (tests/ is on sys.path under pytest)

@@ -26,7 +26,7 @@ STEPS = 100
 
 def test_default_variant_lowers_inconsistency_and_keeps_thinking(tmp_path):
     from mmrlvr.config import load_config
-    from mmrlvr.consistency.evaluate import evaluate_consistency
+    from mmrlvr.consistency.heldout import evaluate_consistency
     from mmrlvr.consistency.reward import DEFAULT_VARIANT
     from mmrlvr.train.trainer import Trainer
 

@@ -1,4 +1,4 @@
-"""evaluate(): judge table, metric arithmetic on a scripted engine, sane values on a real tiny model."""
+"""heldout_accuracy(): judge table, metric arithmetic on a scripted engine, sane values on a real tiny model."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mmrlvr.data import make_rows, rows_to_samples
-from mmrlvr.evaluation import evaluate, normalise_answer, r1_judge
+from mmrlvr.evaluation import heldout_accuracy, normalise_answer, r1_judge
 from mmrlvr.models import build_tiny, load_policy
 from mmrlvr.rollout.base import RolloutBatch, SamplingParams
 from mmrlvr.rollout.hf import HFEngine
@@ -46,26 +46,26 @@ def test_metric_arithmetic():
         sampled={"a": [ok, ok, bad, unformatted], "b": [bad, bad, bad, bad]},
     )
     samples = [_sample("1", "a"), _sample("1", "b")]
-    m = evaluate(engine, samples, k=4, batch_size=4, progress=False)
+    m = heldout_accuracy(engine, samples, k=4, batch_size=4, progress=False)
     # greedy: a right, b wrong -> 1/2. avg@4: a 2/4, b 0/4 -> (0.5 + 0) / 2 = 0.25
     # pass@4: a yes, b no -> 0.5. format: a 3/4, b 4/4 -> (0.75 + 1) / 2 = 0.875
     assert m == {"n": 2, "k": 4, "greedy_accuracy": 0.5, "greedy_format_rate": 1.0, "avg@4": 0.25,
                  "pass@4": 0.5, "format_rate": 0.875}
     # per prompt (what a paired comparison of two runs needs): a greedy right with 2 of 4, b wrong with 0 of 4
-    per = evaluate(engine, samples, k=4, batch_size=4, progress=False, per_prompt=True)["per_prompt"]
+    per = heldout_accuracy(engine, samples, k=4, batch_size=4, progress=False, per_prompt=True)["per_prompt"]
     assert per == [{"id": "a", "greedy": 1, "hits": 2}, {"id": "b", "greedy": 0, "hits": 0}]
 
 
 def test_custom_judge_and_k_zero():
     engine = ScriptedEngine(greedy={"a": "anything"}, sampled={})
-    m = evaluate(engine, [_sample("1", "a")], k=0, judge=lambda text, s: (True, False), progress=False)
+    m = heldout_accuracy(engine, [_sample("1", "a")], k=0, judge=lambda text, s: (True, False), progress=False)
     assert m == {"n": 1, "k": 0, "greedy_accuracy": 1.0, "greedy_format_rate": 0.0}
 
 
 def test_evaluate_on_a_tiny_model(tmp_path):
     model, processor = load_policy(build_tiny("qwen2_5_vl", tmp_path / "m", seed=0))
     samples = rows_to_samples(make_rows("count", "test", 4, seed=0))
-    m = evaluate(HFEngine(model, processor), samples, k=2, max_new_tokens=8, batch_size=4, progress=False)
+    m = heldout_accuracy(HFEngine(model, processor), samples, k=2, max_new_tokens=8, batch_size=4, progress=False)
     assert m["n"] == 4 and m["k"] == 2
     for key in ("greedy_accuracy", "greedy_format_rate", "avg@2", "pass@2", "format_rate"):
         assert 0.0 <= m[key] <= 1.0

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mmrlvr.config import AlgoConfig, collect_config, load_config
+from mmrlvr.config import AlgoConfig, collect_config, load, load_config
 from mmrlvr.errors import ConfigErrors, UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,10 +69,12 @@ def test_a_misspelt_advantage_parameter_exits_2_naming_the_estimator_and_the_acc
 
 
 def test_wrong_type_and_range_name_the_accepted_range():
-    _, problems = collect_config(ROOT / "configs/demo-tiny.yaml",
-                                 ["algo.loss=nsr", "algo.loss_params.noise=1.5", "algo.advantage=reinforce_pp",
-                                  "algo.advantage_params.whiten_scope=tokens", "algo.advantage_params.baseline=3"])
-    text = "\n".join(problems)
+    loaded = collect_config(ROOT / "configs/demo-tiny.yaml",
+                            ["algo.loss=nsr", "algo.loss_params.noise=1.5", "algo.advantage=reinforce_pp",
+                             "algo.advantage_params.whiten_scope=tokens", "algo.advantage_params.baseline=3"])
+    text = "\n".join(str(p) for p in loaded.problems)
+    # each problem keeps its key apart from its message
+    assert {p.key for p in loaded.problems} >= {"algo.loss_params.noise", "algo.advantage_params.whiten_scope"}
     assert "algo.loss_params.noise: policy loss 'nsr': must be in (0, 1], got 1.5" in text
     assert "algo.advantage_params.whiten_scope: advantage estimator 'reinforce_pp': must be one of batch_tokens, " \
            "sequence" in text
@@ -118,9 +120,9 @@ def test_grpo_unbiased_std_is_settable_and_presets_use_the_same_path():
     _group_stage(["algo.advantage_params.unbiased=false"])(b)
     # population std of [1,0,0,0] = sqrt(3/16) = 0.4330; A_0 = 0.75 / (0.4330 + 1e-6)
     assert float(b.advantages[0]) == pytest.approx(0.75 / (3 / 16) ** 0.5, rel=1e-5)
-    cfg = load_config(ROOT / "configs/demo-tiny.yaml", ["algo.preset=grpo"])
-    assert cfg.algo.advantage_params == {"unbiased": True, "eps": 1e-6}
-    assert cfg.sources["algo.advantage_params.unbiased"] == "preset"
+    loaded = load(ROOT / "configs/demo-tiny.yaml", ["algo.preset=grpo"])
+    assert loaded.config.algo.advantage_params == {"unbiased": True, "eps": 1e-6}
+    assert loaded.sources["algo.advantage_params.unbiased"] == "preset"
 
 
 def test_an_estimator_may_return_diagnostics():
@@ -141,13 +143,13 @@ def test_an_estimator_may_return_diagnostics():
 
 # ------------------------------------------------------------------------------------------- old keys
 def test_old_method_keys_move_to_their_method_with_a_note():
-    cfg = load_config(ROOT / "configs/demo-tiny.yaml", ["algo.loss=popo", "algo.popo_threshold=0.5"])
-    assert cfg.algo.loss_params == {"threshold": 0.5}
-    assert any("algo.popo_threshold is now algo.loss_params.threshold" in n for n in cfg.notes)
+    loaded = load(ROOT / "configs/demo-tiny.yaml", ["algo.loss=popo", "algo.popo_threshold=0.5"])
+    assert loaded.config.algo.loss_params == {"threshold": 0.5}
+    assert any("algo.popo_threshold is now algo.loss_params.threshold" in n for n in loaded.notes)
     cfg = load_config(ROOT / "configs/demo-tiny.yaml", ["algo.clip=acpo", "algo.acpo_alpha=2"])
     assert cfg.algo.clip_params == {"alpha": 2}
-    cfg = load_config(ROOT / "configs/demo-tiny.yaml", ["algo.nsr_noise=0.3"])  # the run's loss is not nsr
-    assert cfg.algo.loss_params == {} and any("algo.nsr_noise is inert" in n for n in cfg.notes)
+    loaded = load(ROOT / "configs/demo-tiny.yaml", ["algo.nsr_noise=0.3"])  # the run's loss is not nsr
+    assert loaded.config.algo.loss_params == {} and any("algo.nsr_noise is inert" in n for n in loaded.notes)
     with pytest.raises(ConfigErrors, match="algo.popo_threshold and algo.loss_params.threshold are the same"):
         load_config(ROOT / "configs/demo-tiny.yaml",
                     ["algo.loss=popo", "algo.popo_threshold=0.5", "algo.loss_params.threshold=0.7"])
@@ -157,7 +159,8 @@ def test_old_method_keys_move_to_their_method_with_a_note():
 def _plan(path: str, overrides: list[str]):
     from mmrlvr.train.plan import build_plan
 
-    return build_plan(load_config(ROOT / path, overrides))
+    loaded = load(ROOT / path, overrides)
+    return build_plan(loaded.config, loaded.sources)
 
 
 #: every pair of settings that would choose different stages for one job
@@ -360,10 +363,11 @@ def test_a_loss_declared_in_one_file_reaches_help_validation_defaults_notes_and_
     path.write_text(_ONE_FILE_LOSS)
     try:
         load_plugins([str(path)])  # imported before the config is read, as mmrlvr.algos.losses is
-        cfg = load_config(ROOT / "configs" / "demo-tiny.yaml", ["algo.loss=scaled_ppo_test"])
+        loaded = load(ROOT / "configs" / "demo-tiny.yaml", ["algo.loss=scaled_ppo_test"])
+        cfg = loaded.config
         # its clip range (the signature's defaults) and its aggregation (the declaration's), with its reason
         assert (cfg.algo.eps_low, cfg.algo.eps_high, cfg.algo.agg) == (0.1, 0.3, "seq-mean-token-mean")
-        assert any("the test loss's own range" in n for n in cfg.notes)
+        assert any("the test loss's own range" in n for n in loaded.notes)
         assert loss_defaults("scaled_ppo_test") == {"eps_low": 0.1, "eps_high": 0.3, "agg": "seq-mean-token-mean"}
         line = next(ln for ln in describe() if ln.startswith("algo.loss = "))
         assert "scaled_ppo_test" in line

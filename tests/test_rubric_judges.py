@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from mmrlvr.rubric import LocalJudge, OpenAIJudge, RubricReward, load_rubric_text
-from mmrlvr.rubric.routing import evaluate
+from mmrlvr.rubric.routing import criterion_verdicts
 from mmrlvr.testing.judge_server import JudgeServer
 from mmrlvr.types import Sample
 
@@ -57,7 +57,7 @@ def judge(server, model, **kw):
 
 def verdicts(j, responses=(GOOD, MEH), answer="2"):
     s = sample(answer=answer)
-    return evaluate([RUBRIC] * len(responses), list(responses), [s] * len(responses), j)
+    return criterion_verdicts([RUBRIC] * len(responses), list(responses), [s] * len(responses), j)
 
 
 class TestRuleModes:
@@ -263,9 +263,9 @@ def test_local_text_only_judge(tiny_text_lm):
     j = LocalJudge(tiny_text_lm, max_new_tokens=8)
     assert not j.generator.is_vlm
     text_only = load_rubric_text("criteria:\n  - {id: a, text: 'Mentions \"red\"', category: important}\n")
-    out = evaluate([text_only], ["red"], [sample()], j)
+    out = criterion_verdicts([text_only], ["red"], [sample()], j)
     assert out[0][0].met is None and out[0][0].raw != ""
     # a criterion that needs the image cannot go to a text-only judge: a clear error, not a silent unknown
     with pytest.raises(UserError, match="text-only"):
-        evaluate([RUBRIC], [GOOD], [sample()], j)
+        criterion_verdicts([RUBRIC], [GOOD], [sample()], j)
     j.close()

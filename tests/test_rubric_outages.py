@@ -25,7 +25,7 @@ import yaml
 from mmrlvr.cli import main as mmrlvr_main
 from mmrlvr.errors import UserError
 from mmrlvr.rubric import JudgeUnavailableError, OpenAIJudge, RubricReward, load_rubric_text
-from mmrlvr.rubric.routing import evaluate
+from mmrlvr.rubric.routing import criterion_verdicts
 from mmrlvr.testing.judge_server import JudgeServer
 from mmrlvr.types import Sample
 
@@ -59,7 +59,7 @@ def judged(server, model, responses, **kw):
     kw.setdefault("max_retries", 0)
     j = OpenAIJudge(model=model, base_url=server.base_url, **kw)
     try:
-        out = evaluate([RUBRIC] * len(responses), list(responses), [sample()] * len(responses), j)
+        out = criterion_verdicts([RUBRIC] * len(responses), list(responses), [sample()] * len(responses), j)
     finally:
         j.close()
     return [row[1] for row in out], j

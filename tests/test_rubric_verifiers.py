@@ -11,7 +11,7 @@ from PIL import Image
 from mmrlvr.errors import DataError
 from mmrlvr.rubric import load_rubric_text, parse_verdict
 from mmrlvr.rubric.prompts import escape_fences, openai_messages, render_user_text
-from mmrlvr.rubric.routing import evaluate, judge_request, judge_twin, route, run_program
+from mmrlvr.rubric.routing import criterion_verdicts, judge_request, judge_twin, route, run_program
 from mmrlvr.rubric.verdicts import majority
 from mmrlvr.rubric.verifiers import expected_value, extract, section
 from mmrlvr.types import Sample
@@ -125,7 +125,7 @@ class TestMinimalExposure:
     def test_judge_criteria_need_a_judge(self):
         r = load_rubric_text("criteria:\n  - {id: j, text: t, category: important}\n")
         with pytest.raises(DataError, match="needs a judge"):
-            evaluate([r], ["x"], [sample()], None)
+            criterion_verdicts([r], ["x"], [sample()], None)
 
 
 class TestFencing:

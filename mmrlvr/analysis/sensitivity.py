@@ -164,7 +164,7 @@ def analyse(run_dir: str | Path, *, perturbations: str | Sequence[str] = DEFAULT
     """The flip rates of a run (the function behind the sub-command)."""
     from mmrlvr.analysis.prefix import eval_judge, pick_checkpoints, run_config
     from mmrlvr.data.prompts import answer_format
-    from mmrlvr.train.evaluate import load_eval_samples
+    from mmrlvr.train.heldout import load_eval_samples
     from mmrlvr.train.export import load_checkpoint_model
 
     run = Path(run_dir)

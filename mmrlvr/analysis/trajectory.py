@@ -227,7 +227,7 @@ class HeldOut:
     def score(self, model: Any, processor: Any) -> dict[str, Any]:
         """greedy accuracy, avg@k, pass@k, format rates of ``model`` (``evaluate_samples``, answer judge)."""
         from mmrlvr.rollout.hf import HFEngine
-        from mmrlvr.train.evaluate import evaluate_samples
+        from mmrlvr.train.heldout import evaluate_samples
 
         model.eval()
         return evaluate_samples(HFEngine(model, processor), self.samples, k=self.k, temperature=self.temperature,
@@ -247,7 +247,7 @@ def held_out(cfg: Any, data: str | None, limit: int, k: int, *, max_new_tokens: 
              what: str = "the run", hint: str = "or --eval-limit 0 for no held-out accuracy") -> HeldOut:
     """The first ``limit`` prompts of ``data`` (default: the config's ``data.eval``), as ``mmrlvr eval`` loads
     them; sampling settings from the config (temperature, seed, ``rollout.max_new_tokens``)."""
-    from mmrlvr.train.evaluate import load_eval_samples
+    from mmrlvr.train.heldout import load_eval_samples
 
     spec = data or cfg.data.eval
     if not spec:

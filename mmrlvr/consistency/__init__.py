@@ -49,7 +49,7 @@ _LAZY = {
     "answer_probs": "mmrlvr.consistency.likelihood",
     "answer_likelihoods": "mmrlvr.consistency.likelihood",
     "build_answer_inputs": "mmrlvr.consistency.likelihood",
-    "evaluate_consistency": "mmrlvr.consistency.evaluate",
+    "evaluate_consistency": "mmrlvr.consistency.heldout",
 }
 
 

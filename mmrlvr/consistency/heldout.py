@@ -1,7 +1,7 @@
 """Held-out evaluation with thinking–answer consistency: accuracy metrics plus the rule analysis.
 
 ``evaluate_consistency(engine, samples)`` decodes each held-out prompt once greedily and k times at
-temperature T (the same draws, seeds and verifier as ``mmrlvr.train.evaluate.evaluate_samples``, so its
+temperature T (the same draws, seeds and verifier as ``mmrlvr.train.heldout.evaluate_samples``, so its
 ``greedy_accuracy`` / ``avg@k`` / ``pass@k`` equal the trainer's eval numbers for the same model), then
 scores both sets of completions with ``metrics.score_completions``:
 

@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 from mmrlvr.data import make_rows, rows_to_samples
 from mmrlvr.data import synth
 from mmrlvr.errors import UserError
-from mmrlvr.evaluation import EvalSeen, evaluate, tool_metrics
+from mmrlvr.evaluation import EvalSeen, heldout_accuracy, tool_metrics
 from mmrlvr.models.kernels import LABEL as KERNELS
 from mmrlvr.models.kernels import check_pinned, env_pinned, kernel_state, pinned_env
 from mmrlvr.models.loading import load_policy
@@ -514,7 +514,7 @@ def _build(out: Path, marker: Path, options: dict[str, Any], digest: str, *, fam
     train_s = time.perf_counter() - t_train
     model.eval()
     model.save_pretrained(out)
-    test = evaluate(engine, rows_to_samples(test_rows, template=template), k=k, temperature=1.0, max_new_tokens=max_new,
+    test = heldout_accuracy(engine, rows_to_samples(test_rows, template=template), k=k, temperature=1.0, max_new_tokens=max_new,
                     seed=seed, progress=progress)
     result = {**test, "family": family, "task": task, "answer_noise": answer_noise, "seed": seed,
               "steps_run": step, "train_s": round(train_s, 2), "total_s": round(time.perf_counter() - t_start, 2),
@@ -611,7 +611,7 @@ def _validate(engine: Any, val_samples: list[Sample], max_new: int, seed: int, s
     """Greedy accuracy on the validation samples and the history entry for ``step`` (with the multi-turn metrics of
     a tool task)."""
     seen = EvalSeen()
-    val = evaluate(engine, val_samples, k=0, max_new_tokens=max_new, seed=seed, progress=False, observe=seen)
+    val = heldout_accuracy(engine, val_samples, k=0, max_new_tokens=max_new, seed=seed, progress=False, observe=seen)
     return val["greedy_accuracy"], {
         "step": step, "loss": float(loss.item()), "val_greedy_accuracy": val["greedy_accuracy"],
         **{f"val_greedy_{key}": v for key, v in tool_metrics(seen.completions, seen.samples).items()}}

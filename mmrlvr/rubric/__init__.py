@@ -36,7 +36,7 @@ from mmrlvr.rubric.judges import (
 from mmrlvr.rubric.loading import RubricError, load_rubric_file, load_rubric_text, parse_instance_rubric
 from mmrlvr.rubric.prompts import JudgeRequest, escape_fences, openai_messages, render_user_text
 from mmrlvr.rubric.reward import RubricReward
-from mmrlvr.rubric.routing import evaluate, judge_request, judge_twin, route, run_program
+from mmrlvr.rubric.routing import criterion_verdicts, judge_request, judge_twin, route, run_program
 from mmrlvr.rubric.schema import CATEGORIES, DEFAULT_WEIGHTS, Check, Criterion, Rubric
 from mmrlvr.rubric.verdicts import Verdict, majority, parse_verdict
 
@@ -44,7 +44,7 @@ __all__ = [
     "AGGREGATIONS", "Agreement", "CATEGORIES", "Check", "Criterion", "DEFAULT_WEIGHTS", "HFChatGenerator",
     "JUDGES", "Judge", "JudgeRequest", "JudgeStats", "JudgeUnavailableError", "LocalJudge", "OpenAIJudge", "Pow3rConfig", "Rubric",
     "RubricError", "RubricReward", "Verdict", "agreement", "build_judge", "cohen_kappa", "escape_fences",
-    "evaluate", "hierarchical", "judge_endpoint_problem", "judge_param_problems", "judge_request", "judge_twin", "load_rubric_file", "load_rubric_text",
+    "criterion_verdicts", "hierarchical", "judge_endpoint_problem", "judge_param_problems", "judge_request", "judge_twin", "load_rubric_file", "load_rubric_text",
     "majority", "openai_messages", "parse_instance_rubric", "parse_verdict", "pass_rates", "pow3r_targets",
     "pow3r_update", "rar", "render_user_text", "route", "run_program", "saturated", "score_group",
     "vote_agreement",

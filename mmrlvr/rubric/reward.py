@@ -54,7 +54,7 @@ from mmrlvr.rewards.base import REWARDS
 from mmrlvr.rubric.aggregate import AGGREGATIONS, Pow3rConfig, pass_rates, pow3r_targets, pow3r_update, score_group
 from mmrlvr.rubric.judges import Judge, JudgeStats, JudgeUnavailableError, build_judge, judge_param_problems
 from mmrlvr.rubric.loading import load_rubric_file, parse_instance_rubric
-from mmrlvr.rubric.routing import CHECK_ERROR, evaluate, route
+from mmrlvr.rubric.routing import CHECK_ERROR, criterion_verdicts, route
 from mmrlvr.rubric.verifiers import CheckLimits
 from mmrlvr.rubric.schema import Rubric
 from mmrlvr.rubric.verdicts import TIMEOUT, Verdict
@@ -135,7 +135,7 @@ class RubricReward:
         rubrics = [self.rubric_for(s, i) for i, s in enumerate(samples)]
         judge = self.judge if any(r.needs_judge for r in rubrics) else None
         before = JudgeStats(**vars(judge.stats)) if judge is not None else None
-        verdicts = evaluate(rubrics, texts, samples, judge, self.limits)
+        verdicts = criterion_verdicts(rubrics, texts, samples, judge, self.limits)
         results: list[RewardResult | None] = [None] * len(texts)
         n_undetermined, n_saturated, n_crit = 0, 0, 0
         for idx in self.groups(samples):

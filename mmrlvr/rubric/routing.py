@@ -7,7 +7,7 @@
   of the response, the question (unless ``show_question: false``), the reference answer only with
   ``show_reference: true``, and the images only with ``needs_image: true``.
 
-``evaluate`` runs a whole batch: programs inline, every judge request in one ``judge.judge_batch`` call
+``criterion_verdicts`` runs a whole batch: programs inline, every judge request in one ``judge.judge_batch`` call
 (so an HTTP judge can run them concurrently and a local judge can batch them).
 
 Containment: the response is written by the policy, so nothing it contains may stop a run. Every program
@@ -117,9 +117,9 @@ def guarded_judge_request(criterion: Criterion, response: str, sample: Sample | 
                                         f"{type(exc).__name__}: {str(exc)[:160]}") from None
 
 
-def evaluate(rubrics: Sequence[Rubric], responses: Sequence[str], samples: Sequence[Sample | None],
-             judge: JudgeLike | None, limits: verifiers.CheckLimits = verifiers.DEFAULT_LIMITS
-             ) -> list[list[Verdict]]:
+def criterion_verdicts(rubrics: Sequence[Rubric], responses: Sequence[str], samples: Sequence[Sample | None],
+                       judge: JudgeLike | None, limits: verifiers.CheckLimits = verifiers.DEFAULT_LIMITS
+                       ) -> list[list[Verdict]]:
     """Verdicts for every (response, criterion): ``out[i][j]`` for response i and its rubric's criterion j.
 
     Judge criteria need ``judge``; without one they are an error naming the criterion (a silent

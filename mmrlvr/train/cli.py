@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
             from mmrlvr.config import collect_config
             from mmrlvr.plugins import load_run_plugins
 
-            cfg = collect_config(args.config)[0]
+            cfg = collect_config(args.config).config
             load_run_plugins(cfg.output_dir, cfg.plugins, quiet=True)  # a run's config.yaml: its copies too
         print("\n".join(describe()))
         print("\nmethods and their parameters (set them under the params key beside the name):")
@@ -81,14 +81,15 @@ def main(argv: list[str]) -> int:
 
     if args.config_only and not args.dry_run:
         build_parser().error("--config-only goes with --dry-run (a run needs its model, data and folder checked)")
-    cfg = check_run(args.config, args.overrides, dry_run=args.dry_run, resume=args.resume,
-                    overwrite=args.overwrite, allow_config_change=args.allow_config_change,
-                    environment=not args.config_only)
+    loaded = check_run(args.config, args.overrides, dry_run=args.dry_run, resume=args.resume,
+                       overwrite=args.overwrite, allow_config_change=args.allow_config_change,
+                       environment=not args.config_only)
+    cfg = loaded.config
     if args.dry_run:
         print(cfg.to_yaml())  # secrets redacted
         # the plan as YAML comments: stdout stays the resolved config, readable by yaml.safe_load
-        plan = getattr(cfg, "plan", None)
-        lines = [f"note: {n}" for n in getattr(cfg, "notes", [])] + (
+        plan = loaded.plan
+        lines = [f"note: {n}" for n in loaded.notes] + (
             plan.lines() if plan is not None else ["plan: not built (the plug-ins are files of another machine)"])
         print("\n".join(f"# {ln}" for ln in lines))
         return 0
@@ -102,7 +103,7 @@ def main(argv: list[str]) -> int:
         from mmrlvr.train.trainer import Trainer
 
         with stop_all_ranks_on_failure():  # several processes: a failing rank stops them all, never a hang
-            trainer = Trainer(cfg, resume=args.resume)
+            trainer = Trainer(loaded, resume=args.resume)
             summary = trainer.train()
     finally:
         lock.release()

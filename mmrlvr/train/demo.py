@@ -85,7 +85,7 @@ def format_table(before: dict[str, Any], after: dict[str, Any]) -> str:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    from mmrlvr.config import load_config
+    from mmrlvr.config import load
     from mmrlvr.train.trainer import Trainer
 
     overrides = [f"output_dir={args.out}", f"seed={args.seed}", *args.overrides]
@@ -98,11 +98,12 @@ def main(argv: list[str]) -> int:
     eval_size = demo_eval_size(demo_config_dict(), args.steps, args.eval_size, args.overrides)
     if eval_size is not None:
         overrides.append(f"data.eval_size={eval_size}")
-    cfg = load_config(data=demo_config_dict(), overrides=overrides)
+    loaded = load(data=demo_config_dict(), overrides=overrides)  # its notes are printed when the run starts
+    cfg = loaded.config
     print(f"mmrlvr demo: training {cfg.model.path} on {cfg.data.train} for {cfg.max_steps} steps -> {cfg.output_dir}")
     if eval_size is not None and args.eval_size is None:
         print(f"mmrlvr demo: evaluating on {eval_size} held-out prompts (scaled with --steps; --eval-size N to change)")
-    trainer = Trainer(cfg)
+    trainer = Trainer(loaded)
     summary = trainer.train()
     before, after = summary.get("before", {}), summary.get("after", {})
     print()

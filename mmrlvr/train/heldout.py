@@ -19,10 +19,10 @@ def evaluate_samples(engine, samples, *, k: int = 8, temperature: float = 1.0, m
                      seed: int = 0, progress: bool = True, batch_size: int = 32, observe=None,
                      per_prompt: bool = False) -> dict[str, Any]:
     """Evaluate with the project's answer verifiers (same normalisation as the accuracy reward)."""
-    from mmrlvr.evaluation import evaluate
+    from mmrlvr.evaluation import heldout_accuracy
     from mmrlvr.rewards import answer_judge
 
-    return evaluate(engine, samples, k=k, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+    return heldout_accuracy(engine, samples, k=k, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
                     judge=answer_judge, batch_size=batch_size, progress=progress, observe=observe,
                     per_prompt=per_prompt)
 

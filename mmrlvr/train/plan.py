@@ -47,12 +47,20 @@ class Plan:
         out += [f"note: {n}" for n in self.notes]
         return out
 
+    def names(self) -> dict[str, list[str]]:
+        """The stages of each kind, in order (what the trainer's pipeline instantiates); every kind present."""
+        from mmrlvr.train.stages.base import STAGE_KINDS
+
+        out: dict[str, list[str]] = {kind: [] for kind in STAGE_KINDS}
+        for st in self.stages:
+            out.setdefault(st.kind, []).append(st.name)
+        return out
+
     def to_json(self) -> str:
         return json.dumps({"stages": [asdict(s) for s in self.stages], "notes": self.notes}, indent=2, default=str)
 
 
-def _source(cfg: Any, key: str) -> str:
-    sources = getattr(cfg, "sources", {}) or {}
+def _source(sources: dict[str, str], key: str) -> str:
     if key in sources:
         return sources[key]
     # a whole section set at once (rewards: [...]) or a parent mapping given
@@ -68,11 +76,11 @@ def _covered(key: str, reads: set[str]) -> bool:
     return any(key == r or (r.endswith(".") and key.startswith(r)) or key.startswith(r + ".") for r in reads)
 
 
-def inert_notes(cfg: Any, selected: list[type], registered: list[type]) -> list[str]:
+def inert_notes(sources: dict[str, str], selected: list[type], registered: list[type]) -> list[str]:
     """One note per key the user set that only stages this run does not use read."""
     read_now = {r for cls in selected for r in cls.reads} | {k for cls in selected for k in cls.selected_by}
     notes = []
-    for key, src in sorted((getattr(cfg, "sources", {}) or {}).items()):
+    for key, src in sorted(sources.items()):
         if src != "user" or _covered(key, read_now):
             continue
         readers = [cls for cls in registered if _covered(key, set(cls.reads))]
@@ -84,12 +92,16 @@ def inert_notes(cfg: Any, selected: list[type], registered: list[type]) -> list[
     return notes
 
 
-def build_plan(cfg: Any) -> Plan:
-    """The run's plan, or ``ConfigErrors`` listing every problem of the stage selection and the selected stages."""
+def build_plan(cfg: Any, sources: dict[str, str] | None = None) -> Plan:
+    """The run's plan, or ``ConfigErrors`` listing every problem of the stage selection and the selected stages.
+    ``sources``: where the config's values came from (``mmrlvr.config.LoadedConfig.sources``); None: read from
+    the values (``mmrlvr.config.value_sources``)."""
     import mmrlvr.train.stages  # noqa: F401 - registers the built-in stages
-    from mmrlvr.train.stages.base import STAGE_KINDS, STAGES, ExplicitStageError, StageConflict, select_all
+    from mmrlvr.train.stages.base import (STAGE_KINDS, STAGES, ExplicitStageError, StageConflict, config_sources,
+                                          select_all)
 
-    chosen, errors = select_all(cfg)
+    sources = config_sources(cfg, sources)
+    chosen, errors = select_all(cfg, sources)
     # a conflict or a misspelt stages.<kind> name is the user's to fix; any other lookup a selection made failed on
     # a value another check reports (an unknown credit scheme): "stages: ..."
     problems: list[str] = [str(exc) if isinstance(exc, (StageConflict, ExplicitStageError)) else f"stages: {exc}"
@@ -115,10 +127,10 @@ def build_plan(cfg: Any) -> Plan:
             from mmrlvr.config import redact_secrets
 
             settings = redact_secrets(settings)  # a reward's api_key never reaches the log, plan.json or the inspector
-            stages.append(PlannedStage(kind, name, reason, settings, {k: _source(cfg, k) for k in settings}))
+            stages.append(PlannedStage(kind, name, reason, settings, {k: _source(sources, k) for k in settings}))
     if problems:
         raise ConfigErrors(list(dict.fromkeys(problems)))
     registered = [STAGES[k].get(n) for k in STAGE_KINDS for n in STAGES[k].names()]
     from mmrlvr.methods import method_notes
 
-    return Plan(stages, inert_notes(cfg, selected, registered) + method_notes(cfg))
+    return Plan(stages, inert_notes(sources, selected, registered) + method_notes(cfg))

@@ -154,14 +154,14 @@ class Runtime:
     def eval_rubric(self):
         """The rubric reward for held-out scoring, as a static-weight copy (scoring held-out responses must not
         move POW3R's training state), or None when the run has no rubric reward."""
-        from mmrlvr.train.evaluate import eval_rubric
+        from mmrlvr.train.heldout import eval_rubric
 
         return eval_rubric(self.cfg, self.reward_fns())
 
-    def evaluate(self) -> tuple[dict[str, Any], dict[str, float]]:
+    def heldout_eval(self) -> tuple[dict[str, Any], dict[str, float]]:
         """The held-out evaluation: greedy accuracy, avg@k, pass@k, plus the inconsistency rate (and the rubric
         score when a rubric reward is configured) on the very same responses. Returns (result, eval/* metrics)."""
-        from mmrlvr.train.evaluate import evaluate_run
+        from mmrlvr.train.heldout import evaluate_run
 
         cfg = self.cfg
         self.model.eval()
@@ -267,8 +267,9 @@ def build_engine(cfg: RunConfig, policy: torch.nn.Module, processor: Any):
     return HFEngine(policy, processor)
 
 
-def build_runtime(cfg: RunConfig) -> Runtime:
-    """Set up a run: processes, policy (+ LoRA / reference), optimizer, engine, reward and data."""
+def build_runtime(cfg: RunConfig, notes: list[str] | tuple[str, ...] = ()) -> Runtime:
+    """Set up a run: processes, policy (+ LoRA / reference), optimizer, engine, reward and data; ``notes`` (the
+    load's: loss defaults applied, keys moved) printed once by the main process."""
     from accelerate import Accelerator
 
     from mmrlvr.plugins import load_plugins
@@ -279,7 +280,7 @@ def build_runtime(cfg: RunConfig) -> Runtime:
 
     topology = distributed.setup(accel, cfg, cfg.output_dir)  # a lone copy of an N-process launch stops here
     if accel.is_main_process:
-        for note in getattr(cfg, "notes", []):
+        for note in notes:
             print(f"note: {note}", file=sys.stderr)
     torch.manual_seed(cfg.seed)
     model, processor, ref_model = _load_model(cfg, accel)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mmrlvr.config import RunConfig
+from mmrlvr.config import LoadedConfig, RunConfig
 from mmrlvr.train.batch import StepBatch
 from mmrlvr.train.metrics import MetricsWriter
 from mmrlvr.train.runtime import build_runtime
@@ -29,7 +29,12 @@ StepData = StepBatch  # the name older code and plug-ins use
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, *, resume: bool = False) -> None:
+    def __init__(self, config: RunConfig | LoadedConfig, *, resume: bool = False) -> None:
+        """``config``: a loaded and checked config (``mmrlvr.config.load``, ``mmrlvr.validation.check_run``: its
+        notes are printed, its plan reused) or a ``RunConfig`` (its sources read from its values)."""
+        loaded = config if isinstance(config, LoadedConfig) else LoadedConfig.of(config)
+        self.loaded = loaded
+        cfg = loaded.config
         self.cfg = cfg
         self.run_dir = Path(cfg.output_dir)
         self.resume = resume
@@ -46,10 +51,11 @@ class Trainer:
             print_rank0(f"note: {note}")
         from mmrlvr.train.plan import build_plan
 
-        # stage selection and each selected stage's checks, before any model load (ConfigErrors)
-        self.plan = build_plan(cfg)
-        self.rt = build_runtime(cfg)
-        self.pipeline = Pipeline(self.rt)
+        # stage selection and each selected stage's checks, before any model load (ConfigErrors); once: the
+        # validation's plan when it built one
+        self.plan = loaded.plan if loaded.plan is not None else build_plan(cfg, loaded.sources)
+        self.rt = build_runtime(cfg, notes=loaded.notes)
+        self.pipeline = Pipeline(self.rt, names=self.plan.names())
         from mmrlvr.train.padding import PaddingMeter
 
         self.rt.padding = PaddingMeter().attach(self.rt.policy, self.rt.ref_model)  # tokens/padding_share
@@ -95,7 +101,7 @@ class Trainer:
             self.rt.extra_metrics.update(self.rt.topology.metrics())
         summary: dict[str, Any] = {}
         if cfg.eval.at_start and self.eval_samples and self.start_step == 0:
-            summary["before"] = self.evaluate(step=0)
+            summary["before"] = self.heldout_eval(step=0)
         from tqdm.auto import tqdm
 
         from mmrlvr.train.distributed import record_passes
@@ -113,13 +119,13 @@ class Trainer:
                 bar.set_postfix({k: f"{last[k]:.3f}" for k in PROGRESS_KEYS if k in last})
                 done = step + 1
                 if cfg.eval.every and done % cfg.eval.every == 0 and done < cfg.max_steps and self.eval_samples:
-                    self.evaluate(step=done)
+                    self.heldout_eval(step=done)
                 if cfg.save_every and done % cfg.save_every == 0 and done < cfg.max_steps:
                     self.save(done)
             if cfg.max_steps > self.start_step or not (self.run_dir / "checkpoints").exists():
                 self.save(cfg.max_steps)
             if cfg.eval.at_end and self.eval_samples:
-                summary["after"] = self.evaluate(step=cfg.max_steps)
+                summary["after"] = self.heldout_eval(step=cfg.max_steps)
             if self.is_main:
                 for line in self.rt.summaries():
                     print(line)
@@ -140,10 +146,10 @@ class Trainer:
         return self.pipeline.run(step).logged
 
     # ---------------------------------------------------------------------------------- eval/ckpt
-    def evaluate(self, step: int) -> dict[str, float]:
+    def heldout_eval(self, step: int) -> dict[str, float]:
         """Held-out evaluation (``Runtime.evaluate``), logged at ``step``; each prompt's outcome goes to
         ``eval/step_NNNNNN.jsonl`` (id, greedy 0/1, hits of k) so two runs compare prompt by prompt (paired)."""
-        result, metrics = self.rt.evaluate()
+        result, metrics = self.rt.heldout_eval()
         self.metrics.log(step, metrics)
         rows = result.pop("per_prompt", None)
         if self.is_main and rows:

@@ -161,15 +161,24 @@ class ExplicitStageError(RegistryError):
     """A ``stages.<kind>`` entry names no registered stage (the message lists the known ones)."""
 
 
-def _user_set(cfg: Any, key: str) -> bool:
-    return getattr(cfg, "sources", {}).get(key) == "user"
+def _user_set(sources: dict[str, str], key: str) -> bool:
+    return sources.get(key) == "user"
+
+
+def config_sources(cfg: Any, sources: dict[str, str] | None) -> dict[str, str]:
+    """The loaded config's sources, or those read from a config built in code (``mmrlvr.config.value_sources``)."""
+    if sources is not None:
+        return sources
+    from mmrlvr.config import RunConfig, value_sources
+
+    return value_sources(cfg) if isinstance(cfg, RunConfig) else {}
 
 
 def _claim(cls: type[Stage], cfg: Any) -> str:
     return f"{cls.reason(cfg)} (the {cls.kind} stage {cls.name!r})"
 
 
-def _auto(kind: str, cfg: Any) -> list[type[Stage]]:
+def _auto(kind: str, cfg: Any, sources: dict[str, str]) -> list[type[Stage]]:
     """Auto-selection for one kind: every applicable stage (multi kinds), or the one that applies (single kinds),
     raising ``StageConflict`` when stages chosen by different config keys both apply."""
     hits = [c for c in _candidates(kind) if c.when(cfg)]
@@ -182,7 +191,7 @@ def _auto(kind: str, cfg: Any) -> list[type[Stage]]:
     for other in specific[1:] + [c for c in hits if c.fallback]:
         if set(other.selected_by) & set(winner.selected_by):
             continue  # variants of one choice (credit in the update or in its own pass): priority decides
-        if other.fallback and not any(_user_set(cfg, k) for k in other.selected_by):
+        if other.fallback and not any(_user_set(sources, k) for k in other.selected_by):
             continue  # a default the run did not ask for
         if other.fallback and set(other.selected_by) <= set(winner.absorbs):
             continue  # the winner carries out the fallback's choice itself
@@ -191,30 +200,35 @@ def _auto(kind: str, cfg: Any) -> list[type[Stage]]:
     return [winner]
 
 
-def select_stages(cfg: "RunConfig") -> dict[str, list[str]]:
+def select_stages(cfg: "RunConfig", sources: dict[str, str] | None = None) -> dict[str, list[str]]:
     """The stage names each kind runs for ``cfg`` (the first problem raises; ``select_all`` collects them all).
 
     Auto-selection (``when``; conflicts are errors), extended by explicit ``stages.<kind>`` entries: for the kinds
     where every selected stage runs (shape, reference) the named stages are *added* to the automatic ones and all
     run in priority order; for the others the named stage replaces the automatic one — unless the config enables a
-    specific one (``consistency.split_advantage: true``), which an explicit name may not silently drop."""
-    return {kind: _select_kind(kind, cfg) for kind in STAGE_KINDS}
+    specific one (``consistency.split_advantage: true``), which an explicit name may not silently drop.
+    ``sources``: where the config's values came from (``mmrlvr.config.LoadedConfig.sources``; a conflict with a
+    fallback stage counts only for a choice the run asked for); None: read from the values."""
+    sources = config_sources(cfg, sources)
+    return {kind: _select_kind(kind, cfg, sources) for kind in STAGE_KINDS}
 
 
-def select_all(cfg: "RunConfig") -> tuple[dict[str, list[str]], list[tuple[str, Exception]]]:
+def select_all(cfg: "RunConfig", sources: dict[str, str] | None = None
+               ) -> tuple[dict[str, list[str]], list[tuple[str, Exception]]]:
     """(the stages of every kind that could be selected, ``(kind, error)`` for each kind that could not): every
     problem of the selection at once, for the plan."""
+    sources = config_sources(cfg, sources)
     chosen: dict[str, list[str]] = {}
     errors: list[tuple[str, Exception]] = []
     for kind in STAGE_KINDS:
         try:
-            chosen[kind] = _select_kind(kind, cfg)
+            chosen[kind] = _select_kind(kind, cfg, sources)
         except (StageConflict, RegistryError, ValueError, ImportError) as exc:  # ImportError: a check that
             errors.append((kind, exc))                                       # may not import torch yet
     return chosen, errors
 
 
-def _select_kind(kind: str, cfg: Any) -> list[str]:
+def _select_kind(kind: str, cfg: Any, sources: dict[str, str]) -> list[str]:
     explicit = getattr(cfg, "stages", None)
     named = getattr(explicit, kind, None) if explicit is not None else None
     if named:  # explicit names first: a misspelt one is the problem to report, whatever auto-selection finds
@@ -225,7 +239,7 @@ def _select_kind(kind: str, cfg: Any) -> list[str]:
                 classes.append(STAGES[kind].get(n))
             except RegistryError as exc:  # unknown name, listing the known ones
                 raise ExplicitStageError(f"stages.{kind}: {exc}") from None
-        auto = _auto(kind, cfg)
+        auto = _auto(kind, cfg, sources)
         if kind in MULTI_KINDS:
             merged = {c.name: c for c in [*auto, *classes]}
             return [c.name for c in sorted(merged.values(), key=lambda c: -c.priority)]
@@ -235,15 +249,15 @@ def _select_kind(kind: str, cfg: Any) -> list[str]:
             raise StageConflict(f"stages.{kind}: {names[0]} would drop {_claim(auto[0], cfg)}; unset "
                                 f"{', '.join(auto[0].selected_by)} or remove stages.{kind}")
         return names
-    picked = [c.name for c in _auto(kind, cfg)]
+    picked = [c.name for c in _auto(kind, cfg, sources)]
     if not picked and kind not in MULTI_KINDS:
         raise ValueError(f"no {kind} stage applies to this config (registered: {', '.join(STAGES[kind].names())})")
     return picked
 
 
-def validate_stages(cfg: "RunConfig") -> list[str]:
+def validate_stages(cfg: "RunConfig", sources: dict[str, str] | None = None) -> list[str]:
     """Every problem of the stage selection and of the selected stages with the config (before a model loads)."""
-    chosen, errors = select_all(cfg)
+    chosen, errors = select_all(cfg, sources)
     problems = [str(exc) if isinstance(exc, (StageConflict, ExplicitStageError)) else f"stages: {exc}"
                 for _, exc in errors]
     for kind, names in chosen.items():
