@@ -5,7 +5,7 @@ sit beside that name, under one key per kind, addressed the same way for built-i
 
     algo.loss + algo.loss_params                 policy losses        (mmrlvr.algos.losses.POLICY_LOSSES)
     algo.advantage + algo.advantage_params       advantage estimators (mmrlvr.algos.advantages.ADVANTAGES)
-    algo.clip + algo.clip_params                 clip rules           (mmrlvr.algos.clipping.CLIP_RULES)
+    algo.clip + algo.clip_params                 clip rules           (mmrlvr.algos.clipping.CLIP_RULE_REGISTRY)
     rollout.sampler + rollout.sampler_params     prompt samplers      (mmrlvr.train.samplers.SAMPLERS)
     algo.aux_losses: [{name, weight, params}]    auxiliary losses     (mmrlvr.train.aux_losses.AUX_LOSSES),
                                                  a list: each entry names one and holds its parameters
@@ -202,7 +202,7 @@ METHOD_KINDS: dict[str, MethodKind] = {
                             "mmrlvr.algos.params", ("mmrlvr.algos.advantages", "ADVANTAGES"),
                             frozenset({"token_counts", "reduce"}), 2),
     "clip": MethodKind("clip", "clip rule", "algo.clip", "algo.clip_params", "mmrlvr.algos.params",
-                       ("mmrlvr.algos.clipping", "CLIP_RULES"), frozenset({"bins"}), 5),
+                       ("mmrlvr.algos.clipping", "CLIP_RULE_REGISTRY"), frozenset({"bins"}), 5),
     "kl": MethodKind("kl", "KL estimator", "algo.kl_estimator", "", "mmrlvr.algos.params",
                      ("mmrlvr.algos.kl", "KL_ESTIMATORS")),
     "agg": MethodKind("agg", "loss aggregation mode", "algo.agg", "", "mmrlvr.algos.params",

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from mmrlvr.algos.clipping import CLIP_RULES, OffPolicyDiagnostics, acpo_bounds, loss_bounds
+from mmrlvr.algos.clipping import CLIP_RULE_REGISTRY, OffPolicyDiagnostics, acpo_bounds, loss_bounds
 from mmrlvr.algos.losses import call_policy_loss, nsr_loss, ppo_clip_loss
 from mmrlvr.algos.presets import clip_kwargs, loss_kwargs
 from mmrlvr.errors import UserError
@@ -38,7 +38,7 @@ def test_acpo_bounds_per_bin_hand_worked():
     assert float(eps[0, 0]) == pytest.approx(0.2)
     eps, _ = acpo_bounds(probs, ratio, valid, 0.2, 0.2, eps0=0.1, alpha=1.0, eps_max=0.5)
     assert float(eps[0, 3]) == pytest.approx(0.5) and float(eps[0, 0]) == pytest.approx(0.1)
-    assert set(CLIP_RULES.names()) == {"fixed", "acpo"}
+    assert set(CLIP_RULE_REGISTRY.names()) == {"fixed", "acpo"}
 
 
 def test_acpo_loss_same_ratio_clipped_in_one_bin_not_in_the_other():

@@ -40,10 +40,10 @@ ClipRule = Callable[..., tuple[torch.Tensor | float, torch.Tensor | float]]
 
 #: name -> fn(probs [N, L], ratio [N, L], valid [N, L] bool, eps_low, eps_high, **params) -> (low, high)
 #: bounds on eps (floats or [N, L] tensors); config key ``algo.clip``
-CLIP_RULES: Registry[ClipRule] = Registry("clip rule")
+CLIP_RULE_REGISTRY: Registry[ClipRule] = Registry("clip rule")
 
 
-@CLIP_RULES.register("fixed")
+@CLIP_RULE_REGISTRY.register("fixed")
 def fixed_bounds(probs: torch.Tensor, ratio: torch.Tensor, valid: torch.Tensor, eps_low: float,
                  eps_high: float) -> tuple[float, float]:
     """PPO's constant range: (eps_low, eps_high) for every token (Schulman et al. 2017; DAPO clip-higher)."""
@@ -55,7 +55,7 @@ def bin_index(probs: torch.Tensor, bins: int = ACPO_BINS) -> torch.Tensor:
     return (probs.detach().clamp(0.0, 1.0) * bins).floor().long().clamp_(0, bins - 1)
 
 
-@CLIP_RULES.register("acpo")
+@CLIP_RULE_REGISTRY.register("acpo")
 @torch.no_grad()
 def acpo_bounds(probs: torch.Tensor, ratio: torch.Tensor, valid: torch.Tensor, eps_low: float, eps_high: float,
                 *, eps0: float = 0.2, alpha: float = 3.0, eps_min: float = 0.0, eps_max: float = 3.0,
@@ -85,7 +85,7 @@ def clip_bounds(rule: str, logprobs: torch.Tensor, ratio: torch.Tensor, valid: t
                 eps_high: float, **params: float) -> tuple[torch.Tensor | float, torch.Tensor | float]:
     """Look up clip rule ``rule`` and return its (eps_low, eps_high) bounds; ACPO params by config name
     (``acpo_eps0`` ...) or by keyword (``eps0`` ...). Unknown names raise (``RegistryError``)."""
-    fn = CLIP_RULES.get(rule)
+    fn = CLIP_RULE_REGISTRY.get(rule)
     if rule == "fixed":
         return fn(logprobs, ratio, valid, eps_low, eps_high)
     kwargs = {ACPO_PARAMS.get(k, k): v for k, v in params.items()}

@@ -95,7 +95,7 @@ def _stats_of(ratio: torch.Tensor, valid: torch.Tensor, clipped: torch.Tensor,
 def _bounds(clip: str, clip_params: dict[str, Any] | None, logp: torch.Tensor, ratio: torch.Tensor,
             valid: torch.Tensor, eps_low: float, eps_high: float, dual_clip: float | None
             ) -> tuple[Any, Any, float | None]:
-    """(eps_low, eps_high, dual_clip) after the clip rule ``clip`` (``mmrlvr.algos.clipping.CLIP_RULES``).
+    """(eps_low, eps_high, dual_clip) after the clip rule ``clip`` (``mmrlvr.algos.clipping.CLIP_RULE_REGISTRY``).
 
     ``fixed`` returns the floats unchanged; ``acpo`` per-token [N, L] bounds and dual clip 3 when unset."""
     if clip == "fixed" and not clip_params:
