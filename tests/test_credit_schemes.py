@@ -116,7 +116,7 @@ def test_vppo_scheme_end_to_end():
     r = CREDIT_SCHEMES.get("vppo")(sig, torch.ones(2, 3), torch.tensor([1.0, -1.0]))
     assert r.selected.tolist() == [[True, False, True], [True, True, False]]
     torch.testing.assert_close(r.adv_scale, torch.tensor([1.1, 0.9]))
-    torch.testing.assert_close(r.stats["credit/dependency_mean"], 0.7182818 / 6, atol=1e-6, rtol=0)
+    torch.testing.assert_close(float(r.stats["credit/dependency_mean"]), 0.7182818 / 6, atol=1e-6, rtol=0)
     # old_logprobs given explicitly wins over signals.logp / old_logp
     r2 = CREDIT_SCHEMES.get("vppo")(sig._replace(logp=logq), torch.ones(2, 3), torch.zeros(2), old_logprobs=old)
     torch.testing.assert_close(r2.adv_scale, r.adv_scale)
@@ -134,7 +134,7 @@ def test_papo_extra_loss_term():
     torch.testing.assert_close(term.detach(), torch.tensor([[-0.0073576, 0.0]]), atol=1e-7, rtol=0)
     term.sum().backward()
     torch.testing.assert_close(logp.grad, torch.tensor([[-0.0126424, 0.0]]), atol=1e-7, rtol=0)
-    torch.testing.assert_close(r.stats["credit/perception_kl"], 0.3678794, atol=1e-6, rtol=0)
+    torch.testing.assert_close(float(r.stats["credit/perception_kl"]), 0.3678794, atol=1e-6, rtol=0)
 
 
 def test_rsi_band():
@@ -157,7 +157,7 @@ def test_selection_stats_hand_worked():
     assert st["credit/selected_fraction"] == 0.5
     assert st["credit/selected_low_entropy_share"] == 0.5
     assert st["credit/entropy_topk_jaccard"] == 0.0
-    torch.testing.assert_close(st["credit/vision_sensitivity_mean"], 0.15, atol=1e-6, rtol=0)
+    torch.testing.assert_close(float(st["credit/vision_sensitivity_mean"]), 0.15, atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("name", ["none", "entropy_topk", "vepo", "vppo", "papo", "rsi"])
