@@ -188,7 +188,8 @@ class OptimConfig:
 @dataclass
 class CreditConfig:
     scheme: str = _f("none", "token credit: none | entropy_topk | vepo | vppo | papo | rsi | delta (DelTA, hidden states)")
-    params: dict[str, Any] = _f({}, "scheme parameters (see docs/credit.md), e.g. vepo {alpha: 0.7, rho: 0.2, mode: mask}")
+    scheme_params: dict[str, Any] = _f({}, "parameters of credit.scheme (see docs/credit.md), e.g. vepo {alpha: 0.7, "
+                                       "rho: 0.2, mode: mask}")
     perturbation: str | None = _f(None, "perturbed image for the counterfactual pass: gaussian | zero | patch_blackout | blur (None = the scheme's paper default)")
     perturbation_params: dict[str, Any] = _f({}, "perturbation parameters, e.g. {std: 1.0}")
     chunk_size: int = _f(256, "tokens per chunk for full-vocabulary signals (memory bound)")
@@ -875,6 +876,7 @@ def collect_config(path: str | Path | None = None, overrides: list[str] | None =
     raw = apply_overrides(raw, list(overrides or []), problems)
     notes: list[str] = []
     _move_method_keys(raw, notes, problems, where)
+    _move_renamed_keys(raw, notes, problems, where)
     user_keys = set(leaf_keys(raw))
     user_algo = raw.get("algo") if isinstance(raw.get("algo"), dict) else {}
     user_algo_keys = set(user_algo)
@@ -932,6 +934,27 @@ MOVED_METHOD_KEYS: dict[str, tuple[str, str, str]] = {
     "poise_train_iters": ("advantage", "poise", "train_iters"),
 }
 _KIND_KEY = {"loss": ("loss", "ppo_clip"), "advantage": ("advantage", "grpo"), "clip": ("clip", "fixed")}
+
+
+#: keys renamed so that every method's parameters sit beside its name as ``X_params``: old -> new (section, key);
+#: a config written with the old name (a run folder's config.yaml) loads with a note
+RENAMED_KEYS: dict[tuple[str, str], str] = {("credit", "params"): "scheme_params"}
+
+
+def _move_renamed_keys(raw: dict[str, Any], notes: list[str], problems: list[str], where: str) -> None:
+    """Values under a renamed key (``RENAMED_KEYS``) move to the new one with a note; set both ways, a problem."""
+    for (section, old), new in RENAMED_KEYS.items():
+        block = raw.get(section)
+        if not isinstance(block, dict) or old not in block:
+            continue
+        value = block.pop(old)
+        if new in block:
+            problems.append(f"{where}: {section}.{old} and {section}.{new} are the same setting ({section}.{old} "
+                            f"is its old name); keep {section}.{new}")
+            continue
+        block[new] = value
+        notes.append(f"{section}.{old} is now {section}.{new} (a method's parameters sit beside its name); "
+                     f"rename it in the config")
 
 
 def _move_method_keys(raw: dict[str, Any], notes: list[str], problems: list[str], where: str) -> None:

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from mmrlvr.config import RunConfig, apply_overrides, describe, load_config
-from mmrlvr.errors import UserError
+from mmrlvr.errors import ConfigErrors, UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,7 +88,7 @@ def test_shipped_configs_load(path):
     assert cfg.max_steps > 0
     assert cfg.model.path
     CombinedReward([RewardSpec(s.name, s.weight, dict(s.params)) for s in cfg.rewards])
-    build_scheme(cfg.credit.scheme, **cfg.credit.params)
+    build_scheme(cfg.credit.scheme, **cfg.credit.scheme_params)
 
 
 def test_every_problem_is_reported_at_once(tmp_path):
@@ -146,3 +146,16 @@ def test_secrets_are_redacted_in_the_written_config():
     assert "sk-SECRET" not in text and "me:pw" not in text and "<redacted>" in text
     assert cfg.rubric.judge_params["api_key"] == "sk-SECRET"  # the run itself still has the key
     assert yaml.safe_load(text)["rubric"]["judge_params"]["model"] == "m"
+
+
+def test_credit_params_is_credit_scheme_params_and_the_old_name_loads_with_a_note():
+    """A method's parameters sit beside its name (``X`` + ``X_params``): a run folder's config.yaml written with the
+    old ``credit.params`` still loads, moved, with a note; set both ways it is a problem naming both keys."""
+    from mmrlvr.config import load
+
+    loaded = load(ROOT / "configs" / "demo-tiny.yaml", ["credit.scheme=vepo", "credit.params={rho: 0.3}"])
+    assert loaded.config.credit.scheme_params == {"rho": 0.3}
+    assert any("credit.params is now credit.scheme_params" in n for n in loaded.notes)
+    with pytest.raises(ConfigErrors, match="credit.params and credit.scheme_params are the same setting"):
+        load_config(ROOT / "configs" / "credit-vepo-tiny.yaml", ["credit.params={rho: 0.3}",
+                                                                 "credit.scheme_params={rho: 0.2}"])

@@ -377,7 +377,7 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "python benchmarks/credit_overhead.py":  # the harness (one subprocess per arm for memory) is run by hand
         ("its timed trainer steps run for every arm",
          ("tests/test_credit_benchmark.py::test_every_arm_runs_the_same_rollouts_with_its_credit",)),
-    CREDIT + ' "plugins=[my_credit.py]" credit.scheme=lowest_entropy "credit.params={rho: 0.3}"':
+    CREDIT + ' "plugins=[my_credit.py]" credit.scheme=lowest_entropy "credit.scheme_params={rho: 0.3}"':
         (RUN + " (2 steps, my_credit.py from the doc)", (T_DOC + "test_credit_plugin_example_trains",)),
     "mmrlvr inspect": ("the inspector's CLI and server are tested", T_INSPECT),
     # ---- docs/performance.md (benchmarks run by hand: tens of minutes at real shapes; their parts are tested)

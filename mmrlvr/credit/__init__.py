@@ -7,7 +7,7 @@
 
 Typical use in a trainer (``logits`` = the policy forward's response logits [N, L, V], with grad)::
 
-    scheme = build_scheme(cfg.credit.scheme, **cfg.credit.params)
+    scheme = build_scheme(cfg.credit.scheme, **cfg.credit.scheme_params)
     inputs_pert = None
     if scheme.needs_perturbed:
         name, params = scheme.perturbation                      # or the config's choice

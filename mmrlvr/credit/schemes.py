@@ -18,7 +18,7 @@ A scheme turns per-token signals (``signals.TokenSignals``) into a ``CreditResul
                           ``norm_weights``. None = both are ``token_weights``.
 
 so the loss code never knows which scheme ran. Schemes are small dataclasses whose fields are their
-config (``credit.params`` in a run config). ``CREDIT_SCHEMES.get(name)`` is a default-configured
+config (``credit.scheme_params`` in a run config). ``CREDIT_SCHEMES.get(name)`` is a default-configured
 instance, called as ``scheme(signals, mask, advantages, **params)``; ``build_scheme(name, **params)``
 fixes the parameters once. The class attribute ``needs_perturbed`` tells the trainer whether to run the
 extra perturbed-image forward at all, ``needs_distribution`` whether that pass must compare full
@@ -383,7 +383,7 @@ class VPPO(CreditScheme):
       like the policy loss. 0 turns it off.
 
     Not changed: β_min = 0.9, kept as our default; the official ActorConfig's default is 0.8
-    (``credit.params: {beta_min: 0.8}`` matches it)."""
+    (``credit.scheme_params: {beta_min: 0.8}`` matches it)."""
 
     needs_perturbed: ClassVar[bool] = True
     perturbation: ClassVar[tuple[str, dict[str, Any]] | None] = ("patch_blackout", {"p": 0.5})

@@ -48,7 +48,7 @@ def _reward_and_credit_lines() -> list[str]:
 
     return (parameter_lines("rewards[i].name (rewards; parameters under rewards[i].params):",
                             [(n, REWARDS.get(n)) for n in REWARDS.names()])
-            + parameter_lines("credit.scheme (credit schemes; parameters under credit.params):",
+            + parameter_lines("credit.scheme (credit schemes; parameters under credit.scheme_params):",
                               [(n, CREDIT_SCHEMES.get(n)) for n in CREDIT_SCHEMES.names()]))
 
 

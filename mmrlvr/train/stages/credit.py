@@ -22,7 +22,7 @@ torch = lazy_module("torch")  # selection runs without torch for credit.scheme: 
 def _scheme(cfg):
     from mmrlvr.credit import build_scheme
 
-    return build_scheme(cfg.credit.scheme, **cfg.credit.params)
+    return build_scheme(cfg.credit.scheme, **cfg.credit.scheme_params)
 
 
 class _CreditStage(Stage):
@@ -137,7 +137,7 @@ class HiddenStateCredit(Stage):
     the response tokens' states, then the scheme's token coefficients multiply the loss weights (A·c_t)."""
 
     selected_by = ("credit.scheme",)
-    reads = ("credit.scheme", "credit.params.")
+    reads = ("credit.scheme", "credit.scheme_params.")
     when_text = "a credit.scheme that reads hidden states (delta)"
 
     @classmethod
@@ -153,7 +153,7 @@ class HiddenStateCredit(Stage):
         super().__init__(rt)
         from mmrlvr.credit import build_scheme
 
-        self.scheme = build_scheme(self.cfg.credit.scheme, **self.cfg.credit.params)
+        self.scheme = build_scheme(self.cfg.credit.scheme, **self.cfg.credit.scheme_params)
 
     def __call__(self, b: StepBatch) -> None:
         from mmrlvr.credit.signals import response_hidden
