@@ -10,13 +10,15 @@ sit beside that name, under one key per kind, addressed the same way for built-i
     algo.aux_losses: [{name, weight, params}]    auxiliary losses     (mmrlvr.train.aux_losses.AUX_LOSSES),
                                                  a list: each entry names one and holds its parameters
 
-(credit schemes and rewards already took a ``params`` mapping: ``credit.params``, ``rewards[i].params``.)
+(credit schemes: ``credit.scheme`` + ``credit.scheme_params``; rewards, a list like the auxiliary losses:
+``rewards[i].params``.)
 
-Each built-in declares its parameters here, without torch, as ``Param`` values — name, default, one line of help
-and the accepted range — so a misspelt parameter, a wrong type or a value out of range is reported at config
-load, before torch is imported (the policy losses declare theirs beside their code, ``mmrlvr.algos.losses``; the
-other algorithm methods in ``mmrlvr.algos.params``; a test keeps them
-equal to the functions' keyword defaults). A plug-in's parameters are read from its signature: the
+Each built-in declares its parameters once, with ``declare`` and ``Param`` values — name, default, one line of
+help and the accepted range — so a misspelt parameter, a wrong type or a value out of range is reported at config
+load, before torch is imported. The declarations sit beside the code, in modules that import without torch
+(``MethodKind.declared_in``: ``mmrlvr.algos.losses``, ``mmrlvr.algos.advantages``, ``mmrlvr.algos.clipping``,
+``mmrlvr.algos.kl``, ``mmrlvr.algos.aggregation``, ``mmrlvr.train.samplers``, ``mmrlvr.train.aux_losses``); a
+test keeps them equal to the functions' keyword defaults. A plug-in's parameters are read from its signature: the
 keyword parameters after the positional inputs, their defaults, and a help line per parameter from
 ``@describe_params(name="help", ...)`` when it gives one.
 
@@ -199,19 +201,19 @@ METHOD_KINDS: dict[str, MethodKind] = {
                        ("mmrlvr.algos.losses", "POLICY_LOSSES"),
                        frozenset({"generator", "clip", "clip_params", "eps_low", "eps_high", "dual_clip"}), 4),
     "advantage": MethodKind("advantage", "advantage estimator", "algo.advantage", "algo.advantage_params",
-                            "mmrlvr.algos.params", ("mmrlvr.algos.advantages", "ADVANTAGES"),
+                            "mmrlvr.algos.advantages", ("mmrlvr.algos.advantages", "ADVANTAGES"),
                             frozenset({"token_counts", "reduce"}), 2),
-    "clip": MethodKind("clip", "clip rule", "algo.clip", "algo.clip_params", "mmrlvr.algos.params",
+    "clip": MethodKind("clip", "clip rule", "algo.clip", "algo.clip_params", "mmrlvr.algos.clipping",
                        ("mmrlvr.algos.clipping", "CLIP_RULE_REGISTRY"), frozenset({"bins"}), 5),
-    "kl": MethodKind("kl", "KL estimator", "algo.kl_estimator", "", "mmrlvr.algos.params",
+    "kl": MethodKind("kl", "KL estimator", "algo.kl_estimator", "", "mmrlvr.algos.kl",
                      ("mmrlvr.algos.kl", "KL_ESTIMATORS")),
-    "agg": MethodKind("agg", "loss aggregation mode", "algo.agg", "", "mmrlvr.algos.params",
+    "agg": MethodKind("agg", "loss aggregation mode", "algo.agg", "", "mmrlvr.algos.aggregation",
                       ("mmrlvr.algos.aggregation", "AGG_MODES")),
     "sampler": MethodKind("sampler", "prompt sampler", "rollout.sampler", "rollout.sampler_params",
                           "mmrlvr.train.samplers", ("mmrlvr.train.samplers", "SAMPLERS"),
                           frozenset({"n", "batch_size", "seed", "group_size"}), 0),
     "aux_loss": MethodKind("aux_loss", "auxiliary loss", "algo.aux_losses", "algo.aux_losses.<i>.params",
-                           "mmrlvr.algos.params", ("mmrlvr.train.aux_losses", "AUX_LOSSES"),
+                           "mmrlvr.train.aux_losses", ("mmrlvr.train.aux_losses", "AUX_LOSSES"),
                            frozenset({"rt", "weight"}), 0, listed=True),
 }
 

@@ -34,7 +34,7 @@ def _cli(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     ("sampler", "mmrlvr.train.samplers", lambda reg, n: reg.get(n)),  # the class: its constructor's keywords
 ])
 def test_every_declared_parameter_is_the_implementations_keyword_with_the_same_default(kind, module, fn_of):
-    """The torch-free declarations (mmrlvr.algos.params) and the functions' keyword defaults cannot drift apart."""
+    """The torch-free declarations (``declare`` beside each function) and its keyword defaults cannot drift apart."""
     import importlib
 
     from mmrlvr.methods import METHOD_KINDS, _declared

@@ -363,7 +363,7 @@ def test_budget_on_two_ranks_keeps_the_budget_and_resumes_exactly(tmp_path):
 def test_a_plugin_sampler_that_sizes_groups_gets_the_same_checks_as_budget(monkeypatch):
     """No check recognises the built-in budget sampler by name: a plug-in that sizes groups declares it and is
     checked alike (pass@k against its smallest group, the tree strategy, the process split of its budget)."""
-    from mmrlvr.algos.params import smallest_groups
+    from mmrlvr.algos.advantages import smallest_groups
     from mmrlvr.config import RunConfig
     from mmrlvr.train.samplers import Sampler
     from mmrlvr.train.stages.generate import FlatGroups, TreeRollouts

@@ -21,8 +21,9 @@ A training step, in the trainer's words (N = B*G rollouts, L response tokens)::
 ``PRESETS`` (presets.py) bundles these choices for GRPO, DAPO, Dr.GRPO, GSPO and CISPO.
 """
 
-# Names resolve lazily (PEP 562): `mmrlvr.algos.presets` is plain dicts, and the config layer reads it
-# in milliseconds without paying for torch, which every other submodule imports.
+# Names resolve lazily (PEP 562): importing a name imports only its submodule. The modules that declare methods
+# (losses, advantages, clipping, kl, aggregation) and presets import without torch, so the config layer reads their
+# declarations in milliseconds; torch loads when a function first runs.
 _EXPORTS: dict[str, str] = {
     "ADVANTAGES": "advantages",
     "dr_grpo_advantages": "advantages",

@@ -10,19 +10,33 @@ removes them; see ``mmrlvr.algos.sampling``).
 
 Not here: reward computation, KL-in-reward shaping, per-token (GAE) returns. Formulas: each estimator's
 docstring, with its paper; defaults against verl and TRL: docs/training.md; split advantages: docs/consistency.md.
+
+Each built-in estimator declares its parameters (``mmrlvr.methods.declare``) just above its function, and so do the
+estimators that are stages rather than functions (``poise``, ``opd``, served by ``mmrlvr.train.stages.advantages``):
+the config checks import this module without torch (``torch = lazy_module("torch")``) to read them.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-import torch
-
 from mmrlvr.algos.groups import group_stats
+from mmrlvr.lazy_import import lazy_module
+from mmrlvr.methods import Param, declare
+from mmrlvr.methods import non_negative as _nonneg
+from mmrlvr.methods import positive as _pos
 from mmrlvr.registry import Registry
+
+torch = lazy_module("torch")  # declarations and config checks read this module without torch
 
 #: name -> fn(rewards [N], group_index [N], **params) -> advantages [N]
 ADVANTAGES: Registry[Callable[..., torch.Tensor]] = Registry("advantage estimator")
+
+
+declare("advantage", "grpo", "(R - mean_g R) / (std_g R + eps)",
+        Param("eps", 1e-6, "added to the group std", "> 0", _pos),
+        Param("unbiased", True, "n-1 sample std (verl, TRL); false: population std"),
+        source="arXiv:2402.03300")
 
 
 @ADVANTAGES.register("grpo")
@@ -39,6 +53,10 @@ def grpo_advantages(rewards: torch.Tensor, group_index: torch.Tensor, *, eps: fl
     return torch.where(stats.has_spread, adv, torch.zeros_like(adv))
 
 
+declare("advantage", "dr_grpo", "R - mean_g R, no std division (pair with seq-mean-token-sum-norm)",
+        source="arXiv:2503.20783")
+
+
 @ADVANTAGES.register("dr_grpo")
 def dr_grpo_advantages(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
     """Dr.GRPO: A_i = R_i - mean_g R, no division by the group std, which favours groups that are
@@ -50,6 +68,9 @@ def dr_grpo_advantages(rewards: torch.Tensor, group_index: torch.Tensor) -> torc
     stats = group_stats(rewards, group_index)
     adv = rewards - stats.mean
     return torch.where(stats.has_spread, adv, torch.zeros_like(adv))
+
+
+declare("advantage", "rloo", "R - mean of the other rollouts of the group (leave-one-out)", source="arXiv:2402.14740")
 
 
 @ADVANTAGES.register("rloo")
@@ -66,6 +87,13 @@ def rloo_advantages(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.T
 
 
 WHITEN_SCOPES = ("batch_tokens", "sequence")
+
+declare("advantage", "reinforce_pp", "group-centred reward whitened over the whole batch",
+        Param("baseline", True, "subtract the group mean first (REINFORCE++-baseline); false: whiten raw rewards"),
+        Param("eps", 1e-6, "added to the std in the sequence scope", "> 0", _pos),
+        Param("whiten_scope", "batch_tokens", "batch_tokens: weighted by response tokens (verl) | sequence: each "
+              "rollout once", choices=WHITEN_SCOPES),
+        source="arXiv:2501.03262")
 
 
 @ADVANTAGES.register("reinforce_pp")
@@ -110,6 +138,58 @@ def reinforce_pp_advantages(rewards: torch.Tensor, group_index: torch.Tensor, *,
     return torch.where(stats.has_spread, adv, torch.zeros_like(adv))
 
 
+def smallest_groups(cfg) -> list[tuple[int, str]]:
+    """The sizes of the smallest groups a group estimator can be handed under ``cfg``, each with the setting that
+    sets it: flat groups (``rollout.group_size``), a tree's sibling groups (``branching`` children per node), a
+    budget sampler's smallest group (``g_min``)."""
+    out = [(cfg.rollout.group_size, f"rollout.group_size={cfg.rollout.group_size}")]
+    if cfg.rollout.strategy == "tree":
+        from mmrlvr.run_settings import tree_params
+
+        b = tree_params(cfg)["branching"]
+        out.append((b, f"rollout.strategy_params.branching={b} (a tree node's siblings)"))
+    from mmrlvr.train.samplers import sampler_class
+
+    if (cls := sampler_class(cfg)).sizes_groups:
+        from mmrlvr.methods import configured
+
+        smallest = cls.smallest_group(cfg, configured(cfg, "sampler")[1])
+        if smallest is not None:
+            out.append(smallest)
+    return out
+
+
+def _pass_at_k_check(cfg, p) -> list[str]:
+    """pass@k needs k-subsets that can miss: a group of n members with n <= k has one subset or none, so its
+    advantage is 0 whatever its rewards (n = k: the one subset passes or fails as a whole, sigma = 0)."""
+    k = p["k"]
+    return [f"k={k} needs groups of more than k members, but {what}: every such group would get advantage 0 "
+            f"(a group of n <= k has at most one k-subset); lower algo.advantage_params.k below {n}"
+            for n, what in smallest_groups(cfg) if n <= k]
+
+
+def _pass_at_k_notes(cfg, p) -> list[str]:
+    """A graded reward term below the threshold is invisible to pass@k: CoCoV's exploration bonus is one."""
+    out = []
+    for entry in cfg.rewards or []:
+        bonus = (entry.params or {}).get("bonus", 0.2)
+        if entry.name == "cocov" and bonus:
+            out.append(f"the cocov reward's exploration bonus ({bonus}) is inert under algo.advantage: pass_at_k: "
+                       f"pass@k counts a rollout correct only at reward >= threshold ({p['threshold']}), so an "
+                       "explorer and a wrong row get the same advantage; use the default grpo estimator for the "
+                       "bonus to act")
+    return out
+
+
+declare("advantage", "pass_at_k", "the group advantage that maximises pass@k (binary rewards), averaged over every "
+        "k-subset of the group in closed form",
+        Param("k", 4, "samples whose best counts (1 <= k < every group's size: rollout.group_size, a tree's "
+              "branching, a budget sampler's g_min; k = 1 is GRPO with the population std)", ">= 1",
+              lambda v: v >= 1),
+        Param("threshold", 1.0, "a rollout counts as correct when its reward >= threshold"),
+        source="arXiv:2508.10751", config_check=_pass_at_k_check, plan_notes=_pass_at_k_notes)
+
+
 @ADVANTAGES.register("pass_at_k")
 def pass_at_k_advantages(rewards: torch.Tensor, group_index: torch.Tensor, *, k: int = 4,
                          threshold: float = 1.0) -> torch.Tensor:
@@ -148,6 +228,27 @@ def pass_at_k_advantages(rewards: torch.Tensor, group_index: torch.Tensor, *, k:
         a_neg = (1.0 - rho - comb(n_neg - 1, k - 1) / comb(n - 1, k - 1)) / sigma if n_neg else 0.0
         adv[rows] = torch.where(correct[rows], torch.tensor(a_pos), torch.tensor(a_neg))
     return adv.to(rewards.dtype)
+
+
+# Estimators served by a stage (``Stage.serves``, ``mmrlvr.train.stages.advantages``), not by a function in
+# ``ADVANTAGES``: their parameters are declared here with the others, so one torch-free import declares them all.
+declare("advantage", "poise", "r - b, b an online probe's prediction from other rollouts' hidden states "
+        "(a stage: one no-grad forward per step)",
+        Param("lr", 1e-3, "learning rate of the probe (Adam)", "> 0", _pos),
+        Param("buffer_steps", 4, "the probe trains on the rollouts of the last N steps", ">= 1", lambda v: v >= 1),
+        Param("train_iters", 20, "probe optimisation steps per training step", ">= 1", lambda v: v >= 1),
+        source="arXiv:2605.07579")
+declare("advantage", "opd", "on-policy distillation: per token A_t = -(log pi_old - log pi_teacher) on the "
+        "student's own samples (the reverse KL to a frozen teacher, discount 0, no group normalisation), plus "
+        "reward_weight * the task reward's GRPO advantage (stages: the teacher's no-grad forward in the reference "
+        "kind)",
+        Param("teacher", None, "the teacher: a model folder (save_pretrained layout), a RUN_DIR/checkpoints/step-K "
+              "or a tiny: spec, with the policy's tokenizer and processor (it may be larger)",
+              "a model folder, checkpoint or tiny: spec", lambda v: v.strip() != "", kind=str, required=True),
+        Param("reward_weight", 0.0, "weight of the task reward's GRPO group advantage added to every response token "
+              "(0: pure distillation)", ">= 0", _nonneg),
+        source="arXiv:2505.09388 (Qwen3, on-policy distillation); Thinking Machines, On-Policy Distillation "
+        "(Lu et al. 2025)")
 
 
 def call_advantage(name: str, rewards: torch.Tensor, group_index: torch.Tensor, *,

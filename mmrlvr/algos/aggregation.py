@@ -11,25 +11,36 @@
 left out of ``seq-mean-token-mean``; the token-sum modes divide by N, a constant, as Dr.GRPO intends.
 The result is the mean over *this* call's rows: with gradient accumulation over micro-batches the
 trainer must weight each micro-batch (e.g. by its share of tokens for ``token-mean``).
+
+Each mode is declared (``mmrlvr.methods.declare``: name and help line) just above its function; the config checks
+import this module without torch (``torch = lazy_module("torch")``) to read them.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-import torch
-
 from mmrlvr.algos.masked import masked_mean, masked_sum
+from mmrlvr.lazy_import import lazy_module
+from mmrlvr.methods import declare
 from mmrlvr.registry import Registry
+
+torch = lazy_module("torch")  # declarations and config checks read this module without torch
 
 #: name -> fn(loss_mat [N, L], mask [N, L], norm_constant) -> scalar
 AGG_MODES: Registry[Callable[[torch.Tensor, torch.Tensor, float | None], torch.Tensor]] = Registry(
     "loss aggregation mode")
 
 
+declare("agg", "token-mean", "mean over every response token of the batch (DAPO)")
+
+
 @AGG_MODES.register("token-mean")
 def _token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, norm_constant: float | None) -> torch.Tensor:
     return masked_mean(loss_mat, mask)
+
+
+declare("agg", "seq-mean-token-mean", "mean over tokens per sequence, then over sequences (GRPO)")
 
 
 @AGG_MODES.register("seq-mean-token-mean")
@@ -40,10 +51,16 @@ def _seq_mean_token_mean(loss_mat: torch.Tensor, mask: torch.Tensor,
     return masked_mean(per_seq, has_tokens)
 
 
+declare("agg", "seq-mean-token-sum", "sum over tokens per sequence, mean over sequences")
+
+
 @AGG_MODES.register("seq-mean-token-sum")
 def _seq_mean_token_sum(loss_mat: torch.Tensor, mask: torch.Tensor,
                         norm_constant: float | None) -> torch.Tensor:
     return masked_sum(loss_mat, mask, dim=-1).mean() if loss_mat.shape[0] else masked_sum(loss_mat, mask)
+
+
+declare("agg", "seq-mean-token-sum-norm", "sum over tokens / max_new_tokens, mean over sequences (Dr.GRPO)")
 
 
 @AGG_MODES.register("seq-mean-token-sum-norm")

@@ -20,27 +20,36 @@ off-policy degree. ``OffPolicyDiagnostics`` records, per bin of pi_old (the samp
 does not move between passes), the ratio mean/std and the share of tokens below 1 - eps_low ("low") and
 above 1 + eps_high ("high"), over every pass of a step: at ``epochs = 1`` every ratio is 1 (on-policy);
 the spread grows with each further pass (``benchmarks/acpo_offpolicy.py`` plots it).
+
+Each built-in rule declares its parameters (``mmrlvr.methods.declare``) just above its function; the config checks
+import this module without torch (``torch = lazy_module("torch")``) to read them.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-import torch
-
+from mmrlvr.lazy_import import lazy_module
+from mmrlvr.methods import Param, declare
+from mmrlvr.methods import non_negative as _nonneg
 from mmrlvr.metric import Metric
 from mmrlvr.registry import Registry
+
+torch = lazy_module("torch")  # declarations and config checks read this module without torch
 
 ACPO_BINS = 5
 ACPO_DUAL_CLIP = 3.0
 #: config names of the ACPO parameters (``algo.<name>``) -> keyword of ``acpo_bounds``
 ACPO_PARAMS = {"acpo_eps0": "eps0", "acpo_alpha": "alpha", "acpo_eps_min": "eps_min", "acpo_eps_max": "eps_max"}
 
-ClipRule = Callable[..., tuple[torch.Tensor | float, torch.Tensor | float]]
+ClipRule = Callable[..., "tuple[torch.Tensor | float, torch.Tensor | float]"]
 
 #: name -> fn(probs [N, L], ratio [N, L], valid [N, L] bool, eps_low, eps_high, **params) -> (low, high)
 #: bounds on eps (floats or [N, L] tensors); config key ``algo.clip``
 CLIP_RULE_REGISTRY: Registry[ClipRule] = Registry("clip rule")
+
+
+declare("clip", "fixed", "PPO's constant range algo.eps_low / algo.eps_high")
 
 
 @CLIP_RULE_REGISTRY.register("fixed")
@@ -55,29 +64,41 @@ def bin_index(probs: torch.Tensor, bins: int = ACPO_BINS) -> torch.Tensor:
     return (probs.detach().clamp(0.0, 1.0) * bins).floor().long().clamp_(0, bins - 1)
 
 
+declare("clip", "acpo", "eps_b = clamp(eps0 + alpha * sigma_b, eps_min, eps_max) per probability bin, symmetric; "
+        "dual clip 3 unless algo.dual_clip is set",
+        Param("eps0", 0.2, "base clip range", ">= 0", _nonneg),
+        Param("alpha", 3.0, "weight of the bin's ratio std sigma_b", ">= 0", _nonneg),
+        Param("eps_min", 0.0, "smallest clip range", ">= 0", _nonneg),
+        Param("eps_max", 3.0, "largest clip range", ">= eps_min", _nonneg),
+        source="arXiv:2606.22570",
+        cross=lambda v: None if v["eps_max"] >= v["eps_min"] else
+        f"eps_max ({v['eps_max']}) must be >= eps_min ({v['eps_min']})")
+
+
 @CLIP_RULE_REGISTRY.register("acpo")
-@torch.no_grad()
 def acpo_bounds(probs: torch.Tensor, ratio: torch.Tensor, valid: torch.Tensor, eps_low: float, eps_high: float,
                 *, eps0: float = 0.2, alpha: float = 3.0, eps_min: float = 0.0, eps_max: float = 3.0,
                 bins: int = ACPO_BINS) -> tuple[torch.Tensor, torch.Tensor]:
     """ACPO's per-token symmetric bound eps_b = clamp(eps0 + alpha sigma_b, eps_min, eps_max) (arXiv 2606.22570).
 
     probs: [N, L] current probabilities exp(log pi) (binning); ratio: [N, L] pi/pi_old; valid: [N, L]
-    bool. eps_low/eps_high are ignored (the adaptive range replaces them). Returns (eps, eps), [N, L].
+    bool. eps_low/eps_high are ignored (the adaptive range replaces them). Returns (eps, eps), [N, L], computed
+    without gradient.
     """
     if eps_min < 0 or eps_max < eps_min:
         raise ValueError(f"ACPO needs 0 <= eps_min <= eps_max, got eps_min={eps_min}, eps_max={eps_max}")
     if alpha < 0:
         raise ValueError(f"ACPO alpha must be >= 0, got {alpha}")
-    idx = bin_index(probs, bins)
-    r = ratio.detach().to(torch.float64)
-    eps = torch.full(ratio.shape, 0.0, dtype=ratio.dtype, device=ratio.device)
-    for b in range(bins):
-        sel = valid & (idx == b)
-        n = int(sel.sum())
-        sigma = float(r[sel].std(unbiased=False)) if n >= 2 else 0.0
-        eps_b = min(max(eps0 + alpha * sigma, eps_min), eps_max)
-        eps = torch.where(sel, torch.full_like(eps, eps_b), eps)
+    with torch.no_grad():
+        idx = bin_index(probs, bins)
+        r = ratio.detach().to(torch.float64)
+        eps = torch.full(ratio.shape, 0.0, dtype=ratio.dtype, device=ratio.device)
+        for b in range(bins):
+            sel = valid & (idx == b)
+            n = int(sel.sum())
+            sigma = float(r[sel].std(unbiased=False)) if n >= 2 else 0.0
+            eps_b = min(max(eps0 + alpha * sigma, eps_min), eps_max)
+            eps = torch.where(sel, torch.full_like(eps, eps_b), eps)
     return eps, eps
 
 
@@ -106,20 +127,21 @@ class OffPolicyDiagnostics:
         self.bins = bins
         self.sums = torch.zeros(bins, 5, dtype=torch.float64)  # n, sum r, sum r^2, n low, n high
 
-    @torch.no_grad()
     def add(self, ratio: torch.Tensor, old_logprobs: torch.Tensor, valid: torch.Tensor,
             eps_low: torch.Tensor | float = 0.2, eps_high: torch.Tensor | float = 0.2) -> None:
-        r = ratio.detach().double().cpu()
-        v = valid.detach().cpu().bool()
-        idx = bin_index(torch.exp(old_logprobs.detach().double().cpu().masked_fill(~v, 0.0)), self.bins)
-        lo = 1 - (eps_low.detach().double().cpu() if torch.is_tensor(eps_low) else torch.full_like(r, eps_low))
-        hi = 1 + (eps_high.detach().double().cpu() if torch.is_tensor(eps_high) else torch.full_like(r, eps_high))
-        for b in range(self.bins):
-            sel = v & (idx == b)
-            rb = r[sel]
-            self.sums[b] += torch.tensor([float(sel.sum()), float(rb.sum()), float((rb * rb).sum()),
-                                          float((r < lo)[sel].sum()), float((r > hi)[sel].sum())],
-                                         dtype=torch.float64)
+        with torch.no_grad():
+            r = ratio.detach().double().cpu()
+            v = valid.detach().cpu().bool()
+            idx = bin_index(torch.exp(old_logprobs.detach().double().cpu().masked_fill(~v, 0.0)), self.bins)
+            lo = 1 - (eps_low.detach().double().cpu() if torch.is_tensor(eps_low) else torch.full_like(r, eps_low))
+            hi = 1 + (eps_high.detach().double().cpu() if torch.is_tensor(eps_high)
+                      else torch.full_like(r, eps_high))
+            for b in range(self.bins):
+                sel = v & (idx == b)
+                rb = r[sel]
+                self.sums[b] += torch.tensor([float(sel.sum()), float(rb.sum()), float((rb * rb).sum()),
+                                              float((r < lo)[sel].sum()), float((r > hi)[sel].sum())],
+                                             dtype=torch.float64)
 
     def metrics(self) -> dict[str, Metric]:
         """Per probability bin with tokens: their count, the ratio's mean and (population) spread, the clipped

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import torch
+from mmrlvr.lazy_import import lazy_module
+
+torch = lazy_module("torch")  # imported by torch-free declarations (mmrlvr.algos.advantages); the functions need it
 
 
 class GroupStats(NamedTuple):

@@ -12,16 +12,21 @@ Pass ``mask`` (response_mask, may be weights) when padding positions may hold -i
 before the subtraction, so neither the value nor the gradient turns NaN. The trainer aggregates the
 result with the same ``agg_loss`` mode as the policy loss and scales it by ``algo.kl_coef``.
 With LoRA, ref_logp comes from the same model with the adapter disabled (no second copy in memory).
+
+Each estimator is declared (``mmrlvr.methods.declare``: name and help line) just above its function; the config
+checks import this module without torch (``torch = lazy_module("torch")``) to read them.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-import torch
-
 from mmrlvr.algos.masked import zero_masked
+from mmrlvr.lazy_import import lazy_module
+from mmrlvr.methods import declare
 from mmrlvr.registry import Registry
+
+torch = lazy_module("torch")  # declarations and config checks read this module without torch
 
 #: name -> fn(logp [N, L], ref_logp [N, L], *, mask=None) -> [N, L]
 KL_ESTIMATORS: Registry[Callable[..., torch.Tensor]] = Registry("KL estimator")
@@ -41,10 +46,16 @@ def _log_ratio(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor | 
     return zero_masked(logp, mask) - zero_masked(ref_logp, mask)
 
 
+declare("kl", "k1", "log(pi/pi_ref)")
+
+
 @KL_ESTIMATORS.register("k1")
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor, *, mask: torch.Tensor | None = None) -> torch.Tensor:
     """k1 = log pi - log pi_ref. logp, ref_logp, mask: [N, L] -> [N, L]."""
     return _log_ratio(logp, ref_logp, mask)
+
+
+declare("kl", "k2", "(log(pi/pi_ref))^2 / 2")
 
 
 @KL_ESTIMATORS.register("k2")
@@ -55,6 +66,9 @@ def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor, *, mask: torch.Tensor | No
     grad KL(pi || pi_ref), which k1 and k3 used as losses are not.
     """
     return 0.5 * _log_ratio(logp, ref_logp, mask) ** 2
+
+
+declare("kl", "k3", "pi_ref/pi - log(pi_ref/pi) - 1 (unbiased, >= 0; GRPO's)")
 
 
 @KL_ESTIMATORS.register("k3")

@@ -326,7 +326,7 @@ def _fraction(v) -> bool:
 def _kl_cov_epochs_note(cfg, p) -> list[str]:
     if cfg.algo.epochs != 1:
         return []
-    from mmrlvr.train.stages.reference import recompute_enabled
+    from mmrlvr.run_settings import recompute_enabled
 
     if recompute_enabled(cfg):
         what = ("|log pi - log pi_old| is exactly 0 (pi_old is recomputed by the training model) with zero gradient, "

@@ -12,6 +12,9 @@ it to ``StepBatch.aux_losses``, which the update adds to the per-token policy lo
 
 A plug-in registers a class the same way: ``@AUX_LOSSES.register("my_loss")`` with ``__init__(self, rt, weight,
 **params)`` and ``prepare(self, batch)``; optional ``state_dict`` / ``load_state_dict`` go into checkpoints.
+
+Each built-in declares its parameters (``mmrlvr.methods.declare``) just above its class; the config checks import
+this module without torch (``torch = lazy_module("torch")``) to read them.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 from mmrlvr.errors import UserError
 from mmrlvr.lazy_import import lazy_module
+from mmrlvr.methods import Param, declare
 from mmrlvr.metric import Metric
 from mmrlvr.registry import Registry
 
@@ -101,6 +105,55 @@ def rollout_token_cap(cfg: Any, step: int) -> int:
             share = horizon_share(params["horizon"], step, steps, float(params["horizon_start"]))
             cap = min(cap, max(1, math.ceil(share * cfg.rollout.max_new_tokens - 1e-9)))
     return cap
+
+
+def _horizon_ok(v) -> bool:
+    if v in ("full", "progressive"):
+        return True
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and 0 < v <= 1
+
+
+def _forward_ce_check(cfg, p) -> list[str]:
+    """The privileged expert re-encodes the sample's own prompt with the hint: it cannot see what a multi-turn
+    rollout added to the context (a ReSum segment's summary restart, a tool's returned images)."""
+    out = []
+    if p["rollout"] == "truncated":
+        if p["horizon"] == "full":
+            out.append("rollout: truncated needs a horizon below full (a share in (0, 1] or progressive): at full "
+                       "the rollout is not cut")
+        shape = [k for k, v in (("rollout.strategy: tree", cfg.rollout.strategy == "tree"),
+                                ("rollout.tools", cfg.rollout.tools), ("rollout.summarize", cfg.rollout.summarize))
+                 if v]
+        out += [f"rollout: truncated cuts flat groups' responses only; {k} builds its rollouts in segments or "
+                "turns of their own" for k in shape]
+    if p["expert"] != "privileged":
+        return out
+    grown = [k for k, v in (("rollout.summarize", cfg.rollout.summarize), ("rollout.tools", cfg.rollout.tools)) if v]
+    return out + [f"expert: privileged re-encodes each sample's original prompt, so it would score a response whose "
+            f"context {key} changed (a ReSum segment restarts from a summary; a tool turn adds images) against the "
+            f"wrong prompt; use a model folder as the expert (it reads the student's own inputs) or unset {key}"
+            for key in grown]
+
+
+declare("aux_loss", "forward_ce", "forward cross-entropy to an expert's top-k next-token distribution on the "
+        "student's own responses (rich-feedback DAgger; with a horizon, on-policy distillation)",
+        Param("expert", "privileged", "privileged: the policy itself with `context` added to its prompt | a model "
+              "folder (or tiny: spec) with the same tokenizer"),
+        Param("context", "answer", "privileged context: answer (the row's gold answer) | a dataset column name "
+              "kept in the row's metadata (e.g. a verifier's trace)"),
+        Param("top_k", 20, "the expert's top-k tokens the cross-entropy sums over", ">= 1", lambda v: v >= 1),
+        Param("horizon", "full", "the share of each response the expert scores: full | a share in (0, 1] | "
+              "progressive (grows from horizon_start to 1 over horizon_steps)", "full | (0, 1] | progressive",
+              _horizon_ok, kind=object),
+        Param("horizon_start", 0.25, "the progressive horizon's share at step 0", "in (0, 1]",
+              lambda v: 0 < v <= 1),
+        Param("horizon_steps", 0, "steps over which the progressive horizon grows to 1 (0: max_steps)", ">= 0",
+              lambda v: v >= 0),
+        Param("rollout", "full", "full: the student generates whole responses and the horizon masks what the expert "
+              "scores | truncated: the student generates only ceil(share x rollout.max_new_tokens) tokens (the "
+              "paper's TOPD at a fixed share, POPD with progressive) and the expert scores all of them",
+              choices=("full", "truncated")),
+        source="arXiv:2606.05152 (forward CE), arXiv:2605.31490 (horizon)", config_check=_forward_ce_check)
 
 
 @AUX_LOSSES.register("forward_ce")

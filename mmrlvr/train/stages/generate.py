@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from mmrlvr.metric import Metric
+from mmrlvr.run_settings import TREE_DEFAULTS, tree_params
 from mmrlvr.train.batch import StepBatch
 from mmrlvr.train.data import shard
 from mmrlvr.train.stages.base import Stage, register_stage
@@ -274,17 +275,6 @@ class FlatGroups(Stage):
 
 
 #: tree strategy parameters and their defaults (segment_length 0: max_new_tokens // depth)
-TREE_DEFAULTS = {"depth": 2, "branching": 2, "segment_length": 0}
-
-
-def tree_params(cfg) -> dict[str, int]:
-    """``rollout.strategy_params`` with the defaults filled in (segment length resolved)."""
-    p = {**TREE_DEFAULTS, **(cfg.rollout.strategy_params or {})}
-    if not p["segment_length"]:
-        p["segment_length"] = max(1, cfg.rollout.max_new_tokens // max(int(p["depth"]), 1))
-    return {k: int(v) for k, v in p.items()}
-
-
 @register_stage("generate", "tree")
 class TreeRollouts(FlatGroups):
     """TreeRPO trees (``mmrlvr.rollout.tree``): per prompt branching^depth leaves that share their prompt and

@@ -24,18 +24,11 @@ import contextlib
 from mmrlvr.errors import UserError
 from mmrlvr.lazy_import import lazy_module
 from mmrlvr.metric import Metric
+from mmrlvr.run_settings import recompute_enabled
 from mmrlvr.train.batch import StepBatch
 from mmrlvr.train.stages.base import Stage, register_stage
 
 torch = lazy_module("torch")  # selection (config checks) runs without torch; the stages' work imports it
-
-
-def recompute_enabled(cfg) -> bool:
-    """``algo.recompute_old_logprobs`` with its default resolved: on for several epochs, the vLLM engine or OPD."""
-    flag = cfg.algo.recompute_old_logprobs
-    if flag is None:  # OPD: the reverse KL's student side from the teacher's kind of pass (exactly 0 for equal weights)
-        return cfg.algo.epochs > 1 or cfg.rollout.engine == "vllm" or cfg.algo.advantage == "opd"
-    return bool(flag)
 
 
 def rollout_correction_weights(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
