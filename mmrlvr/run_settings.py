@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+#: ``rollout.tool_params`` and their defaults: a tool call's time budget, the largest image a tool may return (pixels),
+#: whether the prompt lists the tools' schemas. The rollout's ``ToolUse``, ``run_call`` and the config checks read them
+TOOL_DEFAULTS: dict[str, Any] = {"time_budget_s": 10.0, "max_image_pixels": 1024 * 1024, "describe": True}
+
 #: ``rollout.strategy_params`` of the tree strategy (TreeRPO) and their defaults (segment_length 0: max_new_tokens
 #: split evenly over the depth)
 TREE_DEFAULTS = {"depth": 2, "branching": 2, "segment_length": 0}

@@ -35,9 +35,10 @@ import torch
 
 from mmrlvr.models.cache_arg import continues_with_new_images, output_cache, with_cache
 from mmrlvr.rollout.base import RolloutBatch, SamplingParams
+from mmrlvr.run_settings import TOOL_DEFAULTS
 from mmrlvr.tools.base import ToolContext, ToolResult, tool_schema
 from mmrlvr.tools.calls import parse_tool_calls
-from mmrlvr.tools.runner import MAX_IMAGE_PIXELS, ToolCounters, error_text, run_call
+from mmrlvr.tools.runner import ToolCounters, error_text, run_call
 from mmrlvr.types import Completion, Sample
 
 #: a stand-in for the model's turn when rendering where a tool turn starts (never tokenized)
@@ -51,9 +52,9 @@ class ToolUse:
     tools: dict[str, Callable[..., Any]]
     max_turns: int = 4
     max_tokens: int = 1024  # response tokens per trajectory: model turns + tool turns (image tokens included)
-    time_budget_s: float = 10.0
-    max_image_pixels: int = MAX_IMAGE_PIXELS
-    describe: bool = True  # list the tools' schemas in the prompt (the chat template's tools= block)
+    time_budget_s: float = TOOL_DEFAULTS["time_budget_s"]
+    max_image_pixels: int = TOOL_DEFAULTS["max_image_pixels"]
+    describe: bool = TOOL_DEFAULTS["describe"]  # list the tools' schemas in the prompt (the chat template's tools=)
     counters: ToolCounters = field(default_factory=ToolCounters)
 
     def schemas(self) -> list[dict[str, Any]]:

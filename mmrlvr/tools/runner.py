@@ -19,11 +19,11 @@ from typing import Any, Callable
 from PIL import Image
 
 from mmrlvr.metric import Metric
+from mmrlvr.run_settings import TOOL_DEFAULTS
 from mmrlvr.tools.base import ToolContext, ToolResult, takes_context
 from mmrlvr.tools.calls import ToolCall
 
 #: the largest image a tool may return (pixels), above it the call is an error message
-MAX_IMAGE_PIXELS = 1024 * 1024
 #: every way a call can fail, as counted (``tools/<kind>``) and shown to the model (``Error (<kind>): ...``)
 ERROR_KINDS = ("malformed_call", "unknown_tool", "bad_arguments", "tool_error", "timeout", "image_too_large",
                "bad_image")
@@ -39,7 +39,8 @@ class ToolCounters(Counter):
 
 
 def run_call(call: ToolCall, tools: dict[str, Callable[..., Any]], context: ToolContext, *,
-             time_budget_s: float = 10.0, max_image_pixels: int = MAX_IMAGE_PIXELS,
+             time_budget_s: float = TOOL_DEFAULTS["time_budget_s"],
+             max_image_pixels: int = TOOL_DEFAULTS["max_image_pixels"],
              counters: ToolCounters | None = None, check_image: Callable[[Any], Any] | None = None) -> ToolResult:
     """The tool's result for ``call``, or an error result the model reads (never raises).
 

@@ -6,10 +6,7 @@ of a run, so all three sample trajectories alike.
 
 from __future__ import annotations
 
-from typing import Any
-
-#: ``rollout.tool_params`` and their defaults
-TOOL_DEFAULTS: dict[str, Any] = {"time_budget_s": 10.0, "max_image_pixels": 1024 * 1024, "describe": True}
+from mmrlvr.run_settings import TOOL_DEFAULTS
 
 
 def multi_turn(cfg) -> bool:
