@@ -159,14 +159,16 @@ class AlgoConfig:
     kl_estimator: str = _f("k3", "KL estimator: k1 | k2 | k3")
     epochs: int = _f(1, "gradient passes over each rollout batch (>1 = off-policy steps with importance ratios)")
     micro_batch_size: int = _f(64, "rows per forward/backward (gradient accumulation over the rest)")
-    dynamic_sampling: bool = _f(False, "DAPO: drop groups with no signal (see dynamic_sampling_metric) and refill the batch")
-    dynamic_sampling_metric: str = _f("accuracy", "dynamic sampling keeps groups whose accuracy varies (DAPO) | reward (total reward varies)")
-    dynamic_sampling_max_rounds: int = _f(3, "generation rounds per step to refill dropped groups (1 = no refill; DAPO: until full) [ours: 3]")
+    dynamic_sampling: bool = _f(False, "DAPO: drop groups with no signal and refill the batch (parameters: "
+                                "algo.dynamic_sampling_params)")
+    dynamic_sampling_params: dict[str, Any] = _f({}, "parameters of dynamic sampling: {metric: accuracy (DAPO) | "
+                                                 "reward, max_rounds: 3 (generation rounds per step, 1 = no refill)}")
     recompute_old_logprobs: bool | None = _f(None, "recompute pi_old with the training model before the update (null = when epochs > 1, engine vllm or "
                                                   "algo.advantage opd)")
-    rollout_correction: str = _f("none", "rollout/training mismatch correction on the policy loss: none | tis (truncate) | mis (mask)")
-    rollout_correction_cap: float = _f(3.0, "TIS/MIS cap on pi_old/pi_rollout (TRL's default 3.0; verl's 2.0)")
-    rollout_correction_level: str = _f("token", "rollout correction per token | sequence (product over the response)")
+    rollout_correction: str = _f("none", "rollout/training mismatch correction on the policy loss (parameters: "
+                                 "algo.rollout_correction_params): none | tis (truncate) | mis (mask)")
+    rollout_correction_params: dict[str, Any] = _f({}, "parameters of algo.rollout_correction: tis / mis {cap: 3.0 "
+                                                   "(TRL's; verl's 2.0), level: token | sequence}")
     aux_losses: list[dict[str, Any]] = _f([], "auxiliary losses added to the policy loss, a list of {name, weight, "
                                           "params}: forward_ce (distillation from a privileged or other expert)")
     mask_truncated: bool = _f(False, "DAPO: drop responses that hit max_new_tokens from the loss")
@@ -938,7 +940,13 @@ _KIND_KEY = {"loss": ("loss", "ppo_clip"), "advantage": ("advantage", "grpo"), "
 
 #: keys renamed so that every method's parameters sit beside its name as ``X_params``: old -> new (section, key);
 #: a config written with the old name (a run folder's config.yaml) loads with a note
-RENAMED_KEYS: dict[tuple[str, str], str] = {("credit", "params"): "scheme_params"}
+RENAMED_KEYS: dict[tuple[str, str], str] = {
+    ("credit", "params"): "scheme_params",
+    ("algo", "rollout_correction_cap"): "rollout_correction_params.cap",
+    ("algo", "rollout_correction_level"): "rollout_correction_params.level",
+    ("algo", "dynamic_sampling_metric"): "dynamic_sampling_params.metric",
+    ("algo", "dynamic_sampling_max_rounds"): "dynamic_sampling_params.max_rounds",
+}
 
 
 def _move_renamed_keys(raw: dict[str, Any], notes: list[str], problems: list[str], where: str) -> None:
@@ -948,11 +956,19 @@ def _move_renamed_keys(raw: dict[str, Any], notes: list[str], problems: list[str
         if not isinstance(block, dict) or old not in block:
             continue
         value = block.pop(old)
-        if new in block:
+        *parents, leaf = new.split(".")
+        target = block
+        for p in parents:
+            target = target.setdefault(p, {}) if isinstance(target.get(p, {}), dict) else None
+            if target is None:
+                break
+        if target is None:
+            continue  # the new key holds something other than a mapping: the type check reports it
+        if leaf in target:
             problems.append(f"{where}: {section}.{old} and {section}.{new} are the same setting ({section}.{old} "
                             f"is its old name); keep {section}.{new}")
             continue
-        block[new] = value
+        target[leaf] = value
         notes.append(f"{section}.{old} is now {section}.{new} (a method's parameters sit beside its name); "
                      f"rename it in the config")
 

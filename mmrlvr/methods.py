@@ -6,6 +6,7 @@ sit beside that name, under one key per kind, addressed the same way for built-i
     algo.loss + algo.loss_params                 policy losses        (mmrlvr.algos.losses.POLICY_LOSSES)
     algo.advantage + algo.advantage_params       advantage estimators (mmrlvr.algos.advantages.ADVANTAGES)
     algo.clip + algo.clip_params                 clip rules           (mmrlvr.algos.clipping.CLIP_RULE_REGISTRY)
+    algo.rollout_correction + ..._params         rollout corrections  (mmrlvr.algos.rollout_correction)
     rollout.sampler + rollout.sampler_params     prompt samplers      (mmrlvr.train.samplers.SAMPLERS)
     algo.aux_losses: [{name, weight, params}]    auxiliary losses     (mmrlvr.train.aux_losses.AUX_LOSSES),
                                                  a list: each entry names one and holds its parameters
@@ -212,6 +213,9 @@ METHOD_KINDS: dict[str, MethodKind] = {
     "sampler": MethodKind("sampler", "prompt sampler", "rollout.sampler", "rollout.sampler_params",
                           "mmrlvr.train.samplers", ("mmrlvr.train.samplers", "SAMPLERS"),
                           frozenset({"n", "batch_size", "seed", "group_size"}), 0),
+    "rollout_correction": MethodKind("rollout_correction", "rollout correction", "algo.rollout_correction",
+                                     "algo.rollout_correction_params", "mmrlvr.algos.rollout_correction",
+                                     ("mmrlvr.algos.rollout_correction", "ROLLOUT_CORRECTIONS"), frozenset(), 3),
     "aux_loss": MethodKind("aux_loss", "auxiliary loss", "algo.aux_losses", "algo.aux_losses.<i>.params",
                            "mmrlvr.train.aux_losses", ("mmrlvr.train.aux_losses", "AUX_LOSSES"),
                            frozenset({"rt", "weight"}), 0, listed=True),

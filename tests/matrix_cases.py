@@ -163,7 +163,7 @@ def cases() -> list[Case]:
                     ["rewards.1.name=majority_vote", "rewards.1.params={coords: absolute}"]))
     # dynamic sampling without refill rounds: the rank-agreed filtering alone, held to equality
     out.append(Case("dynamic-sampling-no-refill", ROOT / "configs" / "demo-tiny.yaml",
-                    ["stages.shape=[dynamic_sampling]", "algo.dynamic_sampling_max_rounds=1"]))
+                    ["stages.shape=[dynamic_sampling]", "algo.dynamic_sampling_params.max_rounds=1"]))
     # a sampler that learns from every step's rewards (gathered from both ranks) and keeps its state: the example
     # plug-in, so observe's gather and the agreed draw are held to equality
     out.append(Case("sampler-success_rate", ROOT / "configs" / "demo-tiny.yaml",

@@ -377,3 +377,34 @@ def test_a_loss_declared_in_one_file_reaches_help_validation_defaults_notes_and_
     finally:
         POLICY_LOSSES._items.pop("scaled_ppo_test", None)
         _DECLARED["loss"].pop("scaled_ppo_test", None)
+
+
+def test_dapo_and_rollout_correction_settings_are_parameters_of_what_uses_them():
+    """algo.rollout_correction + algo.rollout_correction_params (a method kind: none | tis | mis, each with cap and
+    level) and algo.dynamic_sampling + algo.dynamic_sampling_params (metric, max_rounds); the old flat keys of a saved
+    config load, moved, with a note."""
+    from mmrlvr.config import describe
+    from mmrlvr.methods import help_lines
+
+    loaded = load(ROOT / "configs/demo-tiny.yaml", ["algo.rollout_correction=mis", "algo.rollout_correction_cap=2.0",
+                                                    "algo.dynamic_sampling=true",
+                                                    "algo.dynamic_sampling_max_rounds=1"])
+    assert loaded.config.algo.rollout_correction_params == {"cap": 2.0}
+    assert loaded.config.algo.dynamic_sampling_params == {"max_rounds": 1}
+    assert any("algo.rollout_correction_cap is now algo.rollout_correction_params.cap" in n for n in loaded.notes)
+    assert any("algo.dynamic_sampling_max_rounds is now algo.dynamic_sampling_params.max_rounds" in n
+               for n in loaded.notes)
+    problems = "\n".join(str(p) for p in collect_config(
+        ROOT / "configs/demo-tiny.yaml", ["algo.rollout_correction=tis", "algo.rollout_correction_params={cap: 0}"]
+    ).problems)
+    assert "algo.rollout_correction_params.cap: rollout correction 'tis': must be > 0, got 0" in problems
+    from mmrlvr.validation import check_run
+
+    with pytest.raises(ConfigErrors, match="algo.rollout_correction: unknown rollout correction 'tiss'.*'tis'"):
+        check_run(ROOT / "configs/demo-tiny.yaml", ["algo.rollout_correction=tiss"], environment=False)
+    with pytest.raises(ConfigErrors, match=r"algo.dynamic_sampling_params.metric: shape stage 'dynamic_sampling': "
+                                           r"must be one of accuracy, reward"):
+        check_run(ROOT / "configs/demo-tiny.yaml", ["algo.dynamic_sampling=true",
+                                                     "algo.dynamic_sampling_params={metric: acc}"], environment=False)
+    help_text = "\n".join(describe() + help_lines())
+    assert "tis: truncated importance sampling" in help_text and "cap = 3.0" in help_text

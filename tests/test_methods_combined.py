@@ -36,7 +36,7 @@ def test_a_sampler_observes_every_group_of_every_refill_round(tmp_path, sampler,
     from mmrlvr.train.samplers import build_sampler
 
     run = train_tiny_run(tmp_path / "r", "max_steps=1", "save_every=1", f"rollout.sampler={sampler}",
-                         "algo.dynamic_sampling=true", "algo.dynamic_sampling_max_rounds=3", "rollout.group_size=2",
+                         "algo.dynamic_sampling=true", "algo.dynamic_sampling_params.max_rounds=3", "rollout.group_size=2",
                          "rollout.max_new_tokens=2", "log_rollouts=false", "rollout.sampler_params={probe_samples: 0}")
     (row,) = _metrics(run)
     assert row["dynamic_sampling/rounds"] == 3.0 and row["dynamic_sampling/kept_groups"] == 0.0

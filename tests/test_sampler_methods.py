@@ -301,7 +301,7 @@ def test_budget_trains_20_steps_with_groups_of_several_sizes_and_resumes_exactly
     step's total is the budget, the group sizes differ once prompts are seen, the inspector's records carry each
     row's own group size, and a resumed run equals an uninterrupted one (sampler state included)."""
     opts = ["rollout.sampler=budget", "rollout.prompts_per_step=4", "data.train_size=8", "save_every=10",
-            "stages.shape=[dynamic_sampling]", "algo.dynamic_sampling_max_rounds=1"]
+            "stages.shape=[dynamic_sampling]", "algo.dynamic_sampling_params.max_rounds=1"]
     straight = _metrics(train_tiny_run(tmp_path / "a", "max_steps=20", *opts))
     interrupted_copy(tmp_path / "a", tmp_path / "b", 10)
     resumed = _metrics(train_tiny_run(tmp_path / "b", "max_steps=20", "--resume", *opts))

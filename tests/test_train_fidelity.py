@@ -40,7 +40,10 @@ if "half_constant" not in REWARDS:
     REWARDS.add("half_constant", HalfConstant)
 
 HALF = [{"name": "half_constant", "weight": 1.0}]
-DYN = {"algo__dynamic_sampling": True, "algo__dynamic_sampling_metric": "reward"}
+def dynamic(max_rounds: int) -> dict:
+    """Dynamic sampling on the total reward with ``max_rounds`` generation rounds per step."""
+    return {"algo__dynamic_sampling": True,
+            "algo__dynamic_sampling_params": {"metric": "reward", "max_rounds": max_rounds}}
 
 
 def _trainer(tiny_dir, out, **extra):
@@ -70,7 +73,7 @@ def _assert_same_state(a, b):
 def test_all_dropped_step_leaves_parameters_and_adamw_state_bit_identical(tiny_dir, tmp_path, credit):
     from mmrlvr.train.reward_setup import build_run_reward as build_reward
 
-    t = _trainer(tiny_dir, tmp_path / "run", credit__scheme=credit, algo__dynamic_sampling_max_rounds=1, **DYN)
+    t = _trainer(tiny_dir, tmp_path / "run", credit__scheme=credit, **dynamic(1))
     t.run_step(0)  # a step with signal first: AdamW's moments are non-zero, so a zero-signal step would move them
     assert t.optimizer.state_dict()["state"]
     constant = [{"name": "format", "weight": 1.0}]
@@ -83,7 +86,7 @@ def test_all_dropped_step_leaves_parameters_and_adamw_state_bit_identical(tiny_d
 
 
 def test_refill_rounds_fill_the_batch_with_groups_that_carry_signal(tiny_dir, tmp_path):
-    t = _trainer(tiny_dir, tmp_path / "run", rewards=HALF, algo__dynamic_sampling_max_rounds=4, **DYN)
+    t = _trainer(tiny_dir, tmp_path / "run", rewards=HALF, **dynamic(4))
     b = t.pipeline.run(0)
     G, target = 4, 4
     assert b.rollouts.num_rows == target * G and len(b.results) == target * G
@@ -106,8 +109,8 @@ def test_dropped_groups_leave_the_seq_mean_token_sum_normaliser(tiny_dir, tmp_pa
     from mmrlvr.rollout.merge import select_rows
     from mmrlvr.train.batch import StepBatch
 
-    t = _trainer(tiny_dir, tmp_path / "run", rewards=HALF, algo__dynamic_sampling_max_rounds=1,
-                 algo__agg="seq-mean-token-sum", rollout__prompts_per_step=8, algo__micro_batch_size=12, **DYN)
+    t = _trainer(tiny_dir, tmp_path / "run", rewards=HALF,
+                 algo__agg="seq-mean-token-sum", rollout__prompts_per_step=8, algo__micro_batch_size=12, **dynamic(1))
     b = t.pipeline.run(0, upto="credit")
     assert 0 < int(b.row_mask.sum()) < b.rollouts.num_rows  # some groups dropped, some kept
     upd = t.pipeline.stage("update")
@@ -171,7 +174,7 @@ class PerturbedEngine:
 @pytest.mark.parametrize("mode,level", [("tis", "token"), ("mis", "token"), ("tis", "sequence")])
 def test_rollout_correction_weights_follow_the_formula(tiny_dir, tmp_path, mode, level):
     t = _trainer(tiny_dir, tmp_path / "run", algo__recompute_old_logprobs=True, algo__rollout_correction=mode,
-                 algo__rollout_correction_level=level, algo__rollout_correction_cap=3.0)
+                 algo__rollout_correction_params={"level": level, "cap": 3.0})
     t.rt.engine = PerturbedEngine(t.rt.engine)
     b = t.pipeline.run(0)
     mask = b.rollouts.response_mask

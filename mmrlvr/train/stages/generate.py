@@ -68,13 +68,16 @@ class FlatGroups(Stage):
             out.append(f"rollout.sampler_params.budget: {budget} samples per step do not split evenly over {world} "
                        f"processes ({how}); each process allocates an equal share: choose a multiple of {world}")
         shape = cfg.stages.shape if isinstance(cfg.stages.shape, list) else [cfg.stages.shape]
-        refills = (cfg.algo.dynamic_sampling or "dynamic_sampling" in shape) and cfg.algo.dynamic_sampling_max_rounds > 1
+        from mmrlvr.train.stages.shape import dynamic_sampling_params
+
+        refills = ((cfg.algo.dynamic_sampling or "dynamic_sampling" in shape)
+                   and dynamic_sampling_params(cfg)["max_rounds"] > 1)
         if world > 1 and refills:
             from mmrlvr.train.distributed import one_process_only
 
             out += one_process_only(f"rollout.sampler: {cfg.rollout.sampler} with dynamic-sampling refill rounds",
                                     "refilled groups of other sizes would leave the processes with different row "
-                                    "counts; set algo.dynamic_sampling_max_rounds: 1")
+                                    "counts; set algo.dynamic_sampling_params.max_rounds: 1")
         return out
 
     #: refill round r samples with the engine's seed key step + r * ROUND_KEY, so its responses never repeat

@@ -6,7 +6,8 @@
   start at exactly 1. It logs the rollout/training mismatch every step and, with ``algo.rollout_correction``,
   weights the policy loss by the truncated (TIS) or masked (MIS) importance ratio pi_old / pi_rollout, as TRL's
   ``vllm_importance_sampling_correction`` (``token_truncate`` / ``token_mask`` / ``sequence_*``) and verl's
-  rollout IS do. Cap ``algo.rollout_correction_cap`` (TRL's default 3.0; verl's 2.0).
+  rollout IS do (``mmrlvr.algos.rollout_correction``; ``algo.rollout_correction_params``: cap 3.0 as TRL, verl's is
+  2.0; level token | sequence).
 - ``frozen`` (``algo.kl_coef > 0``): the reference for the KL penalty — the adapter-disabled policy for LoRA runs
   (exactly the base model, no second copy) or a frozen copy of the initial weights for full fine-tuning.
 - ``teacher`` (``algo.advantage: opd``): on-policy distillation's teacher (``mmrlvr.train.teacher``) scores the
@@ -20,6 +21,7 @@
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 from mmrlvr.errors import UserError
 from mmrlvr.lazy_import import lazy_module
@@ -29,27 +31,6 @@ from mmrlvr.train.batch import StepBatch
 from mmrlvr.train.stages.base import Stage, register_stage
 
 torch = lazy_module("torch")  # selection (config checks) runs without torch; the stages' work imports it
-
-
-def rollout_correction_weights(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
-                               mode: str, cap: float, level: str = "token") -> torch.Tensor:
-    """Importance weights w = pi_train_old / pi_rollout for the policy loss, [N, L] (0 outside ``mask``).
-
-    train_logp, rollout_logp, mask: [N, L]. ``level``: ``token`` (per-token ratio) or ``sequence`` (the product
-    over the response, broadcast to its tokens). ``mode``: ``tis`` truncates at ``cap`` (min(w, cap)),
-    ``mis`` masks: w = 0 where w > cap (TRL ``*_truncate`` / ``*_mask``; verl rollout IS truncate / mask).
-    """
-    diff = (train_logp - rollout_logp) * mask  # [N, L]
-    if level == "sequence":
-        diff = diff.sum(dim=1, keepdim=True).expand_as(mask)
-    w = diff.clamp(-20, 20).exp()
-    if mode == "tis":
-        w = w.clamp(max=cap)
-    elif mode == "mis":
-        w = torch.where(w > cap, torch.zeros_like(w), w)
-    else:
-        raise ValueError(f"rollout correction mode must be tis or mis, got {mode!r}")
-    return w * mask
 
 
 def note_agreement(b: StepBatch, vision_start_id: int, trainer: torch.Tensor, sampler: torch.Tensor) -> None:
@@ -71,8 +52,7 @@ class OldPolicy(Stage):
     """pi_old recomputed by the training model (off-policy passes, or a vLLM sampler), with the rollout correction."""
 
     selected_by = ("algo.recompute_old_logprobs",)
-    reads = ("algo.recompute_old_logprobs", "algo.rollout_correction", "algo.rollout_correction_cap",
-             "algo.rollout_correction_level")
+    reads = ("algo.recompute_old_logprobs", "algo.rollout_correction", "algo.rollout_correction_params.")
     when_text = ("algo.epochs > 1, rollout.engine: vllm, algo.advantage: opd or algo.recompute_old_logprobs: true "
                  "(the default HF engine with one epoch samples with the training weights, so its pi_old needs no "
                  "recompute)")
@@ -93,21 +73,25 @@ class OldPolicy(Stage):
         return recompute_enabled(cfg)
 
     @classmethod
-    def validate(cls, cfg) -> list[str]:
-        a, out = cfg.algo, []
-        if a.rollout_correction not in ("none", "tis", "mis"):
-            out.append(f"algo.rollout_correction: none | tis | mis (got {a.rollout_correction!r})")
-        if a.rollout_correction_level not in ("token", "sequence"):
-            out.append(f"algo.rollout_correction_level: token | sequence (got {a.rollout_correction_level!r})")
-        if a.rollout_correction_cap <= 0:
-            out.append(f"algo.rollout_correction_cap: must be > 0 (got {a.rollout_correction_cap})")
-        return out
+    def plan_params(cls, cfg) -> dict[str, Any]:
+        from mmrlvr.methods import configured
+
+        name, params = configured(cfg, "rollout_correction")
+        return {"algo.rollout_correction": name, **{f"algo.rollout_correction_params.{k}": v for k, v in params.items()}}
+
+    def __init__(self, rt) -> None:
+        super().__init__(rt)
+        from mmrlvr.algos.rollout_correction import ROLLOUT_CORRECTIONS
+        from mmrlvr.methods import configured
+
+        name, self.correction_params = configured(self.cfg, "rollout_correction")  # names and ranges checked at load
+        self.correction = ROLLOUT_CORRECTIONS.get(name)
 
     def __call__(self, b: StepBatch) -> None:
         from mmrlvr.algos.masked import zero_masked
         from mmrlvr.train.forward import prefix_sharing, token_logprobs
 
-        rt, a, rollouts = self.rt, self.cfg.algo, b.rollouts
+        rt, rollouts = self.rt, b.rollouts
         mask = rollouts.response_mask
         out = []
         rt.model.eval()
@@ -130,14 +114,13 @@ class OldPolicy(Stage):
                                   "rollout/is_ratio_p50": Metric.mean(q[1], n=n),
                                   "rollout/is_ratio_p99": Metric.mean(q[2], n=n),
                                   "rollout/is_ratio_max": Metric.max(float(ratio.max()))})
-        if a.rollout_correction != "none":
-            w = rollout_correction_weights(train, sampler, mask, a.rollout_correction, a.rollout_correction_cap,
-                                           a.rollout_correction_level)
+        w = self.correction(train, sampler, mask, **self.correction_params)
+        if w is not None:
+            from mmrlvr.algos.rollout_correction import ratios
+
             b.is_weights = w
-            log_r = (train - sampler) * mask
-            if a.rollout_correction_level == "sequence":
-                log_r = log_r.sum(dim=1, keepdim=True).expand_as(mask)
-            changed = w[valid] != log_r.clamp(-20, 20).exp()[valid]  # truncated or masked by the cap
+            level = self.correction_params.get("level", "token")
+            changed = w[valid] != ratios(train, sampler, mask, level)[valid]  # truncated or masked by the cap
             b.diagnostics["rollout/corrected_fraction"] = Metric.mean(
                 float(changed.float().mean()) if diff.numel() else 0.0, n=diff.numel())
         b.rollout_logprobs = sampler

@@ -15,7 +15,10 @@ Group-aware reward transforms (majority-vote labels, gating, normalisation) regi
 
 from __future__ import annotations
 
+from typing import Any
+
 from mmrlvr.lazy_import import lazy_module
+from mmrlvr.methods import Method, Param
 from mmrlvr.metric import Metric
 from mmrlvr.train.batch import StepBatch
 from mmrlvr.train.stages.base import Stage, register_stage
@@ -82,15 +85,35 @@ def row_accuracy(b: StepBatch) -> torch.Tensor | None:
     return torch.tensor([float(r.judged[0]) for r in b.results])
 
 
+#: dynamic sampling's parameters (``algo.dynamic_sampling_params``), declared once: help, defaults, ranges
+DYNAMIC_SAMPLING = Method("shape stage", "dynamic_sampling", "DAPO dynamic sampling", (
+    Param("metric", "accuracy", "keep groups whose accuracy varies (DAPO) or whose total reward varies",
+          choices=("accuracy", "reward")),
+    Param("max_rounds", 3, "generation rounds per step to refill dropped groups (1 = no refill; DAPO: until full) "
+          "[ours: 3]", ">= 1", lambda v: v >= 1)), source="arXiv:2503.14476")
+
+
+def dynamic_sampling_params(cfg: Any) -> dict[str, Any]:
+    """``algo.dynamic_sampling_params`` over their defaults (checked at load: a bad value raises here)."""
+    values, problems = DYNAMIC_SAMPLING.resolve(cfg.algo.dynamic_sampling_params, "algo.dynamic_sampling_params")
+    if problems:
+        from mmrlvr.errors import ConfigErrors
+
+        raise ConfigErrors(problems)
+    return values
+
+
 @register_stage("shape", "dynamic_sampling", priority=10)
 class DynamicSampling(Stage):
     """DAPO dynamic sampling (arXiv:2503.14476 §3.2): drop the groups whose accuracy is all 0 or all 1 and draw
     more prompts until the step has as many groups with signal as it asked for.
 
-    - ``algo.dynamic_sampling_metric``: ``accuracy`` (DAPO, verl's ``filter_groups.metric: acc``) or ``reward``
+    Parameters (``algo.dynamic_sampling_params``, ``DYNAMIC_SAMPLING``):
+
+    - ``metric``: ``accuracy`` (DAPO, verl's ``filter_groups.metric: acc``) or ``reward``
       (the total reward: also keeps groups whose only spread is a shaping term). Rows without a gold answer
       (grounding) fall back to the reward.
-    - ``algo.dynamic_sampling_max_rounds``: generation rounds per step, the first included (DAPO: "until the
+    - ``max_rounds``: generation rounds per step, the first included (DAPO: "until the
       batch is full"; verl bounds it with ``max_num_gen_batches``). A refill round runs the earlier stages
       (generate, score, the shaping before this one) on fresh prompts and keeps their groups with signal; surplus
       groups are discarded (DAPO). If the rounds run out, dropped groups fill the batch to its size with zero
@@ -104,7 +127,7 @@ class DynamicSampling(Stage):
     """
 
     selected_by = ("algo.dynamic_sampling",)
-    reads = ("algo.dynamic_sampling_metric", "algo.dynamic_sampling_max_rounds")
+    reads = ("algo.dynamic_sampling_params.",)
     when_text = "algo.dynamic_sampling: true"
 
     @classmethod
@@ -113,16 +136,15 @@ class DynamicSampling(Stage):
 
     @classmethod
     def validate(cls, cfg) -> list[str]:
-        a, out = cfg.algo, []
-        if a.dynamic_sampling_metric not in ("accuracy", "reward"):
-            out.append(f"algo.dynamic_sampling_metric: accuracy | reward (got {a.dynamic_sampling_metric!r})")
-        if a.dynamic_sampling_max_rounds < 1:
-            out.append(f"algo.dynamic_sampling_max_rounds: must be >= 1 (got {a.dynamic_sampling_max_rounds})")
-        return out
+        return DYNAMIC_SAMPLING.resolve(cfg.algo.dynamic_sampling_params, "algo.dynamic_sampling_params")[1]
+
+    @classmethod
+    def plan_params(cls, cfg) -> dict[str, Any]:
+        return {f"algo.dynamic_sampling_params.{k}": v for k, v in dynamic_sampling_params(cfg).items()}
 
     def keep_groups(self, b: StepBatch) -> torch.Tensor:
         """[groups] bool: the groups whose metric varies."""
-        metric = self.cfg.algo.dynamic_sampling_metric
+        metric = dynamic_sampling_params(self.cfg)["metric"]
         acc = row_accuracy(b) if metric == "accuracy" else None
         if acc is None:
             metric = "reward"
@@ -140,7 +162,8 @@ class DynamicSampling(Stage):
         kept, rounds = len(parts[0][1]), 1
         # another round is decided from the global count, so every rank runs the same rounds (a rank that
         # generated alone would leave the others in FSDP2's all-gathers); a rank whose shard is full takes nothing
-        while self.rt.any_rank(kept < target) and rounds < self.cfg.algo.dynamic_sampling_max_rounds:
+        max_rounds = dynamic_sampling_params(self.cfg)["max_rounds"]
+        while self.rt.any_rank(kept < target) and rounds < max_rounds:
             extra = self.rt.pipeline.run(b.step, round=rounds, stop_before=self)
             rounds += 1
             k = self.keep_groups(extra)
