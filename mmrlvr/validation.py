@@ -16,10 +16,11 @@ types and ranges (``mmrlvr.config.range_problems``):
   ``--resume``/``--overwrite``, a resumed run whose config changed, a folder in use by another run;
 - with ``dry_run=True``, that each judge endpoint accepts a TCP connection.
 
-Nothing here imports torch or transformers: names of the torch-side registries are kept in
-``BUILTIN_NAMES`` (a test keeps them equal to the live registries), and a plugin's registrations are read
-from the live registry once the plugin is imported. Rewards are built with torch and transformers imports
-blocked, so a reward that would load a model (an NLI judge) is checked by its signature only.
+Nothing here imports torch or transformers: the registries of credit schemes and perturbations are read live
+(``REGISTRIES``; their modules import without torch), so a plugin's registrations count once the plugin is
+imported; LoRA inits are read live once ``mmrlvr.models.lora`` is imported, else from ``PRELOAD_NAMES``.
+Rewards are built with torch and transformers imports blocked, so a reward that would load a model (an NLI
+judge) is checked by its signature only.
 """
 
 from __future__ import annotations
@@ -38,16 +39,19 @@ from urllib.parse import urlparse
 from mmrlvr.config import LoadedConfig, RunConfig, collect_config, validate
 from mmrlvr.errors import ConfigErrors, UserError, did_you_mean
 
-#: config key -> (what, module, attribute, built-in names) of the registries whose built-ins are not declared
-#: torch-free yet (``mmrlvr.methods`` declares losses, advantage estimators, clip rules, KL estimators, aggregation
-#: modes and samplers); ``tests/test_bad_inputs.py`` checks these lists against the live registries.
-BUILTIN_NAMES: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
-    "credit.scheme": ("credit scheme", "mmrlvr.credit.schemes", "CREDIT_SCHEMES",
-                      ("delta", "entropy_topk", "none", "papo", "rsi", "vepo", "vppo")),
-    "credit.perturbation": ("perturbation", "mmrlvr.credit.perturb", "PERTURBATIONS",
-                            ("blur", "gaussian", "patch_blackout", "zero")),
-    "model.lora.init": ("LoRA init", "mmrlvr.models.lora", "INITS",
-                        ("default", "gaussian", "mica", "milora", "olora", "orthogonal", "pissa", "rlmo", "rlpo")),
+#: config key -> (what, module, attribute) of the registries that are not ``mmrlvr.methods`` kinds (those declare
+#: losses, advantage estimators, clip rules, KL estimators, aggregation modes and samplers); ``registry_names``
+#: imports the module and reads the registry, which holds the built-ins and every plugin's registrations
+REGISTRIES: dict[str, tuple[str, str, str]] = {
+    "credit.scheme": ("credit scheme", "mmrlvr.credit.schemes", "CREDIT_SCHEMES"),
+    "credit.perturbation": ("perturbation", "mmrlvr.credit.perturb", "PERTURBATIONS"),
+    "model.lora.init": ("LoRA init", "mmrlvr.models.lora", "INITS"),
+}
+#: config key -> built-in names, for the registries whose module imports without torch but whose package does not
+#: (``mmrlvr.models``'s ``__init__`` loads transformers and torch): read from here until the module is imported;
+#: ``tests/test_bad_inputs.py`` keeps them equal to the live registry
+PRELOAD_NAMES: dict[str, tuple[str, ...]] = {
+    "model.lora.init": ("default", "gaussian", "mica", "milora", "olora", "orthogonal", "pissa", "rlmo", "rlpo"),
 }
 
 #: prompt template -> the answer shape its instruction asks for (the rewards' ``template`` parameter);
@@ -64,14 +68,14 @@ JUDGE_CONNECT_TIMEOUT_S = 3.0
 
 
 def registry_names(key: str) -> list[str]:
-    """Names valid for config ``key`` (a ``BUILTIN_NAMES`` key): the live registry when its module is
-    already imported (plugins may have added names), else the built-in list."""
-    _, module, attr, builtin = BUILTIN_NAMES[key]
-    mod = sys.modules.get(module)
-    if mod is not None and hasattr(mod, attr):
-        live = getattr(mod, attr)
-        return sorted(live.names() if hasattr(live, "names") else live)
-    return sorted(builtin)
+    """Names valid for config ``key`` (a ``REGISTRIES`` key): those of the live registry, built-ins and plugins'
+    (its module is imported here, without torch), or ``PRELOAD_NAMES[key]`` while a module listed there is not
+    imported yet."""
+    _, module, attr = REGISTRIES[key]
+    if key in PRELOAD_NAMES and module not in sys.modules:
+        return sorted(PRELOAD_NAMES[key])
+    live = getattr(importlib.import_module(module), attr)
+    return sorted(live.names() if hasattr(live, "names") else live)
 
 
 def _unknown(where: str, key: str, what: str, value: Any, known: list[str]) -> str:
@@ -172,7 +176,7 @@ def name_problems(cfg: RunConfig, where: str) -> list[str]:
             continue
         known = registry_names(key)
         if value not in known:
-            out.append(_unknown(where, key, BUILTIN_NAMES[key][0], value, known))
+            out.append(_unknown(where, key, REGISTRIES[key][0], value, known))
     from mmrlvr.rubric.judges import JUDGES
 
     judges = ["none", *JUDGES.names()]
@@ -643,7 +647,7 @@ def plan_check(loaded: LoadedConfig, *, partial: bool = False) -> list[str]:
 
     where = loaded.where
     try:
-        # with other problems found, a selection that needs torch (a credit scheme's class) waits for their fix
+        # with other problems found, a stage lookup that would import torch (a plug-in's) waits for their fix
         with _no_heavy_imports() if partial else contextlib.nullcontext():
             loaded.plan = build_plan(loaded.config, loaded.sources)  # printed by --dry-run, handed to the trainer
     except _HeavyImportBlocked:

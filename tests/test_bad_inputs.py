@@ -340,15 +340,54 @@ def test_real_process_prints_no_traceback(battery, case_id):
     assert not Path(case["run_dir"]).exists()
 
 
-def test_builtin_registry_names_match_the_live_registries():
-    """validation.BUILTIN_NAMES (read without importing torch) must equal what the registries hold."""
+_NO_TORCH = """
+import sys
+from dataclasses import fields
+import mmrlvr.credit, mmrlvr.credit.schemes, mmrlvr.credit.perturb
+from mmrlvr.credit import CREDIT_SCHEMES
+traits = {}
+for name in CREDIT_SCHEMES.names():
+    cls = type(CREDIT_SCHEMES.get(name))
+    traits[name] = (cls.needs_perturbed, cls.needs_distribution, cls.perturbation,
+                    getattr(cls, "needs_hidden", False), [f.name for f in fields(cls)])
+assert traits["delta"][3] and traits["vepo"][1] and traits["vppo"][2][0] == "patch_blackout", traits
+print(sorted({"torch", "transformers", "peft"} & set(sys.modules)))
+"""
+# mmrlvr.models.lora alone, its package mmrlvr.models (whose __init__ loads transformers) stood in for
+_LORA_NO_TORCH = """
+import sys, types
+import mmrlvr
+pkg = types.ModuleType("mmrlvr.models")
+pkg.__path__ = [mmrlvr.__path__[0] + "/models"]
+sys.modules["mmrlvr.models"] = pkg
+from mmrlvr.models.lora import INITS
+assert "default" in INITS
+print(sorted({"torch", "transformers", "peft"} & set(sys.modules)))
+"""
+
+
+@pytest.mark.parametrize("code", [_NO_TORCH, _LORA_NO_TORCH], ids=["credit", "lora"])
+def test_registry_modules_import_without_torch(code):
+    """Config checks import the registries' modules: the modules (and a credit scheme's class traits: fields,
+    needs_* and perturbation) must not need torch, transformers or peft."""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, cwd=ROOT,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]", res.stdout
+
+
+def test_config_checks_accept_the_live_registries_names():
+    """The names config checks accept are the registries' own (``PRELOAD_NAMES`` equal to them too)."""
     import importlib
 
     from mmrlvr import validation
 
-    for key, (_, module, attr, names) in validation.BUILTIN_NAMES.items():
+    for key, (_, module, attr) in validation.REGISTRIES.items():
         live = getattr(importlib.import_module(module), attr)
-        assert sorted(live.names() if hasattr(live, "names") else live) == sorted(names), key
+        names = sorted(live.names() if hasattr(live, "names") else live)
+        assert validation.registry_names(key) == names, key
+        if key in validation.PRELOAD_NAMES:
+            assert sorted(validation.PRELOAD_NAMES[key]) == names, key
     from mmrlvr.train import data
 
     assert validation.SYNTH_PREFIX == data.SYNTH_PREFIX

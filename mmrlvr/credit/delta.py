@@ -26,18 +26,19 @@ the middle, 1.0 before the rescaling (see docs/methods.md, "DelTA").
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar
-
-import torch
+from typing import Any, Callable, ClassVar
 
 from mmrlvr.credit.schemes import CreditResult, CreditScheme, _register
 from mmrlvr.errors import UserError
+from mmrlvr.lazy_import import lazy_module
 from mmrlvr.metric import Metric
+
+torch = lazy_module("torch")  # config checks read the scheme's class traits without torch
 
 LOW, SPAN = 0.8, 0.4  # c_t = LOW + SPAN·σ(m/γ)
 
 
-Reduce = Callable[[torch.Tensor], torch.Tensor]  # a tensor summed over processes (identity in one process)
+Reduce = Callable[[Any], Any]  # a tensor summed over processes (identity in one process)
 
 
 def _centroid(v: torch.Tensor, weight: torch.Tensor, reduce: Reduce | None = None) -> torch.Tensor:
@@ -74,7 +75,6 @@ def _margins(v: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor, mu_p: torch.
     return m, z
 
 
-@torch.no_grad()
 def delta_coefficients(hidden: torch.Tensor, logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                        *, lambda_w: float = 1.0, reduce: Reduce | None = None) -> torch.Tensor:
     """DelTA token coefficients c [N, L] (0 at masked tokens, mean 1 over valid ones).
@@ -83,35 +83,36 @@ def delta_coefficients(hidden: torch.Tensor, logp: torch.Tensor, advantages: tor
     sampled token (p_t = exp); advantages: [N] or [N, L]; mask: [N, L] (> 0 counts).
     ``reduce`` (several processes): sums a tensor over processes, so the centroids, the per-side spreads and the
     final mean are those of the global batch — the coefficients then equal one process's on the same batch."""
-    valid = mask > 0
-    adv = advantages[:, None].expand_as(logp) if advantages.dim() == 1 else advantages
-    adv = adv.float()
-    p = torch.exp(logp.detach().float().masked_fill(~valid, 0.0)).clamp(0.0, 1.0)
-    v_all = (1.0 - p)[..., None] * hidden.detach().float()  # [N, L, H]
-    c = torch.zeros_like(p)
-    c[valid] = LOW
-    pos, neg = valid & (adv > 0), valid & (adv < 0)
-    sides = torch.stack([pos.sum(), neg.sum()]).to(p.device)
-    if reduce is not None:
-        sides = reduce(sides)
-    if int(sides[0]) == 0 or int(sides[1]) == 0:
-        return valid.to(p.dtype)
-    sel = pos | neg
-    v, a = v_all[sel], adv[sel]  # [T, H], [T]
-    side_p, side_n = a > 0, a < 0
-    w_p, w_n = torch.where(side_p, a, 0.0), torch.where(side_n, a.abs(), 0.0)
-    mu_p, mu_n = _centroid(v, w_p, reduce), _centroid(v, w_n, reduce)
-    _, z = _margins(v, side_p, side_n, mu_p, mu_n, lambda_w, reduce)
-    s = torch.sigmoid(z)
-    mu_p, mu_n = _centroid(v, s * w_p, reduce), _centroid(v, s * w_n, reduce)  # one refinement
-    _, z = _margins(v, side_p, side_n, mu_p, mu_n, lambda_w, reduce)
-    c[sel] = LOW + SPAN * torch.sigmoid(z)
-    if reduce is None:
-        mean = c[valid].mean()
-    else:
-        tot = reduce(torch.stack([c[valid].double().sum(), valid.sum().double()]).to(c.device))
-        mean = (tot[0] / tot[1].clamp_min(1)).to(c.dtype)
-    return torch.where(valid, c / mean, torch.zeros_like(c))
+    with torch.no_grad():
+        valid = mask > 0
+        adv = advantages[:, None].expand_as(logp) if advantages.dim() == 1 else advantages
+        adv = adv.float()
+        p = torch.exp(logp.detach().float().masked_fill(~valid, 0.0)).clamp(0.0, 1.0)
+        v_all = (1.0 - p)[..., None] * hidden.detach().float()  # [N, L, H]
+        c = torch.zeros_like(p)
+        c[valid] = LOW
+        pos, neg = valid & (adv > 0), valid & (adv < 0)
+        sides = torch.stack([pos.sum(), neg.sum()]).to(p.device)
+        if reduce is not None:
+            sides = reduce(sides)
+        if int(sides[0]) == 0 or int(sides[1]) == 0:
+            return valid.to(p.dtype)
+        sel = pos | neg
+        v, a = v_all[sel], adv[sel]  # [T, H], [T]
+        side_p, side_n = a > 0, a < 0
+        w_p, w_n = torch.where(side_p, a, 0.0), torch.where(side_n, a.abs(), 0.0)
+        mu_p, mu_n = _centroid(v, w_p, reduce), _centroid(v, w_n, reduce)
+        _, z = _margins(v, side_p, side_n, mu_p, mu_n, lambda_w, reduce)
+        s = torch.sigmoid(z)
+        mu_p, mu_n = _centroid(v, s * w_p, reduce), _centroid(v, s * w_n, reduce)  # one refinement
+        _, z = _margins(v, side_p, side_n, mu_p, mu_n, lambda_w, reduce)
+        c[sel] = LOW + SPAN * torch.sigmoid(z)
+        if reduce is None:
+            mean = c[valid].mean()
+        else:
+            tot = reduce(torch.stack([c[valid].double().sum(), valid.sum().double()]).to(c.device))
+            mean = (tot[0] / tot[1].clamp_min(1)).to(c.dtype)
+        return torch.where(valid, c / mean, torch.zeros_like(c))
 
 
 @_register("delta")

@@ -34,13 +34,14 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import torch
-import torch.nn.functional as F
-
 from mmrlvr.errors import UserError
+from mmrlvr.lazy_import import lazy_module
 from mmrlvr.registry import Registry
 
-Perturbation = Callable[..., torch.Tensor]
+torch = lazy_module("torch")  # config checks read PERTURBATIONS without torch; the perturbations import it
+F = lazy_module("torch.nn.functional")
+
+Perturbation = Callable[..., Any]  # fn(pixel_values, grid_thw, *, generator, layout | processor, **params) -> Tensor
 PERTURBATIONS: Registry[Perturbation] = Registry("perturbation")
 
 # OpenAI CLIP normalisation used by the Qwen2-VL / Qwen2.5-VL image processors.
@@ -86,12 +87,12 @@ class PatchLayout:
                    merge_size=int(getattr(ip, "merge_size", 2)),
                    image_mean=tuple(float(x) for x in mean), image_std=tuple(float(x) for x in std))
 
-    def black(self, device: torch.device | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def black(self, device: torch.device | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
         """A black pixel (0 in [0, 1] units) in normalised space: (0 - mean_c) / std_c, shape [C].
 
-        For CLIP mean/std that is about (-1.79, -1.75, -1.48)."""
+        ``dtype`` None is float32. For CLIP mean/std that is about (-1.79, -1.75, -1.48)."""
         return torch.tensor([-m / s for m, s in zip(self.image_mean, self.image_std)], device=device,
-                            dtype=dtype)
+                            dtype=torch.float32 if dtype is None else dtype)
 
 
 def _resolve(layout: PatchLayout | None, processor: Any, generator: torch.Generator | None

@@ -39,12 +39,13 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, ClassVar
 
-import torch
-
 from mmrlvr.credit.signals import TokenSignals, perception_k3, vppo_dependency
 from mmrlvr.errors import UserError
+from mmrlvr.lazy_import import lazy_module
 from mmrlvr.metric import Metric
 from mmrlvr.registry import Registry
+
+torch = lazy_module("torch")  # config checks read the registry and the schemes' class traits without torch
 
 # ---------------------------------------------------------------------------------------------------
 # Pure helpers

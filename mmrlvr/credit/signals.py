@@ -28,12 +28,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
-import torch
-
-from mmrlvr.algos.logits import head_logits
 from mmrlvr.errors import UserError
-from mmrlvr.models.cache_arg import output_cache, with_cache
-from mmrlvr.models.placement import to_model
+from mmrlvr.lazy_import import lazy_module
+
+# torch, and the model-side helpers (mmrlvr.algos.logits, mmrlvr.models.*), are imported where the work runs:
+# config checks import this module (through mmrlvr.credit.schemes) without torch
+torch = lazy_module("torch")
 
 LOG2 = math.log(2.0)
 
@@ -69,7 +69,7 @@ class Hidden:
     head: Callable[[torch.Tensor], torch.Tensor]
 
 
-Source = torch.Tensor | Hidden
+Source = Any  # torch.Tensor | Hidden: logits [N, L, V], or hidden states and the head that makes them
 
 
 def _chunk_log_probs(source: Source, rows: torch.Tensor, cols: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -203,6 +203,8 @@ class SignalsBeside:
         self.ran = False
 
     def __call__(self, idx: tuple, z: torch.Tensor, lse: torch.Tensor) -> None:
+        from mmrlvr.algos.logits import head_logits
+
         with torch.no_grad():
             if not self.out:
                 self.out = {k: torch.zeros(self.ids.shape, device=z.device) for k in _SIGNAL_KEYS}
@@ -265,6 +267,8 @@ def final_hidden_states(model: torch.nn.Module, inputs: dict[str, Any], *,
     ``disable_adapter()`` they are off, as for the reference model). Other models fall back to
     ``output_hidden_states=True`` (which does compute their logits once). With ``dedupe_images`` the
     vision tower runs once per distinct image when the model supports precomputed image features."""
+    from mmrlvr.models.placement import to_model
+
     core = model.get_base_model() if hasattr(model, "get_base_model") else model
     head = core.get_output_embeddings() if hasattr(core, "get_output_embeddings") else None
     if head is None:
@@ -329,6 +333,7 @@ def shared_prefix_states(backbone: torch.nn.Module, inputs: dict[str, Any], prom
     image features (the caller then runs the full pass)."""
     import contextlib
 
+    from mmrlvr.models.cache_arg import output_cache, with_cache
     from mmrlvr.models.positions import row_positions
     from mmrlvr.rollout.vision import encode_images, encoder_outputs, select_images, supports_precomputed_vision
 
@@ -391,6 +396,8 @@ def response_hidden(model: torch.nn.Module, inputs: dict[str, Any], prompt_lengt
 
     With ``rows_per_prompt`` = G > 1 (group-contiguous rows sharing a prompt) each prompt is encoded once
     (``shared_prefix_states``) when the model allows it."""
+    from mmrlvr.models.placement import to_model
+
     P, L = prompt_length, response_length
     core = model.get_base_model() if hasattr(model, "get_base_model") else model
     backbone = getattr(core, "model", None)

@@ -27,9 +27,10 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-import torch
-
 from mmrlvr.errors import UserError
+from mmrlvr.lazy_import import lazy_module
+
+torch = lazy_module("torch")  # config checks read INITS without torch; building an adapter imports it
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -155,7 +156,6 @@ def _lora_layers(model: torch.nn.Module, adapter: str) -> list[tuple[str, torch.
     return out
 
 
-@torch.no_grad()
 def svd_lora_factors(weight: torch.Tensor, r: int, init: str, scale: float = 1.0
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(A0 [r, in], B0 [out, r], W_res [out, in] or None) for one weight W [out, in], in float32.
@@ -167,26 +167,26 @@ def svd_lora_factors(weight: torch.Tensor, r: int, init: str, scale: float = 1.0
     scale B0 A0 is exactly the removed part). r larger than min(out, in) is capped there (the rest of A
     stays zero, B zero).
     """
-    w = weight.detach().float()
-    u, s, vh = torch.linalg.svd(w, full_matrices=False)
-    k = min(r, s.numel())
-    a = w.new_zeros(r, w.shape[1])
-    b = w.new_zeros(w.shape[0], r)
-    if init == "rlpo":
-        a[:k] = vh[:k]
-        return a, b, None
-    if init == "rlmo":
-        a[:k] = vh[vh.shape[0] - k:]
-        return a, b, None
-    if init == "milora":
-        root = (s[s.numel() - k:] / scale).sqrt()  # [k]
-        a[:k] = root[:, None] * vh[vh.shape[0] - k:]
-        b[:, :k] = u[:, u.shape[1] - k:] * root[None, :]
-        return a, b, w - scale * (b @ a)
-    raise ValueError(f"not an SVD init: {init!r} (known: {', '.join(SVD_INITS)})")
+    with torch.no_grad():
+        w = weight.detach().float()
+        u, s, vh = torch.linalg.svd(w, full_matrices=False)
+        k = min(r, s.numel())
+        a = w.new_zeros(r, w.shape[1])
+        b = w.new_zeros(w.shape[0], r)
+        if init == "rlpo":
+            a[:k] = vh[:k]
+            return a, b, None
+        if init == "rlmo":
+            a[:k] = vh[vh.shape[0] - k:]
+            return a, b, None
+        if init == "milora":
+            root = (s[s.numel() - k:] / scale).sqrt()  # [k]
+            a[:k] = root[:, None] * vh[vh.shape[0] - k:]
+            b[:, :k] = u[:, u.shape[1] - k:] * root[None, :]
+            return a, b, w - scale * (b @ a)
+        raise ValueError(f"not an SVD init: {init!r} (known: {', '.join(SVD_INITS)})")
 
 
-@torch.no_grad()
 def init_svd_lora(model: torch.nn.Module, init: str, *, adapter: str = "default", progress: bool = True) -> int:
     """Set the LoRA factors of every adapted layer of ``model`` from an fp32 SVD of its base weight.
 
@@ -196,21 +196,22 @@ def init_svd_lora(model: torch.nn.Module, init: str, *, adapter: str = "default"
     """
     from tqdm.auto import tqdm
 
-    layers = _lora_layers(model, adapter)
-    for _name, layer in tqdm(layers, desc=f"LoRA init ({init}, fp32 SVD)", disable=not progress or not layers,
-                             leave=False):
-        base = layer.base_layer
-        weight = base.weight
-        fan_in_fan_out = bool(getattr(layer, "fan_in_fan_out", False))
-        w = weight.T if fan_in_fan_out else weight
-        lora_a, lora_b = layer.lora_A[adapter].weight, layer.lora_B[adapter].weight
-        a, b, residual = svd_lora_factors(w, lora_a.shape[0], init, scale=float(layer.scaling[adapter]))
-        lora_a.copy_(a.to(lora_a.dtype))
-        lora_b.copy_(b.to(lora_b.dtype))
-        if residual is not None:
-            residual = residual.T if fan_in_fan_out else residual
-            weight.data.copy_(residual.to(weight.dtype))
-    return len(layers)
+    with torch.no_grad():
+        layers = _lora_layers(model, adapter)
+        for _name, layer in tqdm(layers, desc=f"LoRA init ({init}, fp32 SVD)", disable=not progress or not layers,
+                                 leave=False):
+            base = layer.base_layer
+            weight = base.weight
+            fan_in_fan_out = bool(getattr(layer, "fan_in_fan_out", False))
+            w = weight.T if fan_in_fan_out else weight
+            lora_a, lora_b = layer.lora_A[adapter].weight, layer.lora_B[adapter].weight
+            a, b, residual = svd_lora_factors(w, lora_a.shape[0], init, scale=float(layer.scaling[adapter]))
+            lora_a.copy_(a.to(lora_a.dtype))
+            lora_b.copy_(b.to(lora_b.dtype))
+            if residual is not None:
+                residual = residual.T if fan_in_fan_out else residual
+                weight.data.copy_(residual.to(weight.dtype))
+        return len(layers)
 
 
 @contextlib.contextmanager

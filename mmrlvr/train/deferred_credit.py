@@ -25,9 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from mmrlvr.credit.signals import Hidden, SignalsBeside, TokenSignals, token_signals
+from mmrlvr.lazy_import import lazy_module
+
+torch = lazy_module("torch")  # stage selection reads can_defer without torch
 
 _PARTS = ("entropy", "jsd", "entropy_shift", "logp", "logq")
 

@@ -16,7 +16,7 @@ from mmrlvr.lazy_import import lazy_module
 from mmrlvr.train.batch import StepBatch
 from mmrlvr.train.stages.base import Stage, all_rows, register_stage
 
-torch = lazy_module("torch")  # selection runs without torch for credit.scheme: none; a scheme's class needs it
+torch = lazy_module("torch")  # selection (config checks) runs without torch; the stages' work imports it
 
 
 def _scheme(cfg):
@@ -69,7 +69,7 @@ class InUpdateCredit(_CreditStage):
     def when(cls, cfg) -> bool:
         if cfg.credit.scheme == "none" or not cfg.credit.in_update:
             return False
-        from mmrlvr.train.deferred_credit import can_defer  # a scheme's class: torch
+        from mmrlvr.train.deferred_credit import can_defer
 
         return can_defer(_scheme(cfg))
 
