@@ -733,10 +733,17 @@ def _eval_ranges(ck: _RangeChecks, cfg: RunConfig) -> None:
 
 
 def validate(cfg: RunConfig, where: str = "config") -> RunConfig:
-    """Cross-field checks that a single field's type cannot express; every problem raised at once."""
+    """Cross-field checks that a single field's type cannot express (a config built in code; a loaded one had them
+    in ``collect_config``), every problem raised at once; then the defaults that depend on other keys."""
     problems = range_problems(cfg, where)
     if problems:
         raise ConfigErrors(problems)
+    return apply_dependent_defaults(cfg)
+
+
+def apply_dependent_defaults(cfg: RunConfig) -> RunConfig:
+    """Defaults that depend on other keys, written into ``cfg``: the answer-scoped consistency split's reward
+    variant."""
     if cfg.consistency.split_advantage and cfg.consistency.scope == "answer":
         # the consistency advantage reaches only the answer's tokens, so plain agreement is safe there (it
         # cannot be earned by rewriting the thinking) and it measured best of the answer-scoped variants;
@@ -1040,8 +1047,8 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None,
          data: dict[str, Any] | None = None) -> LoadedConfig:
     """``load_config`` keeping what the load learnt beside the config (``LoadedConfig``: sources, notes), for a
     trainer that prints the notes and shows each setting's source. Raises ``ConfigErrors`` like ``load_config``."""
-    loaded = collect_config(path, overrides, data).raise_problems()
-    validate(loaded.config, loaded.where)
+    loaded = collect_config(path, overrides, data).raise_problems()  # ranges checked there
+    apply_dependent_defaults(loaded.config)
     return loaded
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlparse
 
-from mmrlvr.config import LoadedConfig, RunConfig, collect_config, validate
+from mmrlvr.config import LoadedConfig, RunConfig, apply_dependent_defaults, collect_config
 from mmrlvr.errors import ConfigErrors, UserError, did_you_mean
 
 #: config key -> (what, module, attribute) of the registries that are not ``mmrlvr.methods`` kinds (those declare
@@ -633,7 +633,7 @@ def check_run(path: str | Path | None = None, overrides: list[str] | None = None
     if not loaded.problems and environment:  # the model's structure (torch): once everything the config decides
         loaded.add(model_structure_problems(cfg, where))  # is right
     loaded.raise_problems()
-    validate(cfg, where)
+    apply_dependent_defaults(cfg)
     return loaded
 
 

@@ -39,6 +39,7 @@ class PolicyPass:
     entropy: Any  # [n, L] the policy's entropy per token, without gradient, or None
     mask: Any  # [n, L] the response mask
     logits: Any = None  # [n, L, V] only when a distribution term reads chosen vocabulary ids; freed after the terms
+    tokens: float = 0.0  # response tokens in the micro-batch (the statistics' weight), read once
 
 
 @dataclass
@@ -82,7 +83,7 @@ def policy_pass(stage: Any, b: StepBatch, rows: slice) -> PolicyPass:
         w, adv, ent = dc.apply_signals(rows, beside.signals(ids.device), rollouts.old_logprobs[rows])
         b.token_weights[rows] = w
         b.advantages[rows] = adv
-    return PolicyPass(rows, logp, ent, mask, logits)
+    return PolicyPass(rows, logp, ent, mask, logits, float(mask.sum()))
 
 
 def policy_loss_term(stage: Any, b: StepBatch, p: PolicyPass) -> TermOutput:
@@ -97,9 +98,8 @@ def policy_loss_term(stage: Any, b: StepBatch, p: PolicyPass) -> TermOutput:
     stage.record_offpolicy(p.logp, old, w)
     if b.is_weights is not None:
         loss_tok = loss_tok * b.is_weights[p.rows]
-    n_tok = float(p.mask.sum())
-    sums = {"clip_sum": float(getattr(lstats, "clip_fraction", 0.0)) * n_tok,
-            "ratio_sum": float(getattr(lstats, "ratio_mean", 1.0)) * n_tok,
+    sums = {"clip_sum": float(getattr(lstats, "clip_fraction", 0.0)) * p.tokens,
+            "ratio_sum": float(getattr(lstats, "ratio_mean", 1.0)) * p.tokens,
             "ratio_max": float(getattr(lstats, "ratio_max", 1.0))}
     return TermOutput(loss_tok, WEIGHTS, sums, dict(getattr(lstats, "diagnostics", None) or {}))
 

@@ -114,10 +114,9 @@ class Runtime:
         ids): ``gather_values``."""
         if self.accel.num_processes == 1:
             return list(tensors), slice(0, int(tensors[0].shape[0]))
-        import torch.distributed as dist
+        from mmrlvr.train.distributed import _all_gather
 
-        parts: list[Any] = [None] * self.accel.num_processes
-        dist.all_gather_object(parts, [t.detach().cpu() for t in tensors])
+        parts = _all_gather([t.detach().cpu() for t in tensors], self.accel.num_processes)
         start = sum(int(p[0].shape[0]) for p in parts[:self.accel.process_index])
         rows = slice(start, start + int(tensors[0].shape[0]))
         return [torch.cat([p[i] for p in parts]) for i in range(len(tensors))], rows
@@ -126,13 +125,13 @@ class Runtime:
         """Per-row Python values (sample ids, answers, anything picklable) concatenated over processes in rank
         order, and the slice of this process's values in the result; one process: ``values`` itself. Every process
         calls it once with its own list (of any length) and gets the same global list: for a stage that keeps
-        per-prompt state, so every rank's state is the whole batch's (docs/extending.md, "Several processes")."""
+        per-prompt state, so every rank's state is the whole batch's (docs/extending.md, "A stage with per-prompt
+        state, on several processes")."""
         if self.accel.num_processes == 1:
             return list(values), slice(0, len(values))
-        import torch.distributed as dist
+        from mmrlvr.train.distributed import _all_gather
 
-        parts: list[Any] = [None] * self.accel.num_processes
-        dist.all_gather_object(parts, list(values))
+        parts = _all_gather(list(values), self.accel.num_processes)
         start = sum(len(p) for p in parts[:self.accel.process_index])
         return [v for p in parts for v in p], slice(start, start + len(values))
 

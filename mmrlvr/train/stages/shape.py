@@ -142,9 +142,13 @@ class DynamicSampling(Stage):
     def plan_params(cls, cfg) -> dict[str, Any]:
         return {f"algo.dynamic_sampling_params.{k}": v for k, v in dynamic_sampling_params(cfg).items()}
 
+    def __init__(self, rt) -> None:
+        super().__init__(rt)
+        self.params = dynamic_sampling_params(self.cfg)  # metric, max_rounds (checked at load)
+
     def keep_groups(self, b: StepBatch) -> torch.Tensor:
         """[groups] bool: the groups whose metric varies."""
-        metric = dynamic_sampling_params(self.cfg)["metric"]
+        metric = self.params["metric"]
         acc = row_accuracy(b) if metric == "accuracy" else None
         if acc is None:
             metric = "reward"
@@ -162,8 +166,7 @@ class DynamicSampling(Stage):
         kept, rounds = len(parts[0][1]), 1
         # another round is decided from the global count, so every rank runs the same rounds (a rank that
         # generated alone would leave the others in FSDP2's all-gathers); a rank whose shard is full takes nothing
-        max_rounds = dynamic_sampling_params(self.cfg)["max_rounds"]
-        while self.rt.any_rank(kept < target) and rounds < max_rounds:
+        while self.rt.any_rank(kept < target) and rounds < self.params["max_rounds"]:
             extra = self.rt.pipeline.run(b.step, round=rounds, stop_before=self)
             rounds += 1
             k = self.keep_groups(extra)

@@ -196,9 +196,8 @@ class PolicyGradient(Stage):
             where = f"loss is {loss.item()}" if not torch.isfinite(loss) else "another process's loss is not finite"
             raise NonFiniteLoss(where)
         self.rt.accel.backward(loss)
-        n_tok = float(p.mask.sum())
         stats = {"loss": float(loss.detach()) / self.rt.accel.num_processes, "den": den, "kl_sum": 0.0,
-                 "tokens": n_tok, "entropy_sum": float((p.entropy * p.mask).sum()) if p.entropy is not None else 0.0}
+                 "tokens": p.tokens, "entropy_sum": float((p.entropy * p.mask).sum()) if p.entropy is not None else 0.0}
         for out in outs:
             stats.update({k: stats.get(k, 0.0) + v for k, v in out.sums.items()})
             if out.diagnostics:
